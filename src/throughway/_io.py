@@ -1,0 +1,151 @@
+"""Small shared helpers: atomic file writes, JSON that stays valid, and the run environment.
+
+Every file the toolkit writes (results, checkpoints, caches, tables, figures) goes through
+`atomic_write_bytes`, so a crash or an interrupt leaves either the old file or the new one,
+never a half-written one. This module imports only the standard library, so every room of the
+package may use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "read_json",
+    "json_safe",
+    "sha256_file",
+    "git_revision",
+    "environment_info",
+]
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` atomically: a temporary file in the same folder, fsync, rename.
+
+    Readers see the old content or the new content, never a partial file. Parent folders are
+    created. Returns the path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and caches are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write UTF-8 `text` to `path` atomically (see `atomic_write_bytes`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def json_safe(value: Any) -> Any:
+    """Return `value` with every non-finite float replaced by None, recursively.
+
+    Standard JSON has no NaN or infinity; a diverged run's loss is recorded as null instead.
+    Tuples become lists; Paths become strings.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write `obj` as indented, strictly valid JSON (NaN/inf become null), atomically."""
+    text = json.dumps(json_safe(obj), indent=2, allow_nan=False, sort_keys=False) + "\n"
+    return atomic_write_text(path, text)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file, raising a ValueError that names the file when it is not valid JSON."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); the file is damaged, delete it or rerun") from exc
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
+    """Return the hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_revision(start: str | os.PathLike[str] | None = None) -> str:
+    """Return the git revision of the checkout holding this package (or `start`), or "unknown".
+
+    A "-dirty" suffix marks uncommitted changes to tracked files.
+    """
+    where = Path(start) if start is not None else Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
+        )
+        if rev.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where, capture_output=True, text=True, timeout=10,
+        )
+        suffix = "-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else ""
+        return rev.stdout.strip() + suffix
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment_info(device: str | None = None) -> dict[str, Any]:
+    """Describe where a result was measured: torch version, device, threads, git revision, host.
+
+    Written into every results file (DESIGN.md, "A results file is JSON with ... the environment").
+    """
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "git_revision": git_revision(),
+    }
+    try:
+        import torch
+
+        info["torch_version"] = torch.__version__
+        info["threads"] = torch.get_num_threads()
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        if device is not None:
+            info["device"] = str(device)
+            if str(device).startswith("cuda") and torch.cuda.is_available():
+                info["device_name"] = torch.cuda.get_device_name(torch.device(device))
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        pass
+    return info

@@ -1,0 +1,1 @@
+"""Analyses (SDI, gates, lesioning, Hessian): see the issues that build them."""

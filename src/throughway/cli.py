@@ -1,0 +1,203 @@
+"""`throughway ...`: the command line.
+
+    throughway list                          models, recipes and experiments, one per line, name first
+    throughway train --model NAME --depth D  one training run into --out
+    throughway reproduce EXPERIMENT          a paper's table or figure, with the paper's numbers beside ours
+    throughway report DIR                    remake an experiment's table and figures from DIR/results.json
+    throughway data fetch DATASET            fetch, verify and cache a dataset
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
+    parser.add_argument("--data-dir", help="dataset cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway); "
+                                           "for CIFAR the folder holding the official python batches")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    from .data import DATASETS
+    from .experiments import EXPERIMENTS
+
+    parser = argparse.ArgumentParser(prog="throughway", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("list", help="registered models, recipes and experiments, one per line, name first")
+
+    train = sub.add_parser("train", help="train one model; writes OUT/results.json and OUT/model.safetensors")
+    train.add_argument("--model", required=True, help="a registered model name (see `throughway list`)")
+    train.add_argument("--depth", type=int, required=True, help="the paper's d: number of middle layers")
+    train.add_argument("--dataset", default="mnist", choices=list(DATASETS))
+    train.add_argument("--recipe", default="gresnet-mnist", help="a registered recipe name")
+    train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out", help="run directory (default runs/<model>-d<depth>-s<seed>)")
+    train.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    train.add_argument("--train-on-full", action="store_true", help="train on train+validation (60,000 for MNIST)")
+    train.add_argument("--limit", type=int, help="keep only the first N samples of each split (smoke tests)")
+    train.add_argument("--width", type=_positive_int, help="units per layer (default 50)")
+    train.add_argument("--k-init", type=float, help="initial k of scalar gates (default 1)")
+    train.add_argument("--gate-bias", type=float, help="initial transform-gate bias of highway layers")
+    train.add_argument("--activation", choices=["relu", "tanh"], help="activation of the layers")
+    train.add_argument("--lr", type=float, help="override the recipe's learning rate")
+    train.add_argument("--momentum", type=float, help="override the recipe's momentum (SGD)")
+    train.add_argument("--lr-decay", type=float, help="override the recipe's per-epoch decay factor")
+    train.add_argument("--batch-size", type=_positive_int, help="override the recipe's batch size")
+    train.add_argument("--weight-decay", type=float, help="override the recipe's weight decay")
+    train.add_argument("--k-decay", action="store_true", help="apply weight decay to k too (the paper's 'k decay')")
+    _add_common(train)
+
+    reproduce = sub.add_parser("reproduce", help="reproduce a paper's table or figure")
+    exp_sub = reproduce.add_subparsers(dest="experiment", required=True)
+    for name, module in EXPERIMENTS.items():
+        exp = exp_sub.add_parser(name, help=module.DESCRIPTION, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(exp)
+        exp.add_argument("--out", help=f"output folder (default runs/{name}, or runs/{name}-quick with --quick)")
+        exp.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
+        exp.add_argument("--jobs", type=_positive_int,
+                         help="runs trained at once, in separate single-threaded processes "
+                              "(default: the number of CPU cores on a CPU device, 1 on a GPU)")
+        _add_common(exp)
+
+    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json")
+    report.add_argument("dir", help="an experiment's output folder")
+
+    data = sub.add_parser("data", help="datasets")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser("fetch", help="fetch, verify and cache a dataset")
+    fetch.add_argument("dataset", choices=["mnist", "fashion-mnist"])
+    fetch.add_argument("--data-dir", help="cache folder")
+    return parser
+
+
+def _cmd_list() -> int:
+    from .experiments import EXPERIMENTS
+    from .models import list_models
+    from .train import list_recipes
+
+    rows = [(m.name, "model", m.description) for m in list_models()]
+    rows += [(r.name, "recipe", r.source) for r in list_recipes()]
+    rows += [(name, "experiment", module.DESCRIPTION) for name, module in EXPERIMENTS.items()]
+    width = max(len(r[0]) for r in rows)
+    for name, kind, description in rows:
+        print(f"{name:<{width}}  {kind:<10}  {description}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import RunConfig, run_training
+
+    model_kwargs: dict[str, Any] = {}
+    for option, key in (("width", "width"), ("k_init", "k_init"), ("gate_bias", "gate_bias"),
+                        ("activation", "activation")):
+        value = getattr(args, option)
+        if value is not None:
+            model_kwargs[key] = value
+    overrides: dict[str, Any] = {}
+    for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay"):
+        value = getattr(args, option)
+        if value is not None:
+            overrides[option] = value
+    if args.k_decay:
+        overrides["k_decay"] = True
+    config = RunConfig(model=args.model, depth=args.depth, dataset=args.dataset, recipe=args.recipe,
+                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=args.device,
+                       limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
+                       recipe_overrides=overrides)
+    out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
+    results = run_training(config, out, resume=args.resume, progress=not args.quiet)
+    final = results["final"]
+    line = f"{out}: test error {final['test_error_pct']:.2f}% after {final['epochs_completed']} epochs" \
+        if final["test_error_pct"] is not None else f"{out}: no epoch finished"
+    if final["diverged"]:
+        line += " (diverged)"
+    if final.get("k_mean") is not None:
+        line += f", mean k {final['k_mean']:.3f}"
+    print(line)
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .experiments import get_experiment
+
+    module = get_experiment(args.experiment)
+    config = module.config_from_args(args)
+    out = Path(args.out or (f"runs/{module.NAME}-quick" if getattr(args, "quick", False) else f"runs/{module.NAME}"))
+    jobs = args.jobs or (1 if args.device != "cpu" else max(1, os.cpu_count() or 1))
+    module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+    print((out / "table.md").read_text())
+    print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ._io import read_json
+    from .experiments import get_experiment
+
+    path = Path(args.dir) / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")
+    name = read_json(path).get("experiment")
+    if name is None:
+        raise ValueError(f"{path}: not an experiment summary (no 'experiment' field); is it a single run?")
+    print(get_experiment(name).write_report(args.dir))
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from .data import load_arrays
+
+    arrays = load_arrays(args.dataset, args.data_dir)
+    print(f"{args.dataset}: train {len(arrays.train_y)}, validation {len(arrays.val_y)}, test {len(arrays.test_y)} "
+          f"(verified and cached)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `throughway` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            return _cmd_list()
+        if args.command == "train":
+            return _cmd_train(args)
+        if args.command == "reproduce":
+            return _cmd_reproduce(args)
+        if args.command == "report":
+            return _cmd_report(args)
+        if args.command == "data":
+            return _cmd_data(args)
+    except KeyboardInterrupt:
+        print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, TypeError, FileNotFoundError, FileExistsError, RuntimeError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        print(f"throughway: error: {message}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

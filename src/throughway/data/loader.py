@@ -1,0 +1,86 @@
+"""In-memory tensors for training: the whole dataset lives on the device, batches are index slices.
+
+No DataLoader and no workers (DESIGN.md, "Speed on this platform"): for MNIST-sized data, indexing
+a resident tensor with a random permutation is the fastest loader there is, on a CPU or a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .sources import ArraySplits, load_arrays
+
+__all__ = ["Split", "DataSplits", "load_dataset", "to_splits"]
+
+
+@dataclass
+class Split:
+    """One split: inputs x (N, C, H, W) float32 and labels y (N,) int64, on one device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass
+class DataSplits:
+    """Train, validation (None when training on the full training set) and test splits."""
+
+    name: str
+    num_classes: int
+    train: Split
+    val: Split | None
+    test: Split
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+
+def _split(x: np.ndarray, y: np.ndarray, scale: float, device: torch.device, limit: int | None) -> Split:
+    if limit is not None:
+        x, y = x[:limit], y[:limit]
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=torch.float32).div_(scale)
+    yt = torch.from_numpy(np.ascontiguousarray(y)).to(device=device, dtype=torch.int64)
+    return Split(xt, yt)
+
+
+def to_splits(arrays: ArraySplits, *, train_on_full: bool = False, device: str | torch.device = "cpu",
+              scale: float = 255.0, limit: int | None = None) -> DataSplits:
+    """Turn uint8 ArraySplits into float tensors divided by `scale` on `device`.
+
+    `scale=255` is the gated residual paper's preprocessing ("we divided each pixel value by 255").
+    `train_on_full` appends the validation split to the training split (the papers trained on all
+    60,000 MNIST images) and leaves `val` None. `limit` keeps the first `limit` samples of each split
+    (for smoke tests).
+    """
+    device = torch.device(device)
+    if limit is not None and limit < 2:
+        raise ValueError(f"limit={limit}: must be at least 2 (BatchNorm needs two samples)")
+    if train_on_full:
+        train_x = np.concatenate([arrays.train_x, arrays.val_x])
+        train_y = np.concatenate([arrays.train_y, arrays.val_y])
+        val = None
+    else:
+        train_x, train_y = arrays.train_x, arrays.train_y
+        val = _split(arrays.val_x, arrays.val_y, scale, device, limit)
+    return DataSplits(
+        name=arrays.name,
+        num_classes=arrays.num_classes,
+        train=_split(train_x, train_y, scale, device, limit),
+        val=val,
+        test=_split(arrays.test_x, arrays.test_y, scale, device, limit),
+    )
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *, train_on_full: bool = False,
+                 device: str | torch.device = "cpu", limit: int | None = None) -> DataSplits:
+    """Load dataset `name` ("mnist", "fashion-mnist", "cifar10", "cifar100") as DataSplits on `device`,
+    pixels divided by 255 (see `to_splits`)."""
+    return to_splits(load_arrays(name, data_dir), train_on_full=train_on_full, device=device, limit=limit)

@@ -1,0 +1,285 @@
+"""The MNIST depth study: gated-residual-v2 Table 1 (test error) and Table 2 (mean k), figure 4.
+
+Plain, residual and gated residual fully connected nets (width 50) with d ∈ {2, 10, 20, 50, 100}
+middle layers, trained with the `gresnet-mnist` recipe (Nadam, lr 0.002, batch 128, 100 epochs).
+A highway net of the same shape (tanh H, transform-gate bias −2, the settings of the highway
+paper's figure 2 MNIST net) trains beside them with the same recipe: it is not in the paper's table.
+
+Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
+(the summary that tables and figures are made from), table.md and figure4_train_loss.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_write_json, environment_info, read_json
+from ..train import RESULTS_FILE, RunConfig
+from .common import RunSpec, command_line, mean_std, run_many
+
+__all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
+           "write_report", "NAME"]
+
+NAME = "mnist-depth"
+DESCRIPTION = "gated-residual-v2 Table 1 and 2, figure 4: plain / residual / gated (and highway) MLPs on MNIST, d = 2..100"
+
+# arch -> (registered model, model kwargs)
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "plain": ("mlp_plain", {}),
+    "residual": ("mlp_residual", {}),
+    "gated": ("mlp_gated_residual", {}),
+    "highway": ("mlp_highway", {"activation": "tanh", "gate_bias": -2.0}),
+}
+
+# gated-residual-v2 Table 1 (= v1 Table 2): test error (%), and Table 2 (= v1 Table 3): mean k.
+PAPER_TEST_ERROR: dict[str, dict[int, float]] = {
+    "plain": {2: 2.29, 10: 2.22, 20: 2.21, 50: 60.37, 100: 90.20},
+    "residual": {2: 2.20, 10: 1.64, 20: 1.61, 50: 1.62, 100: 1.50},
+    "gated": {2: 2.17, 10: 1.60, 20: 1.57, 50: 1.48, 100: 1.26},
+}
+PAPER_MEAN_K: dict[int, float] = {2: 5.58, 10: 2.54, 20: 1.73, 50: 1.04, 100: 0.67}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The study's settings; the defaults are the paper's (except `train_on_full`, see the README)."""
+
+    depths: tuple[int, ...] = (2, 10, 20, 50, 100)
+    archs: tuple[str, ...] = ("plain", "residual", "gated", "highway")
+    epochs: int = 100
+    seeds: int = 1
+    recipe: str = "gresnet-mnist"
+    train_on_full: bool = False
+    width: int = 50
+    limit: int | None = None
+    device: str = "cpu"
+    data_dir: str | None = None
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.archs) - set(ARCHITECTURES))
+        if unknown:
+            raise ValueError(f"archs: {unknown} not known; accepted values: {list(ARCHITECTURES)}")
+        bad = [d for d in self.depths if d < 0 or d % 2]
+        if bad:
+            raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        if self.seeds < 1 or self.epochs < 1:
+            raise ValueError("seeds and epochs must be ≥ 1")
+
+
+# What --quick runs: every depth and architecture, 3 epochs, so that the whole main job (set-up
+# included) fits in 10 minutes on 2 cores (about 3 minutes of training with 2 worker processes).
+QUICK = Config(epochs=3, quick=True)
+
+
+def differences_from_paper(config: dict[str, Any]) -> list[str]:
+    """What this study's settings change from the paper's protocol (printed with every table)."""
+    out = []
+    if config["epochs"] != 100:
+        out.append(f"{config['epochs']} epochs instead of the paper's 100 (errors are not converged)")
+    if not config["train_on_full"]:
+        out.append("trained on 50,000 images, 10,000 held out for validation (the paper: all 60,000)")
+    if config["limit"] is not None:
+        out.append(f"only the first {config['limit']} images of each split")
+    missing = sorted(set(PAPER_MEAN_K) - set(config["depths"]))
+    if missing:
+        out.append(f"depths {missing} not run")
+    return out
+
+
+def run_name(arch: str, depth: int, seed: int) -> str:
+    return f"{arch}-d{depth}-s{seed}"
+
+
+def specs(config: Config) -> list[RunSpec]:
+    """One RunSpec per (depth, arch, seed), deepest first so that the longest runs start early."""
+    out = []
+    for depth in sorted(config.depths, reverse=True):
+        for arch in config.archs:
+            model, kwargs = ARCHITECTURES[arch]
+            for seed in range(config.seeds):
+                out.append(RunSpec(run_name(arch, depth, seed), RunConfig(
+                    model=model, depth=depth, dataset="mnist", recipe=config.recipe, epochs=config.epochs,
+                    seed=seed, train_on_full=config.train_on_full, device=config.device, limit=config.limit,
+                    data_dir=config.data_dir, model_kwargs={"width": config.width, **kwargs},
+                )))
+    return out
+
+
+def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Collect every run's results.json under `out`/runs into the study summary (finished or not)."""
+    out = Path(out)
+    cells = []
+    curves: dict[str, dict[str, list[Any]]] = {}
+    for depth in config.depths:
+        for arch in config.archs:
+            errors, ks, status = [], [], []
+            for seed in range(config.seeds):
+                name = run_name(arch, depth, seed)
+                path = out / "runs" / name / RESULTS_FILE
+                if not path.is_file():
+                    status.append({"run": name, "state": "not started", "epochs": 0})
+                    continue
+                result = read_json(path)
+                history = result["history"]
+                curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h["train_loss"] for h in history],
+                                "test_error_pct": [h["test_error_pct"] for h in history]}
+                final = result.get("final")
+                state = "finished" if final is not None else "running"
+                if result.get("diverged"):
+                    state = "diverged"
+                status.append({"run": name, "state": state, "epochs": len(history),
+                               "diverged_at": result.get("diverged_at")})
+                if final is not None:
+                    errors.append(final["test_error_pct"])
+                    if final.get("k_mean") is not None:
+                        ks.append(final["k_mean"])
+            cells.append({
+                "arch": arch, "model": ARCHITECTURES[arch][0], "depth": depth,
+                "test_error_pct": mean_std(errors), "k_mean": mean_std(ks), "runs": status,
+                "paper_test_error_pct": PAPER_TEST_ERROR.get(arch, {}).get(depth),
+                "paper_k_mean": PAPER_MEAN_K.get(depth) if arch == "gated" else None,
+            })
+    return {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
+
+
+def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
+    stat = cell[key]
+    unfinished = [r for r in cell["runs"] if r["state"] in ("running", "not started")]
+    if stat["mean"] is None:
+        if not unfinished:
+            return "—"
+        r = unfinished[0]
+        return "not run" if r["state"] == "not started" else f"(running, epoch {r['epochs']}/{epochs})"
+    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    if any(r["state"] == "diverged" for r in cell["runs"]):
+        at = next(r for r in cell["runs"] if r["state"] == "diverged")["diverged_at"] or {}
+        text += f" (diverged, epoch {at.get('epoch', '?')})"
+    if unfinished:
+        text += f" ({stat['n']}/{len(cell['runs'])} seeds)"
+    return text
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """Markdown tables: measured test error beside Table 1, measured mean k beside Table 2."""
+    config = summary["config"]
+    epochs = config["epochs"]
+    archs = config["archs"]
+    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    header = ["d"]
+    for arch in archs:
+        header += [f"{arch} (paper)", f"{arch} (ours)"] if arch in PAPER_TEST_ERROR else [f"{arch} (ours)"]
+    lines = ["Test error (%) — gated-residual-v2 Table 1 (paper) beside ours", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for depth in config["depths"]:
+        row = [str(depth)]
+        for arch in archs:
+            cell = by[(arch, depth)]
+            if arch in PAPER_TEST_ERROR:
+                paper = cell["paper_test_error_pct"]
+                row.append(f"{paper:.2f}" if paper is not None else "—")
+            row.append(_format_cell(cell, "test_error_pct", epochs))
+        lines.append("| " + " | ".join(row) + " |")
+    if "gated" in archs:
+        lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours", "",
+                  "| d | mean k (paper) | mean k (ours) |", "|---|---|---|"]
+        for depth in config["depths"]:
+            cell = by[("gated", depth)]
+            paper = cell["paper_k_mean"]
+            lines.append(f"| {depth} | {paper:.2f} | {_format_cell(cell, 'k_mean', epochs)} |" if paper is not None
+                         else f"| {depth} | — | {_format_cell(cell, 'k_mean', epochs)} |")
+    notes = [f"{epochs} epochs, recipe {config['recipe']}, {config['seeds']} seed(s), trained on "
+             f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."]
+    cuts = differences_from_paper(config)
+    if cuts:
+        notes.append(("--quick cut: " if config.get("quick") else "Differences from the paper: ") + "; ".join(cuts) + ".")
+    if "highway" in archs:
+        notes.append("highway: not in the paper's table; tanh H, gate bias −2, same recipe.")
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md and the figure from `out`/results.json alone; return the table text."""
+    from ..report.plots import plot_training_curves
+
+    out = Path(out)
+    summary = read_json(out / RESULTS_FILE)
+    table = table_markdown(summary)
+    from .._io import atomic_write_text
+
+    atomic_write_text(out / "table.md", table)
+    plot_training_curves(summary, out / "figure4_train_loss.png")
+    return table
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train every run of the study into `out`/runs (resumable), then write the summary, table and figure."""
+    out = Path(out)
+    summary_path = out / RESULTS_FILE
+    if summary_path.is_file():
+        previous = read_json(summary_path)
+        old, new = previous.get("config", {}), json_config(config)
+        ignored = {"device", "data_dir", "quick"}
+        if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
+            raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
+        finished = all(r["state"] in ("finished", "diverged") for c in previous["cells"] for r in c["runs"])
+        if not resume and not finished:
+            raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
+        resume = True  # a finished study is only re-reported: every run is skipped
+    out.mkdir(parents=True, exist_ok=True)
+    errors = run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress)
+    summary = summarize(config, out)
+    summary["command"] = command_line()
+    summary["environment"] = environment_info(config.device)
+    summary["errors"] = {k: v for k, v in errors.items() if v}
+    atomic_write_json(summary_path, summary)
+    write_report(out)
+    return summary
+
+
+def json_config(config: Config) -> dict[str, Any]:
+    """The config as it reads back from results.json (tuples become lists)."""
+    return read_back(asdict(config))
+
+
+def read_back(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [read_back(v) for v in value]
+    if isinstance(value, dict):
+        return {k: read_back(v) for k, v in value.items()}
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The study's command-line options."""
+    parser.add_argument("--quick", action="store_true", help="what fits 10 minutes: every depth, 3 epochs")
+    parser.add_argument("--epochs", type=int, help="epochs per run (paper: 100)")
+    parser.add_argument("--seeds", type=int, help="seeds per configuration (mean ± std when > 1)")
+    parser.add_argument("--depths", type=int, nargs="+", help="values of d (paper: 2 10 20 50 100)")
+    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures to train")
+    parser.add_argument("--train-on-full", action="store_true", help="train on all 60,000 images as the paper did")
+    parser.add_argument("--limit", type=int, help="keep only the first N samples of each split (smoke tests)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Build the Config from parsed options: --quick's settings, then every explicit option."""
+    config = QUICK if args.quick else Config()
+    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
+    if args.epochs is not None:
+        changes["epochs"] = args.epochs
+    if args.seeds is not None:
+        changes["seeds"] = args.seeds
+    if args.depths:
+        changes["depths"] = tuple(args.depths)
+    if args.archs:
+        changes["archs"] = tuple(args.archs)
+    if args.train_on_full:
+        changes["train_on_full"] = True
+    if args.limit is not None:
+        changes["limit"] = args.limit
+    return replace(config, **changes)

@@ -1,0 +1,30 @@
+"""Layers and blocks: gates, the augmentation, plain / residual / gated residual and highway blocks.
+
+Imports only torch (DESIGN.md: layers know nothing of models).
+"""
+
+from .augment import AugmentedLayer, augment
+from .dense import ACTIVATIONS, NORMS, PlainBlock, ResidualBlock, dense_unit, make_activation
+from .gates import GATE_FUNCTIONS, ScalarGate, TransformGate, scalar_gate_values, scalar_gates
+from .highway import HighwayLayer, dense_highway_layer
+from .init import INIT_SCHEMES, init_weights_
+
+__all__ = [
+    "ACTIVATIONS",
+    "AugmentedLayer",
+    "GATE_FUNCTIONS",
+    "HighwayLayer",
+    "INIT_SCHEMES",
+    "NORMS",
+    "PlainBlock",
+    "ResidualBlock",
+    "ScalarGate",
+    "TransformGate",
+    "augment",
+    "dense_highway_layer",
+    "dense_unit",
+    "init_weights_",
+    "make_activation",
+    "scalar_gate_values",
+    "scalar_gates",
+]

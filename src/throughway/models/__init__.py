@@ -1,0 +1,5 @@
+"""Models, one family per file, each registered by name; build them with `create_model`."""
+
+from .registry import ModelEntry, create_model, list_models, model_entry, register_model
+
+__all__ = ["ModelEntry", "create_model", "list_models", "model_entry", "register_model"]

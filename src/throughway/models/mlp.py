@@ -1,0 +1,184 @@
+"""Fully connected networks of the MNIST studies: plain, residual, gated residual, augmented, highway.
+
+Shape of every model (gated-residual-v2 section 3.1, highway paper section 3.1): a first plain
+layer from the input to `width` units (the `stem`), `depth` middle layers (the paper's d), and a
+linear classifier whose logits feed a softmax cross-entropy. The middle layers sit in
+`model.blocks` (one `nn.ModuleList`):
+
+* mlp_plain: d Dot-BN-ReLU layers (or Dot-activation without BatchNorm, the highway paper's plain net);
+* mlp_residual: d/2 blocks u = f_r(x) + x, f_r two Dot-BN-ReLU layers;
+* mlp_gated_residual: d/2 blocks u = g(k)·f_r(x) + x, so exactly d/2 parameters more than mlp_residual;
+* mlp_augmented: d plain layers each augmented, u = g(k)·f(x) + (1 − g(k))·x;
+* mlp_highway: d highway layers y = H(x)·T(x) + x·(1 − T(x)).
+
+The gated residual paper's stem is "a linear layer with 50 neurons"; here it is the same
+Dot-BN-ReLU as every other plain layer (Dot-activation for the highway family, as in the highway
+paper), so that the middle blocks receive a normalised, rectified input. Weights default to Glorot
+uniform with zero biases, the Keras default that the gated residual MNIST experiments ran with.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layers import PlainBlock, ResidualBlock, augment, dense_highway_layer, dense_unit, init_weights_
+from .registry import register_model
+
+__all__ = ["MLP", "HIGHWAY_PAPER_WIDTHS"]
+
+# Highway paper section 3.1: "each layer has 50 blocks for highway networks and 71 units for plain
+# networks, yielding roughly identical numbers of parameters (≈ 5000) per layer".
+HIGHWAY_PAPER_WIDTHS = {"mlp_plain": 71, "mlp_highway": 50}
+
+
+class MLP(nn.Module):
+    """stem → blocks → head on flattened inputs; `forward` returns logits (N, num_classes)."""
+
+    def __init__(self, stem: nn.Module, blocks: list[nn.Module], head: nn.Module) -> None:
+        super().__init__()
+        self.stem = stem
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Map inputs (N, ...) to the features (N, width) that enter the classifier."""
+        h = self.stem(x.flatten(1))
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+    def forward_head(self, h: torch.Tensor) -> torch.Tensor:
+        """Map features (N, width) to logits (N, num_classes)."""
+        return self.head(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _check_common(depth: int, width: int, in_features: int, num_classes: int) -> None:
+    for field, value, low in (("depth", depth, 0), ("width", width, 1), ("in_features", in_features, 1),
+                              ("num_classes", num_classes, 2)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{field}={value!r}: must be an integer ≥ {low}")
+
+
+def _check_even(depth: int, name: str) -> None:
+    if depth % 2:
+        raise ValueError(
+            f"{name}: depth={depth} must be even: depth is the paper's d, the number of middle layers, "
+            f"and every residual block holds two of them (accepted: 0, 2, 4, ...)"
+        )
+
+
+def _finish(model: MLP, init: str) -> MLP:
+    return init_weights_(model, init)  # type: ignore[return-value]
+
+
+@register_model("mlp_plain", "fully connected plain net: stem, d Dot-BN-ReLU layers, classifier (gated-residual-v2 §3.1; highway §3.1 with norm='none')")
+def mlp_plain(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    norm: str = "batch",
+    activation: str = "relu",
+    init: str = "glorot_uniform",
+    bn_momentum: float = 0.1,
+) -> MLP:
+    """Plain net with `depth` middle Dot-BN-activation layers (norm="none": Dot-activation)."""
+    _check_common(depth, width, in_features, num_classes)
+    stem = dense_unit(in_features, width, norm, activation, bn_momentum)
+    blocks = [PlainBlock(dense_unit(width, width, norm, activation, bn_momentum)) for _ in range(depth)]
+    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+
+
+def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: str, activation: str,
+              init: str, bn_momentum: float, gated: bool, k_init: float, gate_function: str, name: str) -> MLP:
+    _check_common(depth, width, in_features, num_classes)
+    _check_even(depth, name)
+    stem = dense_unit(in_features, width, norm, activation, bn_momentum)
+    blocks = [
+        ResidualBlock(
+            nn.Sequential(dense_unit(width, width, norm, activation, bn_momentum),
+                          dense_unit(width, width, norm, activation, bn_momentum)),
+            gated=gated, k_init=k_init, gate_function=gate_function,
+        )
+        for _ in range(depth // 2)
+    ]
+    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+
+
+@register_model("mlp_residual", "fully connected ResNet: d/2 blocks u = f_r(x) + x of two Dot-BN-ReLU layers (gated-residual-v2 §3.1)")
+def mlp_residual(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    norm: str = "batch",
+    activation: str = "relu",
+    init: str = "glorot_uniform",
+    bn_momentum: float = 0.1,
+) -> MLP:
+    """Residual net with depth/2 ungated blocks (depth even)."""
+    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum,
+                     gated=False, k_init=1.0, gate_function="relu", name="mlp_residual")
+
+
+@register_model("mlp_gated_residual", "fully connected gated ResNet: d/2 blocks u = g(k)·f_r(x) + x, one scalar k per block (gated-residual-v2 §2.2)")
+def mlp_gated_residual(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    norm: str = "batch",
+    activation: str = "relu",
+    init: str = "glorot_uniform",
+    bn_momentum: float = 0.1,
+    k_init: float = 1.0,
+    gate_function: str = "relu",
+) -> MLP:
+    """Gated residual net with depth/2 gated blocks: exactly depth/2 parameters more than mlp_residual."""
+    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum,
+                     gated=True, k_init=k_init, gate_function=gate_function, name="mlp_gated_residual")
+
+
+@register_model("mlp_augmented", "fully connected plain net with every layer augmented: u = g(k)·f(x) + (1−g(k))·x (gated-residual-v1 §3)")
+def mlp_augmented(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    norm: str = "batch",
+    activation: str = "relu",
+    init: str = "glorot_uniform",
+    bn_momentum: float = 0.1,
+    k_init: float = 1.0,
+    gate_function: str = "relu",
+) -> MLP:
+    """Plain net whose `depth` middle layers are each wrapped by `augment` (depth parameters more)."""
+    _check_common(depth, width, in_features, num_classes)
+    stem = dense_unit(in_features, width, norm, activation, bn_momentum)
+    blocks = [augment(dense_unit(width, width, norm, activation, bn_momentum), k_init, gate_function)
+              for _ in range(depth)]
+    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+
+
+@register_model("mlp_highway", "fully connected highway net: stem, d layers y = H(x)·T(x) + x·(1−T(x)), classifier (highway §3.1)")
+def mlp_highway(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    activation: str = "relu",
+    gate_bias: float = -2.0,
+    stem_norm: str = "none",
+    init: str = "glorot_uniform",
+) -> MLP:
+    """Highway net: a plain stem (Dot-activation, as in the highway paper; stem_norm="batch" adds BN),
+    `depth` highway layers of `width` blocks with transform-gate bias `gate_bias`, a linear classifier.
+    The highway paper's "10-layer" net is depth=9 (1 plain + 9 highway layers)."""
+    _check_common(depth, width, in_features, num_classes)
+    stem = dense_unit(in_features, width, stem_norm, activation)
+    blocks = [dense_highway_layer(width, activation, gate_bias) for _ in range(depth)]
+    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)

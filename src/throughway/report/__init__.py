@@ -1,0 +1,1 @@
+"""Reports: figures (matplotlib) and tables made from results files."""

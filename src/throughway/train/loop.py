@@ -1,0 +1,214 @@
+"""The training loop: `fit(model, data, recipe, callbacks)` returns a `History`.
+
+One epoch = one pass over a fresh random permutation of the training split (from a generator
+seeded by `seed`, so the data order is reproducible and resumable), mini-batches of
+`recipe.batch_size`, softmax cross-entropy. After each epoch the model is evaluated on the
+validation and test splits (recorded, never used to choose anything) and the record is appended
+to the history; callbacks then see it (checkpointing, results files, early stopping).
+
+A loss that becomes NaN or infinite ends the run cleanly: the history is kept, the run is marked
+diverged, and the model is put back to its state at the end of the last finished epoch. Deep plain
+nets are expected to fail; a study must go on.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..data import DataSplits, Split
+from ..layers import scalar_gate_values
+from .recipes import Recipe, build_optimizer, learning_rate_at
+
+__all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH"]
+
+DEFAULT_EVAL_BATCH = 10_000
+
+
+@dataclass
+class History:
+    """Per-epoch records and the run's outcome.
+
+    Each record holds: `epoch` (1-based), `lr`, `train_loss` (mean mini-batch cross-entropy during
+    the epoch, in training mode, as Keras reports it and the paper's figure 4 plots),
+    `train_error_pct` (mini-batch errors during the epoch), `val_loss`/`val_error_pct` (None when
+    training on the full set), `test_loss`/`test_error_pct`, `k` and `k_mean` for models with scalar
+    gates, `epoch_time_s` and `elapsed_s`.
+    """
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    diverged: bool = False
+    diverged_at: dict[str, Any] | None = None
+
+    def last(self) -> dict[str, Any] | None:
+        return self.epochs[-1] if self.epochs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "History":
+        return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
+
+
+@dataclass
+class TrainState:
+    """What callbacks see and may restore: `epoch` counts finished epochs."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    recipe: Recipe
+    data: DataSplits
+    generator: torch.Generator
+    history: History
+    epoch: int = 0
+    elapsed_s: float = 0.0
+    stop: bool = False
+
+
+class Callback(Protocol):
+    """Hooks called by `fit`; every method is optional (see `BaseCallback`)."""
+
+    def on_fit_start(self, state: TrainState) -> None: ...
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None: ...
+
+    def on_fit_end(self, state: TrainState) -> None: ...
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split: Split, batch_size: int = DEFAULT_EVAL_BATCH) -> tuple[float, float]:
+    """Mean cross-entropy and error (%) of `model` on `split`, in eval mode; the model's mode is restored.
+
+    A non-finite logit row counts as an error and makes the loss NaN.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        total_loss, wrong, n = 0.0, 0, len(split)
+        for start in range(0, n, batch_size):
+            x, y = split.x[start:start + batch_size], split.y[start:start + batch_size]
+            logits = model(x)
+            total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            finite = torch.isfinite(logits).all(dim=1)
+            wrong += int(((logits.argmax(dim=1) != y) | ~finite).sum())
+        return total_loss / n, 100.0 * wrong / n
+    finally:
+        model.train(was_training)
+
+
+def _call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args)
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[Any] = (), *,
+        seed: int = 0, progress: bool = True, eval_batch_size: int = DEFAULT_EVAL_BATCH) -> History:
+    """Train `model` on `data.train` with `recipe`; return the History (see the module docstring).
+
+    The model must already be on the data's device. `seed` seeds the data-order generator only
+    (seed the model's initialisation before building it). Callbacks' `on_fit_start` may restore a
+    checkpoint into the TrainState; `fit` then continues from `state.epoch`.
+    """
+    device = data.train.x.device
+    if next(model.parameters()).device != device:
+        raise ValueError(f"model is on {next(model.parameters()).device} but the data on {device}; move one")
+    if len(data.train) < 2:
+        raise ValueError("the training split needs at least 2 samples")
+    optimizer = build_optimizer(model, recipe)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    state = TrainState(model, optimizer, recipe, data, generator, History())
+    _call(callbacks, "on_fit_start", state)
+    snapshot = _snapshot(model)
+    n, batch_size = len(data.train), recipe.batch_size
+    interactive = progress and sys.stderr.isatty()
+
+    while state.epoch < recipe.epochs and not state.history.diverged and not state.stop:
+        epoch = state.epoch
+        lr = learning_rate_at(recipe, epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        model.train()
+        started = time.perf_counter()
+        order = torch.randperm(n, generator=generator).to(device)
+        # A last batch of one sample would break BatchNorm's training statistics: fold it away.
+        starts = [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]
+        loss_sum, wrong, seen = 0.0, 0, 0
+        bar = None
+        if interactive:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(starts), desc=f"epoch {epoch + 1}/{recipe.epochs}", leave=False, file=sys.stderr)
+        for step, start in enumerate(starts):
+            index = order[start:start + batch_size]
+            x, y = data.train.x[index], data.train.y[index]
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                state.history.diverged = True
+                state.history.diverged_at = {"epoch": epoch + 1, "step": step, "loss": str(loss_value)}
+                break
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss_value * len(y)
+            wrong += int((logits.detach().argmax(dim=1) != y).sum())
+            seen += len(y)
+            if bar is not None:
+                bar.update(1)
+                if step % 20 == 0:
+                    bar.set_postfix(loss=f"{loss_sum / seen:.4f}")
+        if bar is not None:
+            bar.close()
+        if state.history.diverged:
+            model.load_state_dict(snapshot)  # back to the last finished epoch's weights
+            if progress:
+                print(f"  diverged in epoch {epoch + 1} (loss {state.history.diverged_at['loss']}); "
+                      f"run ends, history kept", file=sys.stderr, flush=True)
+            break
+
+        epoch_time = time.perf_counter() - started
+        state.elapsed_s += epoch_time
+        record: dict[str, Any] = {
+            "epoch": epoch + 1,
+            "lr": lr,
+            "train_loss": loss_sum / seen,
+            "train_error_pct": 100.0 * wrong / seen,
+        }
+        if data.val is not None:
+            record["val_loss"], record["val_error_pct"] = evaluate(model, data.val, eval_batch_size)
+        else:
+            record["val_loss"], record["val_error_pct"] = None, None
+        record["test_loss"], record["test_error_pct"] = evaluate(model, data.test, eval_batch_size)
+        ks = scalar_gate_values(model)
+        if ks:
+            record["k"] = ks
+            record["k_mean"] = sum(ks) / len(ks)
+        record["epoch_time_s"] = epoch_time
+        record["elapsed_s"] = state.elapsed_s
+        state.history.epochs.append(record)
+        state.epoch = epoch + 1
+        snapshot = _snapshot(model)
+        if progress:
+            val = f" val {record['val_error_pct']:.2f}%" if record["val_error_pct"] is not None else ""
+            kinfo = f" k̄ {record['k_mean']:.3f}" if ks else ""
+            print(f"  epoch {epoch + 1:>3}/{recipe.epochs} loss {record['train_loss']:.4f}{val} "
+                  f"test {record['test_error_pct']:.2f}%{kinfo} ({epoch_time:.1f}s)", file=sys.stderr, flush=True)
+        _call(callbacks, "on_epoch_end", state, record)
+
+    _call(callbacks, "on_fit_end", state)
+    return state.history
