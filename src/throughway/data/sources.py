@@ -43,6 +43,7 @@ __all__ = [
     "MNIST_WHEEL",
     "data_root",
     "load_arrays",
+    "save_cache",
     "load_mnist",
     "load_fashion_mnist",
     "load_cifar10",
@@ -112,7 +113,8 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
 # Cache
 
 
-def _save_cache(folder: Path, splits: ArraySplits, source: str) -> None:
+def save_cache(folder: Path, splits: ArraySplits, source: str) -> None:
+    """Write `splits` as a verified cache in `folder` (.npy files, then a manifest of their SHA-256)."""
     files = {}
     for key, array in splits.arrays().items():
         buffer = io.BytesIO()
@@ -157,7 +159,7 @@ def _cached(name: str, data_dir: str | os.PathLike[str] | None,
         return cached
     splits, source = build(folder)
     _validate(splits)
-    _save_cache(folder, splits, source)
+    save_cache(folder, splits, source)
     return splits
 
 

@@ -1,0 +1,62 @@
+"""The command line on tiny data: list, train, reproduce mnist-depth, report, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from throughway.cli import main
+from throughway.experiments.mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
+
+
+def test_list_prints_models_recipes_experiments_name_first(capsys):
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    names = {line.split()[0]: line.split()[1] for line in lines}
+    for model in ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmented", "mlp_highway"):
+        assert names[model] == "model"
+    assert names["gresnet-mnist"] == "recipe" and names["highway-mnist"] == "recipe"
+    assert names["mnist-depth"] == "experiment"
+
+
+def test_train_smoke(tmp_path, fake_mnist_root, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--model", "mlp_gated_residual", "--depth", "2", "--epochs", "1", "--width", "8",
+                 "--out", str(out), "--quiet"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["model"] == "mlp_gated_residual" and len(results["history"]) == 1
+    assert (out / "model.safetensors").is_file()
+    assert "test error" in capsys.readouterr().out
+
+
+def test_reproduce_mnist_depth_smoke_and_report(tmp_path, fake_mnist_root, capsys):
+    out = tmp_path / "study"
+    args = ["reproduce", "mnist-depth", "--depths", "2", "4", "--epochs", "1", "--out", str(out), "--jobs", "1",
+            "--quiet"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    # the paper's numbers are printed beside ours
+    assert f"{PAPER_TEST_ERROR['gated'][2]:.2f}" in printed and f"{PAPER_MEAN_K[2]:.2f}" in printed
+    summary = json.loads((out / "results.json").read_text())
+    assert {(c["arch"], c["depth"]) for c in summary["cells"]} == {(a, d) for a in ("plain", "residual", "gated", "highway")
+                                                                   for d in (2, 4)}
+    assert all(c["test_error_pct"]["n"] == 1 for c in summary["cells"])
+    assert (out / "figure4_train_loss.png").stat().st_size > 10_000
+    assert summary["command"].startswith("throughway ")
+    # a finished study is re-reported, not retrained; `report` remakes table and figure from the file
+    assert main(args) == 0
+    (out / "table.md").unlink()
+    assert main(["report", str(out)]) == 0
+    assert (out / "table.md").is_file()
+
+
+def test_errors_are_clear_and_exit_2(tmp_path, fake_mnist_root, capsys):
+    assert main(["train", "--model", "mlp_nope", "--depth", "2", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert "registered models" in capsys.readouterr().err
+    assert main(["train", "--model", "mlp_residual", "--depth", "3", "--out", str(tmp_path / "y"), "--quiet"]) == 2
+    assert "must be even" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit):
+        main(["reproduce", "mnist-depth", "--archs", "transformer"])
