@@ -6,7 +6,8 @@ A highway net of the same shape (tanh H, transform-gate bias −2, the settings 
 paper's figure 2 MNIST net) trains beside them with the same recipe: it is not in the paper's table.
 
 Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
-(the summary that tables and figures are made from), table.md and figure4_train_loss.png.
+(the summary that tables and figures are made from), table.md, figure4_train_loss.png and
+table1_test_error_by_depth.png.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
 
 def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json alone; return the table text."""
-    from ..report.plots import plot_training_curves
+    from ..report.plots import plot_error_by_depth, plot_training_curves
 
     out = Path(out)
     summary = read_json(out / RESULTS_FILE)
@@ -213,6 +214,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
 
     atomic_write_text(out / "table.md", table)
     plot_training_curves(summary, out / "figure4_train_loss.png")
+    plot_error_by_depth(summary, out / "table1_test_error_by_depth.png")
     return table
 
 
