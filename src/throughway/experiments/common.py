@@ -15,7 +15,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -52,11 +52,13 @@ def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool)
 
 
 def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
-             threads: int | None = None, progress: bool = True) -> dict[str, str | None]:
+             threads: int | None = None, progress: bool = True,
+             on_done: Callable[[str, str | None], None] | None = None) -> dict[str, str | None]:
     """Run every spec into `out`/<name>; return {name: error message or None}.
 
     With jobs > 1 the runs go to a pool of `jobs` spawned processes, each with `threads` threads
     (default: cpu_count // jobs, at least 1). A run that raises is reported and the others go on.
+    `on_done(name, error)` is called in this process as each run ends (e.g. to refresh a summary).
     """
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
@@ -68,6 +70,8 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
         for spec in specs:
             name, error = _worker(spec, str(out), resume, threads, progress)
             errors[name] = error
+            if on_done is not None:
+                on_done(name, error)
         return errors
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
@@ -75,6 +79,8 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
         for future in concurrent.futures.as_completed(futures):
             name, error = future.result()
             errors[name] = error
+            if on_done is not None:
+                on_done(name, error)
     return errors
 
 

@@ -234,14 +234,22 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped
     out.mkdir(parents=True, exist_ok=True)
-    errors = run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress)
-    summary = summarize(config, out)
-    summary["command"] = command_line()
-    summary["environment"] = environment_info(config.device)
-    summary["errors"] = {k: v for k, v in errors.items() if v}
-    atomic_write_json(summary_path, summary)
-    write_report(out)
-    return summary
+    command, environment = command_line(), environment_info(config.device)
+    errors: dict[str, str] = {}
+
+    def refresh(name: str | None = None, error: str | None = None) -> dict[str, Any]:
+        # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
+        if name is not None and error:
+            errors[name] = error
+        summary = summarize(config, out)
+        summary.update(command=command, environment=environment, errors=dict(errors))
+        atomic_write_json(summary_path, summary)
+        write_report(out)
+        return summary
+
+    refresh()
+    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    return refresh()
 
 
 def json_config(config: Config) -> dict[str, Any]:
