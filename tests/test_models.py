@@ -8,11 +8,19 @@ import torch
 from throughway.models import create_model, list_models
 
 SMALL = {"depth": 4, "width": 12}
+# Conv families have their own depth rules (6n+2, 6n+4, fixed layouts) and take 1-channel 28×28 input.
+SMALL_BY_MODEL = {
+    "preact_resnet": {"depth": 8, "width": 4, "in_channels": 1},
+    "wide_resnet": {"depth": 10, "widen_factor": 1, "in_channels": 1},
+    "highway_conv": {"width": 4, "in_channels": 1},
+    "preact_shortcut_depth": {"depth": 14, "shortcut_depth": 2, "width": 4, "in_channels": 1},
+    "shortcut_net": {"depth": 4, "width": 12, "in_features": 784, "num_classes": 10},
+}
 
 
 @pytest.mark.parametrize("name", [m.name for m in list_models()])
 def test_forward_shapes_and_gradients(name):
-    model = create_model(name, **SMALL)
+    model = create_model(name, **SMALL_BY_MODEL.get(name, SMALL))
     x = torch.rand(8, 1, 28, 28)
     out = model(x)
     assert out.shape == (8, 10)
@@ -26,7 +34,7 @@ def test_forward_shapes_and_gradients(name):
 
 @pytest.mark.parametrize("name", [m.name for m in list_models()])
 def test_blocks_expose_contract_names(name):
-    model = create_model(name, **SMALL)
+    model = create_model(name, **SMALL_BY_MODEL.get(name, SMALL))
     for block in model.blocks:
         assert hasattr(block, "branch") and hasattr(block, "gate") and hasattr(block, "shortcut")
 

@@ -5,6 +5,7 @@
     throughway reproduce EXPERIMENT          a paper's table or figure, with the paper's numbers beside ours
     throughway report DIR                    remake an experiment's table and figures from DIR/results.json
     throughway data fetch DATASET            fetch, verify and cache a dataset
+    throughway analyze gates|prune|highway|lesion RUN_DIR   what a finished run's gates learned
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=_positive_int, help="override the recipe's batch size")
     train.add_argument("--weight-decay", type=float, help="override the recipe's weight decay")
     train.add_argument("--k-decay", action="store_true", help="apply weight decay to k too (the paper's 'k decay')")
+    train.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="any model argument, VALUE parsed as JSON when it parses (e.g. gated=true, "
+                            "widen_factor=10, dropout=0.3, shortcut=A); repeatable")
+    train.add_argument("--amp", action="store_true", help="bf16 autocast for the training forward pass")
+    train.add_argument("--channels-last", action="store_true", help="NHWC memory format (conv nets)")
+    train.add_argument("--compile", action="store_true", help="train through torch.compile(model)")
     _add_common(train)
 
     reproduce = sub.add_parser("reproduce", help="reproduce a paper's table or figure")
@@ -81,6 +88,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json")
     report.add_argument("dir", help="an experiment's output folder")
+
+    analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
+    analyze_sub = analyze.add_subparsers(dest="analysis", required=True)
+    gates = analyze_sub.add_parser("gates", help="k per block, mean k, dead gates of a gated residual run "
+                                                 "(gated-residual-v2 Table 2, figure 5 left)")
+    prune = analyze_sub.add_parser("prune", help="remove residual blocks greedily by k or at random, test accuracy "
+                                                 "after each removal (gated-residual-v2 figure 5 right)")
+    prune.add_argument("--strategy", choices=["greedy", "random", "all"], default="all",
+                       help="greedy: smallest k first (gated runs only); random: --orders random orders; "
+                            "all (default): greedy where there is k, and random")
+    prune.add_argument("--orders", type=_positive_int, default=10, help="random orders (default 10)")
+    prune.add_argument("--seed", type=int, default=0, help="seed of the random orders")
+    prune.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
+                       help="other runs' prune.json (or analysis folders) to draw in the same figure")
+    highway = analyze_sub.add_parser("highway", help="transform-gate maps of a highway run (highway paper figures 2, 3)")
+    highway.add_argument("--classes", type=int, nargs="+", default=[0, 7], help="classes for figure 3 (default 0 7)")
+    highway.add_argument("--sample", type=int, help="index of the training sample for figure 2 (default: random)")
+    highway.add_argument("--seed", type=int, default=0, help="seed that picks the sample when --sample is not given")
+    lesion = analyze_sub.add_parser("lesion", help="error with one layer's gates closed, per layer (highway paper figure 4)")
+    lesion.add_argument("--split", choices=["train", "val", "test"], default="train",
+                        help="split to evaluate (default train, as the paper)")
+    for command in (gates, prune, highway, lesion):
+        command.add_argument("run_dir", help="a finished run directory (results.json + model.safetensors)")
+        command.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
+        _add_common(command)
+    redraw = analyze_sub.add_parser("redraw", help="redraw an analysis folder's figures from its JSON files")
+    redraw.add_argument("dir", help="a folder written by `analyze ...` (e.g. RUN_DIR/analysis)")
+    redraw.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
+                        help="other runs' prune.json to draw beside this folder's")
+
+    sdi_cmd = sub.add_parser("sdi", help="squared distance to identity (SDI/TSDI) of layers at initialisation "
+                                          "(gated-residual-v1 section 2)")
+    sdi_cmd.add_argument("--layer", nargs="+", default=["all"],
+                         choices=["all", "classical", "highway", "residual", "gated"], help="layer types (default all)")
+    sdi_cmd.add_argument("--width", type=_positive_int, default=50, help="n: units, or channels of a conv layer")
+    sdi_cmd.add_argument("--init", default="he_normal",
+                         help="he_normal, he_uniform, glorot_uniform, glorot_normal, torch_default, or paper_he "
+                              "(He weights and He-variance biases: the paper's convention)")
+    sdi_cmd.add_argument("--gate-bias", type=float, default=-4.0, help="initial transform-gate bias of highway layers")
+    sdi_cmd.add_argument("--target", type=float, default=-4.0, help="highway degeneration target c for b_t")
+    sdi_cmd.add_argument("--k-init", type=float, default=1.0, help="initial k of gated layers")
+    sdi_cmd.add_argument("--kernel-size", type=_positive_int, help="k for a k×k convolutional layer (default: dense)")
+    sdi_cmd.add_argument("--mc", type=int, default=0, help="also estimate TSDI from N draws of the real initialisers")
 
     data = sub.add_parser("data", help="datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -104,6 +154,22 @@ def _cmd_list() -> int:
     return 0
 
 
+def _parse_model_args(items: Sequence[str]) -> dict[str, Any]:
+    """--model-arg KEY=VALUE pairs as a dict; VALUE is JSON when it parses, else the string."""
+    import json
+
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--model-arg {item!r}: expected KEY=VALUE, e.g. gated=true")
+        try:
+            parsed[key] = json.loads(text)
+        except json.JSONDecodeError:
+            parsed[key] = text
+    return parsed
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import RunConfig, run_training
 
@@ -113,6 +179,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None:
             model_kwargs[key] = value
+    model_kwargs.update(_parse_model_args(args.model_arg))
     overrides: dict[str, Any] = {}
     for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay"):
         value = getattr(args, option)
@@ -120,12 +187,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
             overrides[option] = value
     if args.k_decay:
         overrides["k_decay"] = True
+    from .train import distributed
+
+    device = distributed.init_from_env(args.device)  # torchrun: one process per device
     config = RunConfig(model=args.model, depth=args.depth, dataset=args.dataset, recipe=args.recipe,
-                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=args.device,
+                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=device,
                        limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
-                       recipe_overrides=overrides)
+                       recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
+                       compile=args.compile)
     out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
-    results = run_training(config, out, resume=args.resume, progress=not args.quiet)
+    main_process = distributed.is_main_process()
+    try:
+        results = run_training(config, out, resume=args.resume, progress=not args.quiet)
+    finally:
+        distributed.cleanup()
+    if not main_process or results.get("final") is None:
+        return 0
     final = results["final"]
     line = f"{out}: test error {final['test_error_pct']:.2f}% after {final['epochs_completed']} epochs" \
         if final["test_error_pct"] is not None else f"{out}: no epoch finished"
@@ -164,12 +241,62 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sdi(args: argparse.Namespace) -> int:
+    from .analysis.sdi import LAYERS, monte_carlo_sdi, sdi
+
+    layers = list(LAYERS) if "all" in args.layer else args.layer
+    header = "| layer | init | n | kernel | M (identity position) | M (other) | B | TSDI |" + (" Monte Carlo ± s.e. |" if args.mc else "")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for layer in layers:
+        result = sdi(layer, args.width, args.init, kernel_size=args.kernel_size, target=args.target,
+                     gate_bias=args.gate_bias, k_init=args.k_init)
+        row = (f"| {layer} | {args.init if layer != 'gated' else f'k = {args.k_init:g}'} | {args.width} | "
+               f"{args.kernel_size or '—'} | {result.m_diagonal():.6g} | {result.m_off_diagonal():.6g} | "
+               f"{result.b_value():.6g} | {result.tsdi:.6g} |")
+        if args.mc:
+            if args.init == "paper_he":
+                row += " — (paper_he is not a toolkit initialiser) |"
+            else:
+                mc = monte_carlo_sdi(layer, args.width, args.init, samples=args.mc, kernel_size=args.kernel_size,
+                                     target=args.target, gate_bias=args.gate_bias, k_init=args.k_init)
+                row += f" {mc['tsdi']:.6g} ± {mc['tsdi_stderr']:.2g} |"
+        print(row)
+    if "highway" in layers:
+        print(f"\nhighway: transform gate W_t, b_t (initial b_t = {args.gate_bias:g}), target W_t = 0, b_t = c = {args.target:g}")
+    return 0
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from .data import load_arrays
 
     arrays = load_arrays(args.dataset, args.data_dir)
     print(f"{args.dataset}: train {len(arrays.train_y)}, validation {len(arrays.val_y)}, test {len(arrays.test_y)} "
           f"(verified and cached)")
+    return 0
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .experiments import analyze
+
+    if args.analysis == "redraw":
+        for path in analyze.redraw(args.dir, compare=args.compare):
+            print(path)
+        return 0
+    common = {"device": args.device}
+    if args.analysis == "gates":
+        _, text = analyze.analyze_gates(args.run_dir, args.out, **common)
+    elif args.analysis == "prune":
+        _, text = analyze.analyze_prune(args.run_dir, args.out, strategy=args.strategy, orders=args.orders,
+                                        seed=args.seed, compare=args.compare, data_dir=args.data_dir,
+                                        progress=not args.quiet, **common)
+    elif args.analysis == "highway":
+        _, text = analyze.analyze_highway(args.run_dir, args.out, classes=args.classes, sample=args.sample,
+                                          seed=args.seed, data_dir=args.data_dir, **common)
+    else:
+        _, text = analyze.analyze_lesion(args.run_dir, args.out, split=args.split, data_dir=args.data_dir,
+                                         progress=not args.quiet, **common)
+    print(text)
     return 0
 
 
@@ -188,6 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_report(args)
         if args.command == "data":
             return _cmd_data(args)
+        if args.command == "sdi":
+            return _cmd_sdi(args)
+        if args.command == "analyze":
+            return _cmd_analyze(args)
     except KeyboardInterrupt:
         print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
         return 130

@@ -8,9 +8,25 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import mnist_depth
+from . import highway_depth, mnist_depth
 
 EXPERIMENTS: dict[str, ModuleType] = {mnist_depth.NAME: mnist_depth}
+EXPERIMENTS[highway_depth.NAME] = highway_depth
+from . import hessian_init  # noqa: E402  (issue 4)
+EXPERIMENTS[hessian_init.NAME] = hessian_init
+from . import hessian_dynamics  # noqa: E402  (issue 4)
+EXPERIMENTS[hessian_dynamics.NAME] = hessian_dynamics
+from . import shortcut_lr  # noqa: E402  (issue 4)
+EXPERIMENTS[shortcut_lr.NAME] = shortcut_lr
+from . import weight_norms  # noqa: E402  (issue 4)
+EXPERIMENTS[weight_norms.NAME] = weight_norms
+from . import sdi_table  # noqa: E402  (issue 4)
+EXPERIMENTS[sdi_table.NAME] = sdi_table
+from . import identity_distance  # noqa: E402  (issue 4)
+EXPERIMENTS[identity_distance.NAME] = identity_distance
+from . import cifar_gated  # noqa: E402  (issue 6)
+EXPERIMENTS[cifar_gated.NAME] = cifar_gated
+
 
 __all__ = ["EXPERIMENTS", "get_experiment"]
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .._io import atomic_write_json, environment_info, read_json
 from ..train import RESULTS_FILE, RunConfig
+from .batching import run_batched
 from .common import RunSpec, command_line, mean_std, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
@@ -155,7 +156,7 @@ def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
         if not unfinished:
             return "—"
         r = unfinished[0]
-        return "not run" if r["state"] == "not started" else f"(running, epoch {r['epochs']}/{epochs})"
+        return "not run" if r["state"] == "not started" else f"(unfinished: epoch {r['epochs']}/{epochs})"
     text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
     if any(r["state"] == "diverged" for r in cell["runs"]):
         at = next(r for r in cell["runs"] if r["state"] == "diverged")["diverged_at"] or {}
@@ -248,7 +249,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         return summary
 
     refresh()
-    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    if config.seeds > 1:
+        # The seeds of one (architecture, depth) train together as one batched computation
+        # (train.batched: per-model semantics of fit, one ordinary run directory each).
+        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    else:
+        run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
     return refresh()
 
 

@@ -4,12 +4,18 @@ Imports only torch (DESIGN.md: layers know nothing of models).
 """
 
 from .augment import AugmentedLayer, augment
+from .conv import PreActBlock, PreActUnit, WideBlock, ZeroPadShortcut, conv_highway_layer
 from .dense import ACTIVATIONS, NORMS, PlainBlock, ResidualBlock, dense_unit, make_activation
 from .gates import GATE_FUNCTIONS, ScalarGate, TransformGate, scalar_gate_values, scalar_gates
 from .highway import HighwayLayer, dense_highway_layer
 from .init import INIT_SCHEMES, init_weights_
 
 __all__ = [
+    "PreActBlock",
+    "PreActUnit",
+    "WideBlock",
+    "ZeroPadShortcut",
+    "conv_highway_layer",
     "ACTIVATIONS",
     "AugmentedLayer",
     "GATE_FUNCTIONS",

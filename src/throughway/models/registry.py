@@ -46,6 +46,8 @@ def register_model(name: str, description: str) -> Callable[[Callable[..., nn.Mo
 def _ensure_loaded() -> None:
     # Importing the family modules runs their @register_model decorators.
     from . import mlp  # noqa: F401
+    from . import shortcut  # noqa: F401
+    from . import highway_conv, preact_resnet, wide_resnet  # noqa: F401
 
 
 def model_entry(name: str) -> ModelEntry:

@@ -9,6 +9,13 @@ to the history; callbacks then see it (checkpointing, results files, early stopp
 A loss that becomes NaN or infinite ends the run cleanly: the history is kept, the run is marked
 diverged, and the model is put back to its state at the end of the last finished epoch. Deep plain
 nets are expected to fail; a study must go on.
+
+Options for GPUs and scale, all off by default (the default path is unchanged, bit for bit):
+`train_transform` (a per-batch augmentation applied on the device, e.g. data.augment.RandomCropFlip),
+`amp` (bf16 autocast for the forward pass and loss; also runs on the CPU), `channels_last` (NHWC
+memory format for conv nets), `compile_model` (torch.compile of the training forward). Under an
+initialised torch.distributed process group (torchrun), training is data-parallel (see
+train.distributed).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -25,6 +32,7 @@ from torch.nn import functional as F
 
 from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
+from . import distributed
 from .recipes import Recipe, build_optimizer, learning_rate_at
 
 __all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH"]
@@ -115,13 +123,27 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate; the optimiser's state (momentum buffers, Adam
+    moments) is left untouched, so a learning-rate step keeps the momentum."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[Any] = (), *,
-        seed: int = 0, progress: bool = True, eval_batch_size: int = DEFAULT_EVAL_BATCH) -> History:
+        seed: int = 0, progress: bool = True, eval_batch_size: int = DEFAULT_EVAL_BATCH,
+        train_transform: Callable[[torch.Tensor], torch.Tensor] | None = None, amp: bool = False,
+        channels_last: bool = False, compile_model: bool = False) -> History:
     """Train `model` on `data.train` with `recipe`; return the History (see the module docstring).
 
     The model must already be on the data's device. `seed` seeds the data-order generator only
     (seed the model's initialisation before building it). Callbacks' `on_fit_start` may restore a
     checkpoint into the TrainState; `fit` then continues from `state.epoch`.
+
+    `train_transform` maps each training batch x to its augmented version on the device (evaluation
+    never sees it). `amp` runs the training forward and loss under bf16 autocast on the data's
+    device type; the parameters, gradients, optimiser and evaluation stay float32. `channels_last`
+    converts the model and 4-d batches to NHWC. `compile_model` trains through torch.compile(model).
     """
     device = data.train.x.device
     if next(model.parameters()).device != device:
@@ -132,6 +154,13 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
     generator = torch.Generator(device="cpu").manual_seed(seed)
     state = TrainState(model, optimizer, recipe, data, generator, History())
     _call(callbacks, "on_fit_start", state)
+    rank, world = distributed.rank_and_world()
+    progress = progress and rank == 0
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    train_model = distributed.wrap_model(model)
+    if compile_model:
+        train_model = torch.compile(train_model)
     snapshot = _snapshot(model)
     n, batch_size = len(data.train), recipe.batch_size
     interactive = progress and sys.stderr.isatty()
@@ -139,13 +168,12 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
     while state.epoch < recipe.epochs and not state.history.diverged and not state.stop:
         epoch = state.epoch
         lr = learning_rate_at(recipe, epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(optimizer, lr)
         model.train()
         started = time.perf_counter()
         order = torch.randperm(n, generator=generator).to(device)
-        # A last batch of one sample would break BatchNorm's training statistics: fold it away.
-        starts = [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]
+        # A last batch of one sample (per rank) would break BatchNorm's training statistics: fold it away.
+        starts = [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
         loss_sum, wrong, seen = 0.0, 0, 0
         bar = None
         if interactive:
@@ -153,11 +181,31 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
 
             bar = tqdm(total=len(starts), desc=f"epoch {epoch + 1}/{recipe.epochs}", leave=False, file=sys.stderr)
         for step, start in enumerate(starts):
-            index = order[start:start + batch_size]
+            index = distributed.shard(order[start:start + batch_size], rank, world)
             x, y = data.train.x[index], data.train.y[index]
-            logits = model(x)
-            loss = F.cross_entropy(logits, y)
-            loss_value = float(loss.detach())
+            if train_transform is not None:
+                x = train_transform(x)
+            if channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            if amp:
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                    logits = train_model(x)
+                    loss = F.cross_entropy(logits.float(), y)
+            else:
+                logits = train_model(x)
+                loss = F.cross_entropy(logits, y)
+            batch_wrong = (logits.detach().argmax(dim=1) != y).sum()
+            if world > 1:
+                # One all-reduce gives every rank the global batch's loss, errors and size, so the
+                # divergence check and the records agree across ranks and with one process.
+                totals = distributed.all_reduce_sum(torch.stack([
+                    loss.detach().double() * len(y), batch_wrong.double(),
+                    torch.tensor(float(len(y)), dtype=torch.float64, device=loss.device)]))
+                loss_value = float(totals[0] / totals[2])
+                batch_wrong, batch_seen = int(totals[1]), int(totals[2])
+            else:
+                loss_value = float(loss.detach())
+                batch_seen = len(y)
             if not math.isfinite(loss_value):
                 state.history.diverged = True
                 state.history.diverged_at = {"epoch": epoch + 1, "step": step, "loss": str(loss_value)}
@@ -165,9 +213,9 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += loss_value * len(y)
-            wrong += int((logits.detach().argmax(dim=1) != y).sum())
-            seen += len(y)
+            loss_sum += loss_value * batch_seen
+            wrong += int(batch_wrong)
+            seen += batch_seen
             if bar is not None:
                 bar.update(1)
                 if step % 20 == 0:

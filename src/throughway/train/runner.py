@@ -29,16 +29,20 @@ import torch
 
 from .._io import atomic_write_json, environment_info, read_json
 from ..data import DataSplits, load_dataset
+from ..data.augment import RandomCropFlip, normalize_splits
 from ..models import create_model, model_entry
+from . import distributed
 from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, save_model, MODEL_FILE
 from .loop import History, TrainState, fit
-from .recipes import get_recipe
+from .recipes import Recipe, get_recipe
 
-__all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results"]
+__all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
+           "resolve_recipe", "results_header", "final_summary", "check_resumable", "RESULTS_FORMAT"]
 
 RESULTS_FILE = "results.json"
+RESULTS_FORMAT = "throughway-results-1"
 # Fields that may differ between an interrupted run and its resumption.
-_RESUMABLE_DIFFERENCES = {"device", "data_dir"}
+_RESUMABLE_DIFFERENCES = {"device", "data_dir", "amp", "channels_last", "compile"}
 
 
 class RunExistsError(RuntimeError):
@@ -61,6 +65,10 @@ class RunConfig:
     data_dir: str | None = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     recipe_overrides: dict[str, Any] = field(default_factory=dict)
+    # Execution options (see loop.fit): bf16 autocast, NHWC memory format, torch.compile.
+    amp: bool = False
+    channels_last: bool = False
+    compile: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,7 +82,9 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return read_json(path)
 
 
-def _build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
+def build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
+    """The model of `config`, initialised as every run does: torch.manual_seed(config.seed), then
+    create_model with the data's input size and classes, on config.device (shared with the batched trainer)."""
     accepted = model_entry(config.model).parameters()
     kwargs = dict(config.model_kwargs)
     kwargs["depth"] = config.depth
@@ -82,11 +92,42 @@ def _build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
         kwargs["in_features"] = int(math.prod(data.input_shape))
     if "num_classes" in accepted and "num_classes" not in kwargs:
         kwargs["num_classes"] = data.num_classes
+    # Conv nets take the image's channels and side from the data.
+    if "in_channels" in accepted and "in_channels" not in kwargs and len(data.input_shape) == 3:
+        kwargs["in_channels"] = int(data.input_shape[0])
+    if "image_size" in accepted and "image_size" not in kwargs and len(data.input_shape) == 3:
+        kwargs["image_size"] = int(data.input_shape[-1])
     torch.manual_seed(config.seed)  # the initialisation is a function of the seed
     return create_model(config.model, **kwargs).to(config.device)
 
 
-def _final(history: History) -> dict[str, Any]:
+
+def resolve_recipe(config: RunConfig) -> Recipe:
+    """The recipe `run_training` trains `config` with: the named recipe, its overrides, then `epochs`."""
+    recipe = get_recipe(config.recipe, **config.recipe_overrides)
+    if config.epochs is not None:
+        recipe = recipe.replace(epochs=config.epochs)
+    return recipe
+
+
+def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, data: DataSplits) -> dict[str, Any]:
+    """The results.json fields known before training (format, config, environment, recipe, model, data)."""
+    return {
+        "format": RESULTS_FORMAT,
+        "config": config.to_dict(),
+        "environment": environment_info(config.device),
+        "recipe": recipe.to_dict(),
+        "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
+                  "config": getattr(model, "config", {})},
+        "data": {"dataset": data.name, "train": len(data.train), "val": len(data.val) if data.val else 0,
+                 "test": len(data.test)},
+    }
+
+
+
+
+def final_summary(history: History) -> dict[str, Any]:
+    """results.json's `final` field for a run that ended with `history`."""
     last = history.last()
     return {
         "epochs_completed": len(history.epochs),
@@ -102,14 +143,17 @@ def _final(history: History) -> dict[str, Any]:
 class _RunFiles:
     """Callback that checkpoints, rewrites results.json every epoch, and restores on resume."""
 
-    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool) -> None:
-        self.out_dir, self.results, self.resume = out_dir, results, resume
+    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
+        # write=False: a non-zero rank of a distributed run, which reads checkpoints but writes nothing.
+        self.out_dir, self.results, self.resume, self.write = out_dir, results, resume, write
 
     def _write(self, state: TrainState, final: bool) -> None:
+        if not self.write:
+            return
         self.results["history"] = state.history.epochs
         self.results["diverged"] = state.history.diverged
         self.results["diverged_at"] = state.history.diverged_at
-        self.results["final"] = _final(state.history) if final else None
+        self.results["final"] = final_summary(state.history) if final else None
         atomic_write_json(self.out_dir / RESULTS_FILE, self.results)
 
     def on_fit_start(self, state: TrainState) -> None:
@@ -119,21 +163,30 @@ class _RunFiles:
             state.epoch = int(meta["epoch"])
             state.history = History.from_dict(meta["history"])
             state.elapsed_s = float(meta.get("elapsed_s", 0.0))
-            print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
+            if self.write:
+                print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
         self._write(state, final=False)
 
     def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        if not self.write:
+            return
         save_checkpoint(self.out_dir, model=state.model, optimizer=state.optimizer, generator=state.generator,
                         epoch=state.epoch, extra={"history": state.history.to_dict(), "elapsed_s": state.elapsed_s})
         self._write(state, final=False)
 
     def on_fit_end(self, state: TrainState) -> None:
-        save_model(self.out_dir / MODEL_FILE, state.model)
+        if self.write:
+            save_model(self.out_dir / MODEL_FILE, state.model)
         self._write(state, final=True)
 
 
-def _check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:
-    old = existing.get("config", {})
+def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:
+    """Raise RunExistsError when `existing` (a results.json) holds a run of another config than `config`.
+
+    A field that an older results.json lacks counts as its default value, so runs written before a
+    field was added to RunConfig still resume."""
+    defaults = RunConfig(model=config.model, depth=config.depth).to_dict()
+    old = {**defaults, **existing.get("config", {})}
     new = config.to_dict()
     differing = sorted(k for k in set(old) | set(new) if k not in _RESUMABLE_DIFFERENCES and old.get(k) != new.get(k))
     if differing:
@@ -158,29 +211,24 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
         if not resume:
             raise RunExistsError(f"{out_dir} already holds a run ({RESULTS_FILE}); pass --resume to continue "
                                  f"or skip it, or choose another --out")
-        _check_resumable(existing, config, out_dir)
+        check_resumable(existing, config, out_dir)
         if existing.get("final") is not None:
             if progress:
                 print(f"  {out_dir}: finished earlier, skipped", file=sys.stderr, flush=True)
             return existing
-    recipe = get_recipe(config.recipe, **config.recipe_overrides)
-    if config.epochs is not None:
-        recipe = recipe.replace(epochs=config.epochs)
+    recipe = resolve_recipe(config)
     if data is None:
         data = load_dataset(config.dataset, config.data_dir, train_on_full=config.train_on_full,
                             device=config.device, limit=config.limit)
-    model = _build_model(config, data)
-    results: dict[str, Any] = {
-        "format": "throughway-results-1",
-        "config": config.to_dict(),
-        "environment": environment_info(config.device),
-        "recipe": recipe.to_dict(),
-        "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
-                  "config": getattr(model, "config", {})},
-        "data": {"dataset": data.name, "train": len(data.train), "val": len(data.val) if data.val else 0,
-                 "test": len(data.test)},
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = _RunFiles(out_dir, results, resume)
-    fit(model, data, recipe, [files, *callbacks], seed=config.seed, progress=progress)
+    data = normalize_splits(data, recipe.normalize)  # training-split statistics, once, on the device
+    model = build_model(config, data)
+    results: dict[str, Any] = results_header(config, recipe, model, data)
+    main_process = distributed.is_main_process()
+    distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
+    if main_process:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    files = _RunFiles(out_dir, results, resume, write=main_process)
+    transform = RandomCropFlip(padding=4, flip_p=0.5) if recipe.augment == "crop-flip" else None
+    fit(model, data, recipe, [files, *callbacks], seed=config.seed, progress=progress, train_transform=transform,
+        amp=config.amp, channels_last=config.channels_last, compile_model=config.compile)
     return results

@@ -1,0 +1,247 @@
+"""gated-residual-v2 Table 3 and Table 4 (and v1 Table 4): ResNets and Wide ResNets on CIFAR,
+original against gated against gated with "k decay".
+
+Architectures (gated-residual-v2 §3.2):
+* resnet-5: pre-activation ResNet n = 5 (depth 32), recipe preact-cifar (SGD Nesterov 0.9, lr 0.1
+  ÷10 at 50% / 75%, wd 1e-4, mean subtraction, pad-4 crops and flips, batch 128);
+* wrn-4-10: WRN-28-10 with dropout 0.3, recipe wrn-cifar (lr 0.1 ×0.2 at 30/60/80%, wd 5e-4,
+  mean/std normalisation);
+* wrn-3-4: WRN-22-4 (gated-residual-v1 Table 4's "Wide ResNet (3,4)"), recipe wrn-cifar.
+Variants: original (ungated), gated (one k per block, k = 1 at start, no decay on k), gated with
+k decay (the recipe's weight decay applied to k too).
+
+CIFAR cannot be downloaded by this toolkit: `--data-dir` must name the folder holding the official
+python batches (cifar-10-batches-py/ or cifar-100-python/, or their files). The validation split
+(the last 5,000 training images) is held out of training; the test error is read at the last
+epoch, never used to choose anything.
+
+Writes in the output folder: runs/<arch>-<variant>-s<seed>/ (one run directory each),
+results.json (summary), table.md, figure6_error_curves.png, figure7_k_by_block.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from ..train import RESULTS_FILE, RunConfig
+from .common import RunSpec, command_line, mean_std, run_many
+
+__all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
+           "write_report", "add_arguments", "config_from_args"]
+
+NAME = "cifar-gated"
+DESCRIPTION = "gated-residual-v2 Tables 3 and 4: ResNet n=5 and Wide ResNet (4,10) on CIFAR, original / gated / gated with k decay"
+
+# arch -> (model, model kwargs, recipe)
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "resnet-5": ("preact_resnet", {"depth": 32, "shortcut": "B"}, "preact-cifar"),
+    "wrn-4-10": ("wide_resnet", {"depth": 28, "widen_factor": 10, "dropout": 0.3}, "wrn-cifar"),
+    "wrn-3-4": ("wide_resnet", {"depth": 22, "widen_factor": 4, "dropout": 0.3}, "wrn-cifar"),
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "original": {"gated": False, "k_decay": False},
+    "gated": {"gated": True, "k_decay": False},
+    "gated-k-decay": {"gated": True, "k_decay": True},
+}
+# Test error (%). gated-residual-v2 Table 3 (CIFAR-10) and Table 4 (CIFAR-100, WRN (4,10): the
+# original is Zagoruyko & Komodakis' 18.85, the gated one the paper's 18.27); gated-residual-v1
+# Table 4 for wrn-3-4 (a different recipe: lr ÷10 at 40% / 60%, no dropout stated).
+PAPER: dict[str, dict[str, dict[str, float]]] = {
+    "cifar10": {
+        "resnet-5": {"original": 7.16, "gated": 6.67, "gated-k-decay": 7.04},
+        "wrn-4-10": {"original": 3.89, "gated": 3.65, "gated-k-decay": 3.74},
+        "wrn-3-4": {"original": 5.36, "gated": 4.90},
+    },
+    "cifar100": {"wrn-4-10": {"original": 18.85, "gated": 18.27}},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The comparison's settings; defaults are the paper's CIFAR-10 Table 3."""
+
+    dataset: str = "cifar10"
+    archs: tuple[str, ...] = ("resnet-5", "wrn-4-10")
+    variants: tuple[str, ...] = ("original", "gated", "gated-k-decay")
+    epochs: int | None = None  # None: the recipe's (200)
+    seeds: int = 1
+    limit: int | None = None
+    device: str = "cpu"
+    data_dir: str | None = None
+    amp: bool = False
+    channels_last: bool = False
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dataset not in PAPER:
+            raise ValueError(f"dataset={self.dataset!r}; accepted values: {sorted(PAPER)}")
+        for field, chosen, known in (("archs", self.archs, ARCHITECTURES), ("variants", self.variants, VARIANTS)):
+            unknown = sorted(set(chosen) - set(known))
+            if unknown:
+                raise ValueError(f"{field}: {unknown} not known; accepted values: {list(known)}")
+        if self.seeds < 1 or (self.epochs is not None and self.epochs < 1):
+            raise ValueError("seeds and epochs must be ≥ 1")
+
+
+def run_name(arch: str, variant: str, seed: int) -> str:
+    return f"{arch}-{variant}-s{seed}"
+
+
+def specs(config: Config) -> list[RunSpec]:
+    """One RunSpec per (arch, variant, seed)."""
+    out = []
+    for arch in config.archs:
+        model, kwargs, recipe = ARCHITECTURES[arch]
+        kwargs = dict(kwargs)
+        depth = kwargs.pop("depth")
+        for variant in config.variants:
+            v = VARIANTS[variant]
+            for seed in range(config.seeds):
+                out.append(RunSpec(run_name(arch, variant, seed), RunConfig(
+                    model=model, depth=depth, dataset=config.dataset, recipe=recipe, epochs=config.epochs, seed=seed,
+                    device=config.device, limit=config.limit, data_dir=config.data_dir,
+                    model_kwargs={**kwargs, "gated": v["gated"]},
+                    recipe_overrides={"k_decay": True} if v["k_decay"] else {},
+                    amp=config.amp, channels_last=config.channels_last, compile=config.compile,
+                )))
+    return out
+
+
+def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Collect every run's results.json under `out`/runs into the summary (finished or not)."""
+    out = Path(out)
+    cells, curves = [], {}
+    for arch in config.archs:
+        for variant in config.variants:
+            errors, states = [], []
+            for seed in range(config.seeds):
+                name = run_name(arch, variant, seed)
+                path = out / "runs" / name / RESULTS_FILE
+                if not path.is_file():
+                    states.append({"run": name, "state": "not started", "epochs": 0})
+                    continue
+                result = read_json(path)
+                curves[name] = {"history": result["history"]}
+                final = result.get("final")
+                states.append({"run": name, "state": "finished" if final else "running",
+                               "epochs": len(result["history"]), "parameters": result["model"]["parameters"]})
+                if final:
+                    errors.append(final["test_error_pct"])
+            cells.append({"arch": arch, "variant": variant, "test_error_pct": mean_std(errors), "runs": states,
+                          "paper_test_error_pct": PAPER[config.dataset].get(arch, {}).get(variant)})
+    return {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """Paper's test error beside ours, one row per architecture, one column pair per variant."""
+    config = summary["config"]
+    by = {(c["arch"], c["variant"]): c for c in summary["cells"]}
+    header = ["model"] + [f"{v} ({who})" for v in config["variants"] for who in ("paper", "ours")]
+    table = "Table 3" if config["dataset"] == "cifar10" else "Table 4"
+    lines = [f"Test error (%) on {config['dataset']} — gated-residual-v2 {table} (paper) beside ours", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arch in config["archs"]:
+        row = [arch]
+        for variant in config["variants"]:
+            cell = by[(arch, variant)]
+            paper = cell["paper_test_error_pct"]
+            row.append(f"{paper:.2f}" if paper is not None else "—")
+            stat = cell["test_error_pct"]
+            if stat["mean"] is not None:
+                row.append(f"{stat['mean']:.2f}" + (f" ± {stat['std']:.2f}" if stat["n"] > 1 else ""))
+            else:
+                run = cell["runs"][0]
+                row.append("not run" if run["state"] == "not started" else f"(running, epoch {run['epochs']})")
+        lines.append("| " + " | ".join(row) + " |")
+    notes = [f"Epochs: {config['epochs'] or 'the recipe’s (200)'}; {config['seeds']} seed(s); trained on 45,000 "
+             f"images (5,000 held out for validation; the paper trained on 50,000); test error at the last epoch."]
+    if config.get("limit"):
+        notes.append(f"Only the first {config['limit']} images of each split: a smoke run, not a reproduction.")
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md and the figures from `out`/results.json alone; return the table text."""
+    from ..report.conv_plots import plot_error_curves, plot_k_by_block
+
+    out = Path(out)
+    summary = read_json(out / RESULTS_FILE)
+    table = table_markdown(summary)
+    atomic_write_text(out / "table.md", table)
+    runs = summary["curves"]
+    dataset = summary["config"]["dataset"]
+    plot_error_curves(runs, out / "figure6_error_curves.png", f"{dataset}: train (dashed) and test error")
+    plot_k_by_block(runs, out / "figure7_k_by_block.png", f"{dataset}: final k by block (gated-residual-v2 fig. 7)")
+    return table
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train every run into `out`/runs (resumable), then write the summary, table and figures."""
+    out = Path(out)
+    if config.data_dir is None:
+        raise ValueError(_NEEDS_DATA)
+    summary_path = out / RESULTS_FILE
+    if summary_path.is_file() and not resume:
+        raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    command, environment = command_line(), environment_info(config.device)
+    errors: dict[str, str] = {}
+
+    def refresh(name: str | None = None, error: str | None = None) -> dict[str, Any]:
+        if name is not None and error:
+            errors[name] = error
+        summary = summarize(config, out)
+        summary.update(command=command, environment=environment, errors=dict(errors))
+        atomic_write_json(summary_path, summary)
+        write_report(out)
+        return summary
+
+    refresh()
+    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+             on_done=refresh)
+    return refresh()
+
+
+_NEEDS_DATA = ("cifar-gated needs CIFAR: pass --data-dir DIR, where DIR holds the official python version "
+               "(cifar-10-batches-py/ with data_batch_1..5 and test_batch for CIFAR-10, or cifar-100-python/ "
+               "with train and test for CIFAR-100, from https://www.cs.toronto.edu/~kriz/cifar.html). "
+               "The toolkit does not download CIFAR. A GPU is advised: --device cuda --amp --channels-last.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The comparison's command-line options."""
+    parser.add_argument("--dataset", choices=sorted(PAPER), help="cifar10 (Table 3, default) or cifar100 (Table 4)")
+    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="models (default resnet-5 wrn-4-10)")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="default: all three")
+    parser.add_argument("--epochs", type=int, help="epochs per run (default: the recipe's 200)")
+    parser.add_argument("--seeds", type=int, help="seeds per configuration")
+    parser.add_argument("--limit", type=int, help="keep only the first N images of each split (smoke tests)")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast (GPU)")
+    parser.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the training forward")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Build the Config from parsed options; without --data-dir, say what is needed."""
+    if not args.data_dir:
+        raise ValueError(_NEEDS_DATA)
+    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir, "amp": args.amp,
+                               "channels_last": args.channels_last, "compile": args.compile}
+    for field in ("dataset", "epochs", "seeds", "limit"):
+        if getattr(args, field) is not None:
+            changes[field] = getattr(args, field)
+    if args.archs:
+        changes["archs"] = tuple(args.archs)
+    elif args.dataset == "cifar100":
+        changes["archs"] = ("wrn-4-10",)
+    if args.variants:
+        changes["variants"] = tuple(args.variants)
+    elif args.dataset == "cifar100":
+        changes["variants"] = ("original", "gated")
+    return replace(Config(), **changes)

@@ -1,0 +1,368 @@
+"""The highway paper's optimisation study (section 3.1, figure 1): plain against highway nets of
+10, 20, 50 and 100 layers on MNIST, each the best of a random hyperparameter search.
+
+Protocol (highway §3.1): thin nets, "each layer has 50 blocks for highway networks and 71 units
+for plain networks"; "the first layer is a fully connected plain layer followed by 9, 19, 49, or 99
+fully connected plain or highway layers" (so L layers = depth L − 1 here), then a softmax layer;
+plain layers without BatchNorm (`mlp_plain(norm="none", width=71)`), highway layers
+`mlp_highway(width=50)`; SGD with momentum and an exponentially decaying learning rate (recipe
+`highway-mnist`); "a random search of 100 runs for both plain and highway networks" over the
+initial learning rate, momentum, the decay factor, the activation (ReLU or tanh) and, for highway
+nets, the initial transform-gate bias (−1 to −10).
+
+Our choices where the paper is silent (printed with every table): the ranges of the search
+(`SEARCH_SPACE`); trial t of an architecture uses the same hyperparameters at every depth (a paired
+design: depths differ only in depth) and seed t; batch 100; the loss plotted is the mean training
+cross-entropy of each epoch in training mode (the paper's figure shows training loss; it does not
+say how it was measured); the whole 60,000-image training set (no validation split is needed for
+an optimisation study).
+
+Trials of one (architecture, depth, activation) train together as one batched computation
+(throughway.train.batched); trials with different activations cannot share a batch. `--shard i/N`
+trains the i-th of N disjoint slices of the trials (i = 1..N; trial t goes to shard t mod N + 1),
+so a job array spreads the search over machines; `--merge` (or `throughway report DIR`) builds the
+summary, table and figure from every run directory under DIR/runs, whichever shard wrote it.
+
+Writes, in the output folder: runs/<arch>-L<layers>-t<trial>/ (one run directory each),
+results.json (the summary), table.md and figure1.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from ..train import RESULTS_FILE, RunConfig
+from .batching import run_batched
+from .common import RunSpec, command_line
+
+__all__ = ["Config", "QUICK", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
+           "write_report", "NAME", "parse_shard"]
+
+NAME = "highway-depth"
+DESCRIPTION = "highway §3.1 figure 1: random search, plain vs highway MLPs of 10-100 layers on MNIST (batched)"
+
+# arch -> (registered model, fixed model kwargs): highway §3.1's thin nets.
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "plain": ("mlp_plain", {"width": 71, "norm": "none"}),
+    "highway": ("mlp_highway", {"width": 50}),
+}
+
+# Ours: the paper names the hyperparameters searched, not their ranges (except the gate bias).
+SEARCH_SPACE: dict[str, str] = {
+    "lr": "log-uniform in [1e-3, 1]",
+    "momentum": "1 − log-uniform in [0.01, 0.5], i.e. 0.5 to 0.99",
+    "lr_decay": "uniform in [0.9, 1.0] per epoch",
+    "activation": "relu or tanh, each with probability 1/2",
+    "gate_bias": "uniform in [−10, −1] (highway nets only; the paper's range)",
+}
+
+PAPER_OBSERVATIONS = (
+    "10- and 20-layer plain nets reach a mean loss below 1e-4",
+    "plain nets become harder to optimise as depth grows",
+    "50- and 100-layer highway nets perform like the 10- and 20-layer ones",
+    "the 100-layer highway net's loss is more than two orders of magnitude below the 100-layer plain net's",
+)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/N' → (i, N) with 1 ≤ i ≤ N; a clear error otherwise."""
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected i/N, e.g. 3/10 (i = 1..N)") from None
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard {text!r}: need 1 ≤ i ≤ N (i = 1..N)")
+    return i, n
+
+
+@dataclass(frozen=True)
+class Config:
+    """The study's settings; the defaults are the paper's protocol (100 trials, our 100 epochs)."""
+
+    layers: tuple[int, ...] = (10, 20, 50, 100)
+    archs: tuple[str, ...] = ("plain", "highway")
+    trials: int = 100
+    epochs: int = 100
+    search_seed: int = 0
+    train_on_full: bool = True
+    limit: int | None = None
+    device: str = "cpu"
+    data_dir: str | None = None
+    max_batch: int = 64
+    shard: str = "1/1"
+    merge: bool = False
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.archs) - set(ARCHITECTURES))
+        if unknown:
+            raise ValueError(f"archs: {unknown} not known; accepted values: {list(ARCHITECTURES)}")
+        if any(layer < 2 for layer in self.layers):
+            raise ValueError(f"layers={self.layers}: each must be ≥ 2 (the first plain layer plus ≥ 1 more)")
+        if self.trials < 1 or self.epochs < 1 or self.max_batch < 1:
+            raise ValueError("trials, epochs and max_batch must be ≥ 1")
+        parse_shard(self.shard)
+
+
+QUICK = Config(layers=(10, 20), trials=4, epochs=2, limit=3000, quick=True)
+
+# Fields that may differ between the processes of one study (shards, merge, device).
+_PER_PROCESS = {"shard", "merge", "device", "data_dir", "max_batch"}
+
+
+def sample_trial(arch: str, trial: int, search_seed: int = 0) -> dict[str, Any]:
+    """The hyperparameters of `trial` of `arch`: a pure function of (arch, trial, search_seed), so
+    every shard and every depth draws the same ones (see SEARCH_SPACE)."""
+    rng = random.Random(f"{search_seed}/{arch}/{trial}")
+    sample = {
+        "lr": 10 ** rng.uniform(-3.0, 0.0),
+        "momentum": 1.0 - 10 ** rng.uniform(-2.0, math.log10(0.5)),
+        "lr_decay": rng.uniform(0.9, 1.0),
+        "activation": rng.choice(["relu", "tanh"]),
+    }
+    gate_bias = rng.uniform(-10.0, -1.0)
+    if arch == "highway":
+        sample["gate_bias"] = gate_bias
+    return sample
+
+
+def run_name(arch: str, layers: int, trial: int) -> str:
+    return f"{arch}-L{layers}-t{trial:03d}"
+
+
+def specs(config: Config, shard: str | None = None) -> list[RunSpec]:
+    """One RunSpec per (layers, arch, trial) in this shard, shallowest first (a time-boxed search then
+    completes whole cells of the table, the cheapest first)."""
+    i, n = parse_shard(shard or config.shard)
+    out = []
+    for layers in sorted(config.layers):
+        for arch in config.archs:
+            model, fixed = ARCHITECTURES[arch]
+            for trial in range(config.trials):
+                if trial % n != i - 1:
+                    continue
+                hp = sample_trial(arch, trial, config.search_seed)
+                kwargs = {**fixed, "activation": hp["activation"]}
+                if "gate_bias" in hp:
+                    kwargs["gate_bias"] = hp["gate_bias"]
+                out.append(RunSpec(run_name(arch, layers, trial), RunConfig(
+                    model=model, depth=layers - 1, dataset="mnist", recipe="highway-mnist", epochs=config.epochs,
+                    seed=trial, train_on_full=config.train_on_full, device=config.device, limit=config.limit,
+                    data_dir=config.data_dir, model_kwargs=kwargs,
+                    recipe_overrides={"lr": hp["lr"], "momentum": hp["momentum"], "lr_decay": hp["lr_decay"]},
+                )))
+    return out
+
+
+def _final_loss(result: dict[str, Any]) -> float:
+    """The ranking loss of a trial: its last epoch's training loss; +inf if it diverged or has none."""
+    if result.get("diverged") or not result["history"]:
+        return math.inf
+    value = result["history"][-1]["train_loss"]
+    return value if value is not None and math.isfinite(value) else math.inf
+
+
+def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Collect every trial's results under `out`/runs (all shards) into the study summary."""
+    out = Path(out)
+    trials, cells = [], []
+    for layers in config.layers:
+        for arch in config.archs:
+            finished, diverged, running, missing = [], 0, 0, 0
+            for trial in range(config.trials):
+                name = run_name(arch, layers, trial)
+                path = out / "runs" / name / RESULTS_FILE
+                hp = sample_trial(arch, trial, config.search_seed)
+                if not path.is_file():
+                    missing += 1
+                    continue
+                result = read_json(path)
+                curve = [h["train_loss"] for h in result["history"]]
+                state = "running" if result.get("final") is None else ("diverged" if result.get("diverged") else "finished")
+                loss = _final_loss(result)
+                entry = {"run": name, "arch": arch, "layers": layers, "trial": trial, **hp, "state": state,
+                         "epochs": len(curve), "final_train_loss": loss if math.isfinite(loss) else None,
+                         "diverged_at": result.get("diverged_at"), "train_loss": curve}
+                trials.append(entry)
+                if state == "running":
+                    running += 1
+                elif state == "diverged":
+                    diverged += 1
+                    finished.append(entry)
+                else:
+                    finished.append(entry)
+            ranked = sorted(finished, key=lambda e: (e["final_train_loss"] is None, e["final_train_loss"] or 0.0))
+            good = [e for e in ranked if e["final_train_loss"] is not None]
+            top = good[:10]
+            mean_curve = None
+            if top:
+                length = min(len(e["train_loss"]) for e in top)
+                mean_curve = [sum(e["train_loss"][k] for e in top) / len(top) for k in range(length)]
+            cells.append({
+                "arch": arch, "layers": layers, "finished": len(finished), "diverged": diverged, "running": running,
+                "not_started": missing,
+                "best": {"run": top[0]["run"], "final_train_loss": top[0]["final_train_loss"],
+                         "train_loss": top[0]["train_loss"],
+                         "hyperparameters": {k: top[0][k] for k in ("lr", "momentum", "lr_decay", "activation", "gate_bias")
+                                             if k in top[0]}} if top else None,
+                "top10": {"n": len(top), "mean_final_train_loss": (sum(e["final_train_loss"] for e in top) / len(top))
+                          if top else None, "mean_train_loss": mean_curve, "runs": [e["run"] for e in top]},
+            })
+    return {"experiment": NAME, "config": asdict(config), "search_space": SEARCH_SPACE, "cells": cells,
+            "trials": [{k: v for k, v in t.items() if k != "train_loss"} for t in trials]}
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2e}"
+
+
+def observations(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each of the paper's observations beside what our numbers say."""
+    by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
+
+    def best(arch: str, layers: int) -> float | None:
+        cell = by.get((arch, layers))
+        return cell["best"]["final_train_loss"] if cell and cell["best"] else None
+
+    def top(arch: str, layers: int) -> float | None:
+        cell = by.get((arch, layers))
+        return cell["top10"]["mean_final_train_loss"] if cell else None
+
+    layers = sorted({c["layers"] for c in summary["cells"]})
+    ours = []
+    shallow = [(l, top("plain", l)) for l in (10, 20) if l in layers]
+    ours.append("plain " + ", ".join(f"{l} layers: mean of top 10 {_fmt(v)}" for l, v in shallow) if shallow else "not run")
+    ours.append("plain best by depth: " + ", ".join(f"{l}: {_fmt(best('plain', l))}" for l in layers))
+    ours.append("highway best by depth: " + ", ".join(f"{l}: {_fmt(best('highway', l))}" for l in layers))
+    p100, h100 = best("plain", 100), best("highway", 100)
+    if p100 is not None and h100 is not None and h100 > 0:
+        ours.append(f"100 layers: plain {_fmt(p100)} / highway {_fmt(h100)} = {p100 / h100:.3g}×")
+    else:
+        ours.append("100 layers: not (yet) available for both")
+    return list(zip(PAPER_OBSERVATIONS, ours))
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """The table of best (and mean of top 10) final training loss per depth, and the observations."""
+    config = summary["config"]
+    by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
+    archs = config["archs"]
+    header = ["layers"]
+    for arch in archs:
+        header += [f"{arch} best", f"{arch} top-10 mean", f"{arch} trials (finished/diverged/total)"]
+    lines = ["Final training loss (cross-entropy) — highway paper §3.1 / figure 1", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for layers in config["layers"]:
+        row = [str(layers)]
+        for arch in archs:
+            cell = by[(arch, layers)]
+            row += [_fmt(cell["best"]["final_train_loss"]) if cell["best"] else "—",
+                    _fmt(cell["top10"]["mean_final_train_loss"]) + (f" (n={cell['top10']['n']})" if cell["top10"]["n"] < 10 else ""),
+                    f"{cell['finished']}/{cell['diverged']}/{config['trials']}"
+                    + (f" ({cell['running']} running)" if cell["running"] else "")]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "| the paper says | ours |", "|---|---|"]
+    lines += [f"| {paper} | {ours} |" for paper, ours in observations(summary)]
+    notes = [f"{config['epochs']} epochs per trial, {config['trials']} trials per architecture and depth "
+             f"(paper: 100), recipe highway-mnist (SGD + momentum, exponential decay), batch 100, "
+             f"{'60,000' if config['train_on_full'] else '50,000'} training images"
+             + (f" (only the first {config['limit']})" if config["limit"] else "") + ".",
+             "Loss: the mean training cross-entropy of the last epoch (training mode); diverged trials rank last.",
+             "Search space (ours; the paper gives only the gate-bias range): "
+             + "; ".join(f"{k}: {v}" for k, v in summary["search_space"].items()) + "."]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md and figure1.png from `out`/results.json alone; return the table text."""
+    from ..report.highway_depth_plots import plot_figure1
+
+    out = Path(out)
+    summary = read_json(out / RESULTS_FILE)
+    table = table_markdown(summary)
+    atomic_write_text(out / "table.md", table)
+    plot_figure1(summary, out / "figure1.png")
+    return table
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train this shard's trials into `out`/runs (resumable, batched), then write the summary, table and
+    figure from every run under `out`/runs. With `config.merge` nothing is trained."""
+    out = Path(out)
+    summary_path = out / RESULTS_FILE
+    if summary_path.is_file():
+        previous = read_json(summary_path).get("config", {})
+        mine = asdict(config)
+        differing = sorted(k for k in mine if k not in _PER_PROCESS and _json(previous.get(k)) != _json(mine[k]))
+        if differing:
+            raise ValueError(f"{out} holds a {NAME} study with other settings ({differing}); choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    command, environment = command_line(), environment_info(config.device)
+    errors: dict[str, str] = {}
+    last = {"t": 0.0}
+
+    def refresh(name: str | None = None, error: str | None = None, force: bool = True) -> dict[str, Any] | None:
+        # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
+        if name is not None and error:
+            errors[name] = error
+        if not force and time.monotonic() - last["t"] < 60:
+            return None
+        last["t"] = time.monotonic()
+        summary = summarize(config, out)
+        summary.update(command=command, environment=environment, errors=dict(errors))
+        atomic_write_json(summary_path, summary)
+        write_report(out)
+        return summary
+
+    if not config.merge:
+        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+                    max_batch=config.max_batch, on_done=lambda n, e: refresh(n, e, force=False))
+    summary = refresh()
+    assert summary is not None
+    return summary
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The study's command-line options."""
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10 and 20 layers, 4 trials, 2 epochs, 3000 images")
+    parser.add_argument("--trials", type=int, help="random-search trials per architecture and depth (paper: 100)")
+    parser.add_argument("--epochs", type=int, help="epochs per trial (paper: not stated; default 100)")
+    parser.add_argument("--layers", type=int, nargs="+", help="network depths in layers (paper: 10 20 50 100)")
+    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures (default both)")
+    parser.add_argument("--search-seed", type=int, help="seed of the random search (default 0)")
+    parser.add_argument("--limit", type=int, help="keep only the first N samples of each split")
+    parser.add_argument("--max-batch", type=int, help="most trials trained together in one batch (default 64)")
+    parser.add_argument("--shard", help="i/N: train only the i-th of N disjoint slices of the trials (i = 1..N)")
+    parser.add_argument("--merge", action="store_true", help="train nothing: build summary, table and figure "
+                                                             "from every run under --out (all shards)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Build the Config from parsed options: --quick's settings, then every explicit option."""
+    config = QUICK if args.quick else Config()
+    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir, "merge": bool(args.merge)}
+    for option, key in (("trials", "trials"), ("epochs", "epochs"), ("search_seed", "search_seed"),
+                        ("limit", "limit"), ("max_batch", "max_batch"), ("shard", "shard")):
+        value = getattr(args, option)
+        if value is not None:
+            changes[key] = value
+    if args.layers:
+        changes["layers"] = tuple(args.layers)
+    if args.archs:
+        changes["archs"] = tuple(args.archs)
+    return replace(config, **changes)

@@ -1,0 +1,235 @@
+"""Demystifying ResNet figures 7 and 8: best final loss and best learning rate against depth.
+
+Each network kind trains by full-batch gradient descent for `epochs` epochs with every learning
+rate of a log-spaced grid (all rates at once, as one batched model), and the lowest final training
+loss and the rate that gave it are kept. Figure 7 (`--activation linear`): linear networks —
+plain Xavier, plain orthogonal, 1- and 2-shortcut zero-initialised — on whitened MNIST condensed
+exactly to its second moments (all 60,000 images' loss). Figure 8 (`--activation relu`): ReLUs at
+the mid positions of 2-layer units of the plain Xavier / orthogonal networks and of the
+2-shortcut network (the paper omits 1- and 3-shortcut networks there so that every network has
+the same number of ReLUs); ReLU networks need the real samples, so on this machine they train on
+the first `subset` whitened images (default 1,000) for fewer epochs: see results.json's config.
+
+Writes results.json, table.md and figure7_lr_study_linear.png or figure8_lr_study_relu.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .common import command_line
+from .shortcut_common import NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, whitened_data
+
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "LINEAR", "RELU"]
+
+NAME = "shortcut-lr"
+DESCRIPTION = "Demystifying ResNet figures 7, 8: best final loss and learning rate vs depth over a log LR grid (linear / mid-ReLU)"
+
+PAPER_STATEMENT = {
+    "linear": ("Figure 7: the final losses of 2-shortcut linear networks stay close to optimal as the networks "
+               "become deeper, and higher learning rates can be applied; at depth 96 the final losses of Xavier "
+               "are basically the same for every learning rate."),
+    "relu": ("Figure 8: with ReLUs at mid positions, linear networks with Xavier or orthogonal initialisation have "
+             "difficulties finding the optimal points while 2-shortcut networks find them easily; at depth 64 "
+             "Xavier-ReLU and orthogonal-ReLU final losses are the same for every learning rate."),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings; `activation` "linear" reproduces figure 7, "relu" figure 8."""
+
+    activation: str = "linear"
+    depths: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    networks: tuple[str, ...] = ("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero")
+    lr_exponents: tuple[float, ...] = (-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0)
+    epochs: int = 1000
+    seeds: int = 1
+    subset: int | None = None
+    zero_scale: float = 1e-4
+    threads: int = 1
+    device: str = "cpu"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.activation not in ("linear", "relu"):
+            raise ValueError(f"activation={self.activation!r} is not known; accepted values: ['linear', 'relu']")
+        unknown = sorted(set(self.networks) - set(NETWORKS))
+        if unknown:
+            raise ValueError(f"networks: {unknown} not known; accepted values: {list(NETWORKS)}")
+        if self.epochs < 1 or self.seeds < 1:
+            raise ValueError("epochs and seeds must be ≥ 1")
+
+
+LINEAR = Config()
+RELU = Config(activation="relu", depths=(2, 4, 8, 16, 32), networks=("xavier", "orthogonal", "shortcut2-zero"),
+              lr_exponents=(-3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0), epochs=500, subset=1000)
+
+
+def _applicable(network: str, depth: int) -> bool:
+    n = NETWORKS[network][0]
+    return depth % (n if n else 2) == 0
+
+
+def summarize(config: Config, cells: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per (network, depth): mean final loss over seeds for each rate, the best rate and its loss."""
+    points = []
+    lrs = [10.0 ** e for e in config.lr_exponents]
+    for network in config.networks:
+        for depth in config.depths:
+            cell = cells.get(f"{network}-L{depth}")
+            if cell is None:
+                continue
+            means = []
+            for i in range(len(lrs)):
+                finals = [cell["final_loss"][s][i] for s in range(config.seeds)]
+                means.append(None if any(v is None for v in finals) else sum(finals) / len(finals))
+            valid = [(m, lr) for m, lr in zip(means, lrs) if m is not None]
+            best = min(valid) if valid else (None, None)
+            spread = (max(m for m, _ in valid) - min(m for m, _ in valid)) if valid else None
+            points.append({"network": network, "depth": depth, "final_loss_by_lr": means, "best_loss": best[0],
+                           "best_lr": best[1], "loss_spread_over_lrs": spread,
+                           "diverged_lrs": [lr for m, lr in zip(means, lrs) if m is None]})
+    return points
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """Best final loss (and its learning rate) per network and depth, beside the paper's statement."""
+    config = summary["config"]
+    by = {(p["network"], p["depth"]): p for p in summary["points"]}
+    networks = config["networks"]
+    lines = [f"Best final training loss over the learning-rate grid (and the best rate), {config['activation']}, "
+             f"{config['epochs']} epochs of full-batch GD, {config['seeds']} seed(s)", "",
+             "| depth | " + " | ".join(networks) + " |", "|---|" + "---|" * len(networks)]
+    for depth in config["depths"]:
+        row = [str(depth)]
+        for network in networks:
+            p = by.get((network, depth))
+            if p is None:
+                row.append("—")
+            elif p["best_loss"] is None:
+                row.append("all diverged")
+            else:
+                row.append(f"{p['best_loss']:.4f} (lr {p['best_lr']:.3g})")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"Paper: {PAPER_STATEMENT[config['activation']]}", "",
+              f"Learning rates: 10^{list(config['lr_exponents'])}. Data: {summary['data']}."]
+    top = 10.0 ** max(config["lr_exponents"])
+    edge = sorted({f"{p['network']} L={p['depth']}" for p in summary["points"]
+                   if p["best_lr"] is not None and abs(p["best_lr"] - top) < 1e-12 * top})
+    if edge:
+        lines.append(f"Best rate at the grid's upper edge ({top:g}; a larger rate might do better): {', '.join(edge)}.")
+    if summary.get("optimal_linear_loss") is not None:
+        lines.append(f"Best loss of any linear map on this data (least squares): {summary['optimal_linear_loss']:.4f}.")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md and the figure from `out`/results.json."""
+    from ..report.hessian_plots import plot_lr_study
+
+    out = Path(out)
+    summary = read_json(out / "results.json")
+    table = table_markdown(summary)
+    atomic_write_text(out / "table.md", table)
+    if summary["config"]["activation"] == "linear":
+        plot_lr_study(summary, out / "figure7_lr_study_linear.png", "linear networks (figure 7)")
+    else:
+        plot_lr_study(summary, out / "figure8_lr_study_relu.png", "ReLUs at mid positions (figure 8)")
+    return table
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train every (network, depth) over the whole grid (resumable per cell), then report."""
+    torch.set_num_threads(config.threads)
+    out = Path(out)
+    path = out / "results.json"
+    cells: dict[str, Any] = {}
+    if path.is_file():
+        if not resume:
+            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
+        cells = read_json(path).get("cells", {})
+    linear = config.activation == "linear"
+    data = whitened_data(linear=linear, data_dir=config.data_dir, subset=config.subset)
+    x, y = data.x.to(config.device), data.y.to(config.device)
+    lrs = [10.0 ** e for e in config.lr_exponents]
+
+    def save() -> dict[str, Any]:
+        summary = {"experiment": NAME, "config": asdict(config), "data": data.description, "cells": cells,
+                   "points": summarize(config, cells),
+                   "optimal_linear_loss": optimal_linear_loss(x, y),
+                   "paper": PAPER_STATEMENT[config.activation], "command": command_line(),
+                   "environment": environment_info(config.device)}
+        atomic_write_json(path, summary)
+        return summary
+
+    for depth in config.depths:
+        for network in config.networks:
+            key = f"{network}-L{depth}"
+            if key in cells or not _applicable(network, depth):
+                continue
+            started = time.perf_counter()
+            kwargs = network_kwargs(network, depth, activation=None if linear else "relu", zero_scale=config.zero_scale)
+            seeds = [s for s in range(config.seeds) for _ in lrs]
+            gd = BatchedGD(kwargs, seeds, lrs * config.seeds)
+            curve_every = max(1, config.epochs // 100)
+            loss_curves: list[list[float | None]] = []
+            for epoch in range(config.epochs):
+                losses, _ = gd.step(x, y)
+                if epoch % curve_every == 0:
+                    loss_curves.append([float(v) if math.isfinite(float(v)) else None for v in losses])
+            with torch.no_grad():
+                final = gd.losses(x, y)
+            finals = [float(v) if bool(gd.active[i]) and math.isfinite(float(v)) else None for i, v in enumerate(final)]
+            cells[key] = {"network": network, "depth": depth, "model": kwargs,
+                          "final_loss": [finals[s * len(lrs):(s + 1) * len(lrs)] for s in range(config.seeds)],
+                          "diverged_at": gd.diverged_at, "loss_curve_every": curve_every, "loss_curves": loss_curves,
+                          "seconds": time.perf_counter() - started}
+            save()
+            if progress:
+                best = min((v for v in finals if v is not None), default=None)
+                print(f"[{NAME}] {config.activation} {key}: best final loss {best} "
+                      f"({cells[key]['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    summary = save()
+    write_report(out)
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Command-line options."""
+    parser.add_argument("--activation", choices=["linear", "relu"], default="linear",
+                        help="linear networks (figure 7) or ReLUs at mid positions (figure 8)")
+    parser.add_argument("--depths", type=int, nargs="+", help="network depths L")
+    parser.add_argument("--networks", nargs="+", choices=list(NETWORKS))
+    parser.add_argument("--lr-exponents", type=float, nargs="+", help="learning rates as powers of 10")
+    parser.add_argument("--epochs", type=int, help="full-batch GD epochs (paper: 1000)")
+    parser.add_argument("--seeds", type=int, help="initialisations per point (final losses averaged)")
+    parser.add_argument("--subset", type=int, help="ReLU networks: train on the first N whitened images")
+    parser.add_argument("--zero-scale", type=float, help="multiple of Xavier of the zero init (default 1e-4)")
+    parser.add_argument("--threads", type=int, help="torch threads (default 1)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Config from parsed options, starting from the linear (figure 7) or ReLU (figure 8) defaults."""
+    config = RELU if args.activation == "relu" else LINEAR
+    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
+    for option in ("epochs", "seeds", "subset", "zero_scale", "threads"):
+        value = getattr(args, option)
+        if value is not None:
+            changes[option] = value
+    for option in ("depths", "networks", "lr_exponents"):
+        value = getattr(args, option)
+        if value is not None:
+            changes[option] = tuple(value)
+    return replace(config, **changes)

@@ -1,0 +1,169 @@
+"""Demystifying ResNet figure 3 (and the claim of figure 2): average Frobenius norm of the weights.
+
+2-shortcut networks, zero-initialised (zero + 1e-4 × Xavier), of several depths, trained by
+full-batch GD on whitened MNIST: linear (left panel; the condensed, exact training set) and with
+ReLUs at the mid positions (right panel; the first `subset` images, fewer epochs on this machine).
+Records the mean over the L weight matrices of ‖W‖_F after every epoch. Figure 2 of the paper is
+the same measurement on CIFAR-10 pre-ResNets, which cannot be run here (no CIFAR data).
+
+Writes results.json, table.md and figure3_weight_norms.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .common import command_line
+from .shortcut_common import BatchedGD, network_kwargs, whitened_data
+
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
+
+NAME = "weight-norms"
+DESCRIPTION = "Demystifying ResNet figure 3: average Frobenius norm of the weights along training, 2-shortcut zero init, several depths"
+
+PAPER_STATEMENT = ("Figures 2 and 3: the deeper a residual network is, the smaller the average Frobenius norm of its "
+                   "weight matrices, both during training and when training ends.")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings (see the module docstring)."""
+
+    depths: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    activations: tuple[str, ...] = ("linear", "relu")
+    lr: float = 0.1
+    epochs: int = 1000
+    relu_epochs: int = 500
+    relu_subset: int | None = 1000
+    seed: int = 0
+    zero_scale: float = 1e-4
+    threads: int = 1
+    device: str = "cpu"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.activations) - {"linear", "relu"})
+        if bad:
+            raise ValueError(f"activations: {bad} not known; accepted values: ['linear', 'relu']")
+        odd = [d for d in self.depths if d % 2]
+        if odd:
+            raise ValueError(f"depths: {odd} must be even (2-shortcut units)")
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """Average ‖W‖_F at the end of training (and its maximum along training) per depth."""
+    config = summary["config"]
+    lines = [f"Average Frobenius norm of the weights, 2-shortcut zero init, lr {config['lr']} "
+             f"(Demystifying ResNet figure 3)", "",
+             "| activation | depth | epochs | final loss | final avg ‖W‖_F | max avg ‖W‖_F along training |",
+             "|---|---|---|---|---|---|"]
+    for activation in config["activations"]:
+        for depth in config["depths"]:
+            c = summary["curves"].get(f"{activation}-L{depth}")
+            if not c:
+                continue
+            norms = [v for v in c["avg_frobenius"] if v is not None]
+            loss = c["loss"][-1]
+            lines.append(f"| {activation} | {depth} | {len(c['avg_frobenius']) - 1} | "
+                         f"{'diverged' if loss is None else f'{loss:.4f}'} | "
+                         f"{norms[-1]:.4f} | {max(norms):.4f} |")
+    lines += ["", f"Paper: {PAPER_STATEMENT}", "", "Data: " + "; ".join(f"{k}: {v}" for k, v in summary["data"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md and the figure from `out`/results.json."""
+    from ..report.hessian_plots import plot_weight_norms
+
+    out = Path(out)
+    summary = read_json(out / "results.json")
+    table = table_markdown(summary)
+    atomic_write_text(out / "table.md", table)
+    plot_weight_norms(summary, out / "figure3_weight_norms.png")
+    return table
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train one network per (activation, depth) (resumable per curve), then report."""
+    torch.set_num_threads(config.threads)
+    out = Path(out)
+    path = out / "results.json"
+    curves: dict[str, Any] = {}
+    if path.is_file():
+        if not resume:
+            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
+        curves = read_json(path).get("curves", {})
+    sets = {a: whitened_data(linear=a == "linear", data_dir=config.data_dir,
+                             subset=None if a == "linear" else config.relu_subset) for a in config.activations}
+
+    def save() -> dict[str, Any]:
+        summary = {"experiment": NAME, "config": asdict(config), "data": {a: s.description for a, s in sets.items()},
+                   "curves": curves, "paper": PAPER_STATEMENT, "command": command_line(),
+                   "environment": environment_info(config.device)}
+        atomic_write_json(path, summary)
+        return summary
+
+    for activation in config.activations:
+        x, y = sets[activation].x.to(config.device), sets[activation].y.to(config.device)
+        epochs = config.epochs if activation == "linear" else config.relu_epochs
+        for depth in config.depths:
+            key = f"{activation}-L{depth}"
+            if key in curves:
+                continue
+            started = time.perf_counter()
+            kwargs = network_kwargs("shortcut2-zero", depth, activation=None if activation == "linear" else "relu",
+                                    zero_scale=config.zero_scale)
+            gd = BatchedGD(kwargs, [config.seed], [config.lr])
+            norms, losses = [float(gd.average_frobenius_norm()[0])], []
+            for _ in range(epochs):
+                loss, _ = gd.step(x, y)
+                losses.append(float(loss[0]) if math.isfinite(float(loss[0])) else None)
+                norms.append(float(gd.average_frobenius_norm()[0]) if bool(gd.active[0]) else None)
+            with torch.no_grad():
+                last = float(gd.losses(x, y)[0])
+            losses.append(last if bool(gd.active[0]) and math.isfinite(last) else None)
+            curves[key] = {"activation": activation, "depth": depth, "avg_frobenius": norms, "loss": losses,
+                           "diverged_at": gd.diverged_at[0], "seconds": time.perf_counter() - started}
+            save()
+            if progress:
+                print(f"[{NAME}] {key}: final avg ‖W‖_F {norms[-1]}, loss {losses[-1]} "
+                      f"({curves[key]['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    summary = save()
+    write_report(out)
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Command-line options."""
+    parser.add_argument("--depths", type=int, nargs="+", help="network depths L (even)")
+    parser.add_argument("--activations", nargs="+", choices=["linear", "relu"])
+    parser.add_argument("--lr", type=float, help="learning rate (default 0.1)")
+    parser.add_argument("--epochs", type=int, help="epochs of the linear networks (default 1000)")
+    parser.add_argument("--relu-epochs", type=int, help="epochs of the ReLU networks (default 500)")
+    parser.add_argument("--relu-subset", type=int, help="ReLU networks train on the first N whitened images")
+    parser.add_argument("--threads", type=int, help="torch threads (default 1)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Config from parsed options."""
+    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
+    for option in ("lr", "epochs", "relu_epochs", "relu_subset", "threads"):
+        value = getattr(args, option)
+        if value is not None:
+            changes[option] = value
+    for option in ("depths", "activations"):
+        value = getattr(args, option)
+        if value is not None:
+            changes[option] = tuple(value)
+    return replace(Config(), **changes)

@@ -1,0 +1,760 @@
+"""Many small models of one shape trained as one batched computation (`train_batched`).
+
+The MNIST studies train many tiny networks (width 50): the gated residual paper reports means over
+seeds, the highway paper's section 3.1 runs a random search of 100 trials per depth and
+architecture. One such model leaves the machine idle between operations: per-operation overhead,
+not arithmetic, sets its speed (DESIGN.md "Speed on this platform"). `train_batched` stacks N
+models of one architecture shape into tensors with a leading model dimension and trains them
+together: every Linear becomes one `torch.baddbmm`, every BatchNorm one `F.batch_norm` over the
+(batch, model × channel) layout, the optimiser a handful of operations over one flat (N, P)
+parameter matrix.
+
+Design choice, measured by benchmarks/batched_throughput.py (depth-20 gated residual MLPs, N = 32,
+on this shared 2-core machine under load, 1 thread, interleaved timing): stacked parameters with
+batched matrix products ran forward + backward 1.33× faster than torch.func.vmap over
+functional_call (and vmap cannot update BatchNorm running statistics in place, so it would need
+them handled outside the model); the flat (N, P) optimiser step ran 11× faster than torch's
+multi-tensor (foreach) NAdam over the 32 models' parameter tensors.
+
+Per-model semantics are those of `fit` run on each model alone (tests/test_batched.py):
+
+* initialisation: `build_model(config)` (torch.manual_seed(config.seed), then create_model), so the
+  models may differ in seed and in initial values (gate bias, k_init, init scheme);
+* data order: a `torch.Generator` seeded with the model's seed, one `torch.randperm` per epoch,
+  batches of recipe.batch_size with a final batch of one sample folded away, as `fit` does;
+* BatchNorm: batch statistics per model in training mode, running statistics per model, evaluation
+  with the running statistics;
+* the optimiser (SGD with momentum, NAdam, Adam) with per-model learning rate, momentum, decay
+  factor and weight decay, and the per-model schedule `learning_rate_at`; the other recipe fields
+  (optimiser, betas, batch size, epochs, schedule kind) must be shared;
+* a model whose loss becomes NaN or infinite is marked diverged, its parameters are restored to the
+  end of its last finished epoch (as `fit` does), its files are written, and it leaves the batch at
+  the end of that epoch; the other models are not disturbed (their slices of every operation are
+  independent).
+
+Each model gets an ordinary run directory: results.json with the keys of `run_training`'s
+(`environment` additionally holds `batched`: the batch size and what `epoch_time_s` means here) and
+model.safetensors loadable by `load_model`. The batch checkpoints itself after every epoch (one
+safetensors file and one JSON file, written atomically, in `state_dir`), so an interrupted batch
+resumes where it stopped and ends with the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from safetensors.torch import load_file, save
+from torch import nn
+from torch.nn import functional as F
+
+from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
+from ..data import DataSplits, Split, load_dataset
+from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
+from ..layers.gates import GATE_FUNCTIONS
+from ..models import create_model
+from .checkpoint import MODEL_FILE, save_model
+from .loop import History
+from .recipes import Recipe, learning_rate_at, parameter_groups
+from .runner import (RESULTS_FILE, RunConfig, RunExistsError, build_model, check_resumable, final_summary,
+                     resolve_recipe, results_header)
+
+__all__ = ["StackedModels", "BatchedOptimizer", "train_batched", "backward", "batch_key", "SUPPORTED_MODELS",
+           "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
+
+SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented")
+# Model arguments that change only initial values, so models of one batch may differ in them.
+INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
+# Recipe fields that may differ between the models of one batch.
+PER_MODEL_RECIPE_FIELDS = frozenset({"lr", "momentum", "lr_decay", "weight_decay", "milestone_factor",
+                                     "name", "source", "notes"})
+# Every other recipe field must be shared; these matter most (the computation's shape, the optimiser's kind).
+SHARED_RECIPE_FIELDS = frozenset({"optimizer", "epochs", "batch_size", "betas", "eps", "momentum_decay",
+                                  "nesterov", "k_decay", "schedule", "milestones"})
+# RunConfig fields shared by a batch (one data set, one device).
+_SHARED_CONFIG_FIELDS = ("model", "depth", "dataset", "train_on_full", "device", "limit", "data_dir")
+_EVAL_CHUNK = 2500
+_STATE_FORMAT = "throughway-batched-1"
+_STATE_JSON = "batch.json"
+_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+
+
+def backward(loss: torch.Tensor) -> None:
+    """`loss.backward()` without autograd's warning about the gradient layout: parameters and their
+    gradients are views into the flat (N, P) matrices on purpose (see StackedModels), and autograd
+    accumulates into them in place all the same."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LAYOUT_WARNING)
+        loss.backward()
+
+
+def batch_key(config: RunConfig) -> tuple[Any, ...]:
+    """Configs with equal keys can share one batch: same model, depth, shape arguments, data and device.
+
+    Seeds, initial values (INIT_ONLY_KWARGS) and the per-model recipe fields may differ; the
+    recipe's shared fields are checked by `train_batched` once the recipes are resolved.
+    """
+    shape = {k: v for k, v in config.model_kwargs.items() if k not in INIT_ONLY_KWARGS}
+    return (*(getattr(config, f) for f in _SHARED_CONFIG_FIELDS), config.recipe, config.epochs,
+            json.dumps(shape, sort_keys=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# The stacked model
+# ----------------------------------------------------------------------------------------------
+
+def _structure(module: nn.Module) -> list[str]:
+    """A description of the module tree that must be equal for models to be stacked."""
+    out = []
+    for name, m in module.named_modules():
+        extra = ""
+        if isinstance(m, ScalarGate):
+            extra = m.function
+        elif isinstance(m, nn.BatchNorm1d):
+            extra = f"{m.momentum},{m.eps},{m.affine},{m.track_running_stats}"
+        out.append(f"{name}:{type(m).__name__}:{extra}")
+    return out
+
+
+class StackedModels:
+    """N models of one shape held as stacked tensors; `forward` computes all N at once.
+
+    Parameters live in one flat matrix `flat` (N, P) (row i is model i's parameters in
+    `named_parameters` order) and are seen through per-parameter leaf views (N, *shape) whose
+    `.grad` are views into the flat gradient matrix `grad` (N, P), so that autograd accumulates
+    straight into it and the optimiser works on two large tensors. BatchNorm running statistics are
+    (N, C) tensors; `steps` counts training-mode forward passes (BatchNorm's num_batches_tracked).
+    """
+
+    def __init__(self, models: Sequence[nn.Module], device: str | torch.device = "cpu") -> None:
+        if not models:
+            raise ValueError("StackedModels needs at least one model")
+        template = models[0]
+        structure = _structure(template)
+        for i, m in enumerate(models[1:], 1):
+            if _structure(m) != structure:
+                raise ValueError(f"model {i} differs in structure from model 0; a batch holds models of one shape")
+        self.template = template
+        self.device = torch.device(device)
+        self.names = [n for n, _ in template.named_parameters()]
+        self.shapes = {n: tuple(p.shape) for n, p in template.named_parameters()}
+        self.offsets: dict[str, int] = {}
+        total = 0
+        for n in self.names:
+            self.offsets[n] = total
+            total += math.prod(self.shapes[n]) if self.shapes[n] else 1
+        self.size = total
+        with torch.no_grad():
+            self.flat = torch.stack([torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models]
+                                    ).to(self.device).contiguous()
+        self.grad = torch.zeros_like(self.flat)
+        self.bn_names = [n for n, m in template.named_modules()
+                         if isinstance(m, nn.BatchNorm1d) and m.track_running_stats]
+        if any(isinstance(m, nn.BatchNorm1d) and not m.track_running_stats for m in template.modules()):
+            raise ValueError("BatchNorm without running statistics is not supported by batched training")
+        self.running: dict[str, torch.Tensor] = {}
+        for n in self.bn_names:
+            for key in ("running_mean", "running_var"):
+                self.running[f"{n}.{key}"] = torch.stack(
+                    [m.get_buffer(f"{n}.{key}").detach() for m in models]).to(self.device).contiguous()
+        self.steps = torch.tensor([int(m.get_buffer(f"{n}.num_batches_tracked")) for m in models
+                                   for n in self.bn_names[:1]] or [0] * len(models), dtype=torch.long)
+        self._make_views()
+
+    @property
+    def n(self) -> int:
+        return self.flat.shape[0]
+
+    def _make_views(self) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+        n = self.flat.shape[0]
+        for name in self.names:
+            o, shape = self.offsets[name], self.shapes[name]
+            size = math.prod(shape) if shape else 1
+            leaf = self.flat[:, o:o + size].view(n, *shape).detach().requires_grad_(True)
+            leaf.grad = self.grad[:, o:o + size].view(n, *shape)
+            self.params[name] = leaf
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only the models at positions `keep` (in that order); used to drop diverged models."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+        self.flat = self.flat.index_select(0, index).contiguous()
+        self.grad = torch.zeros_like(self.flat)
+        self.running = {k: v.index_select(0, index).contiguous() for k, v in self.running.items()}
+        self.steps = self.steps.index_select(0, index.cpu())
+        self._make_views()
+
+    # -- per-model state ------------------------------------------------------------------------
+    def state_dict_of(self, i: int, snap: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Model i's state dict (parameters and buffers, CPU copies), loadable into the template's class;
+        from `snap` (a `snapshot`) instead of the live tensors when given."""
+        out: dict[str, torch.Tensor] = {}
+        flat = snap["flat"] if snap is not None else self.flat
+        running = {k: snap[f"running.{k}"] for k in self.running} if snap is not None else self.running
+        steps = snap["steps"] if snap is not None else self.steps
+        row = flat[i].detach().to("cpu")
+        for name in self.names:
+            o, shape = self.offsets[name], self.shapes[name]
+            size = math.prod(shape) if shape else 1
+            out[name] = row[o:o + size].view(shape).clone()
+        for n in self.bn_names:
+            out[f"{n}.running_mean"] = running[f"{n}.running_mean"][i].detach().to("cpu").clone()
+            out[f"{n}.running_var"] = running[f"{n}.running_var"][i].detach().to("cpu").clone()
+            out[f"{n}.num_batches_tracked"] = steps[i].clone()
+        return out
+
+    def load_state_of(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite model i's parameters and buffers with `state` (from `state_dict_of`)."""
+        with torch.no_grad():
+            for name in self.names:
+                o, shape = self.offsets[name], self.shapes[name]
+                size = math.prod(shape) if shape else 1
+                self.flat[i, o:o + size].copy_(state[name].reshape(-1))
+            for n in self.bn_names:
+                self.running[f"{n}.running_mean"][i].copy_(state[f"{n}.running_mean"])
+                self.running[f"{n}.running_var"][i].copy_(state[f"{n}.running_var"])
+                self.steps[i] = int(state[f"{n}.num_batches_tracked"])
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Copies of every stacked tensor (parameters, running statistics, step counts)."""
+        out = {"flat": self.flat.detach().clone(), "steps": self.steps.clone()}
+        out.update({f"running.{k}": v.clone() for k, v in self.running.items()})
+        return out
+
+    def restore(self, snap: dict[str, torch.Tensor]) -> None:
+        """Load a `snapshot` (same models, same order)."""
+        with torch.no_grad():
+            self.flat.copy_(snap["flat"])
+            self.steps.copy_(snap["steps"])
+            for k, v in self.running.items():
+                v.copy_(snap[f"running.{k}"])
+
+    def scalar_gate_names(self) -> list[str]:
+        """Names of the scalar gates' k parameters, in block order (as `scalar_gate_values`)."""
+        return [f"{n}.k" for n, m in self.template.named_modules() if isinstance(m, ScalarGate)]
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        """Logits (N, B, classes) of every model: `x` is (N, B, ...) (each model its own batch) or
+        (B, ...) (one batch for all, as in evaluation)."""
+        self._training = training
+        if training and self.bn_names:
+            self.steps += 1
+        return self._module(self.template, "", x)
+
+    def _linear(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        w = self.params[f"{prefix}weight"]
+        b = self.params.get(f"{prefix}bias")
+        n, out_features, in_features = w.shape
+        if x.dim() == 2:  # one input batch for every model: a single matrix product
+            y = x @ w.reshape(n * out_features, in_features).t()
+            if b is not None:
+                y = y + b.reshape(-1)
+            return y.view(x.shape[0], n, out_features).transpose(0, 1)
+        if b is None:
+            return torch.bmm(x, w.transpose(1, 2))
+        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+    def _batch_norm(self, prefix: str, module: nn.BatchNorm1d, x: torch.Tensor) -> torch.Tensor:
+        n, batch, channels = x.shape
+        # (B, N·C): BatchNorm's statistics over the batch, one per model and channel.
+        h = x.transpose(0, 1).reshape(batch, n * channels)
+        w = self.params.get(f"{prefix}weight")
+        b = self.params.get(f"{prefix}bias")
+        h = F.batch_norm(h, self.running[f"{prefix}running_mean"].view(-1), self.running[f"{prefix}running_var"].view(-1),
+                         w.reshape(-1) if w is not None else None, b.reshape(-1) if b is not None else None,
+                         self._training, module.momentum, module.eps)
+        return h.view(batch, n, channels).transpose(0, 1)
+
+    def _gate(self, prefix: str, gate: ScalarGate) -> torch.Tensor:
+        return GATE_FUNCTIONS[gate.function](self.params[f"{prefix}k"]).view(-1, 1, 1)
+
+    def _module(self, m: nn.Module, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(m, nn.Linear):
+            return self._linear(prefix, x)
+        if isinstance(m, nn.Sequential):
+            for name, child in m.named_children():
+                x = self._module(child, f"{prefix}{name}.", x)
+            return x
+        if isinstance(m, nn.ReLU):
+            return torch.relu(x)
+        if isinstance(m, nn.Tanh):
+            return torch.tanh(x)
+        if isinstance(m, nn.Identity):
+            return x
+        if isinstance(m, nn.BatchNorm1d):
+            return self._batch_norm(prefix, m, x)
+        if isinstance(m, PlainBlock):
+            return self._module(m.branch, f"{prefix}branch.", x)
+        if isinstance(m, ResidualBlock):
+            if not isinstance(m.shortcut, nn.Identity):
+                raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
+            out = self._module(m.branch, f"{prefix}branch.", x)
+            if isinstance(m.gate, ScalarGate):
+                out = self._gate(f"{prefix}gate.", m.gate) * out
+            return out + x
+        if isinstance(m, AugmentedLayer):
+            g = self._gate(f"{prefix}gate.", m.gate)
+            return g * self._module(m.branch, f"{prefix}branch.", x) + (1.0 - g) * x
+        if isinstance(m, HighwayLayer):
+            if not isinstance(m.gate, TransformGate):
+                raise TypeError(f"{prefix}gate: batched training supports TransformGate only")
+            if x.dim() == 2:
+                x = x.unsqueeze(0).expand(self.n, *x.shape)
+            t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x))
+            h = self._module(m.branch, f"{prefix}branch.", x)
+            return h * t + x * (1.0 - t)  # highway eq. 3, as HighwayLayer computes it
+        if hasattr(m, "stem") and hasattr(m, "blocks") and hasattr(m, "head"):  # the MLP family
+            h = self._module(m.stem, "stem.", x)
+            for i, block in enumerate(m.blocks):
+                h = self._module(block, f"blocks.{i}.", h)
+            return self._module(m.head, "head.", h)
+        raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by batched training "
+                        f"(supported models: {list(SUPPORTED_MODELS)})")
+
+
+# ----------------------------------------------------------------------------------------------
+# The optimiser
+# ----------------------------------------------------------------------------------------------
+
+class BatchedOptimizer:
+    """SGD (with momentum, optionally Nesterov), NAdam or Adam over the flat (N, P) parameter matrix,
+    with per-model learning rate, momentum and weight decay; the arithmetic is torch.optim's
+    single-tensor implementation's (torch 2.x), so each row follows what torch's optimiser would do
+    to that model alone, up to floating-point rounding. `compile=True` runs the elementwise update
+    through torch.compile."""
+
+    def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
+        first = recipes[0]
+        # compile=True fuses each optimiser's elementwise passes into one loop (torch.compile, dynamic
+        # shapes): several times less memory traffic, for a compilation of about a minute.
+        wrap = (lambda f: torch.compile(f, dynamic=True)) if compile else (lambda f: f)
+        self._sgd, self._adam, self._nadam = wrap(_sgd_math), wrap(_adam_math), wrap(_nadam_math)
+        self.kind = first.optimizer
+        self.betas, self.eps, self.momentum_decay, self.nesterov = first.betas, first.eps, first.momentum_decay, first.nesterov
+        self.stack = stack
+        device = stack.device
+        self.momentum = torch.tensor([r.momentum for r in recipes], dtype=stack.flat.dtype, device=device).view(-1, 1)
+        # Which entries are weight-decayed: the recipe's parameter groups, on the template.
+        decayed = {id(p) for g in parameter_groups(stack.template, first) if g["group"] == "decay" for p in g["params"]}
+        mask = torch.zeros(stack.size, dtype=stack.flat.dtype)
+        for (name, p) in stack.template.named_parameters():
+            if id(p) in decayed:
+                o = stack.offsets[name]
+                mask[o:o + p.numel()] = 1.0
+        wd = torch.tensor([r.weight_decay for r in recipes], dtype=stack.flat.dtype).view(-1, 1)
+        self.decay = (wd * mask.view(1, -1)).to(device) if bool((wd != 0).any()) else None
+        self.step_count = 0
+        self.mu_product = torch.ones((), dtype=torch.float32)
+        self.buf = torch.zeros_like(stack.flat) if self.kind == "sgd" else None
+        self.exp_avg = torch.zeros_like(stack.flat) if self.kind in ("nadam", "adam") else None
+        self.exp_avg_sq = torch.zeros_like(stack.flat) if self.kind in ("nadam", "adam") else None
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep the optimiser state of the models at positions `keep` (after `StackedModels.select`)."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.stack.device)
+        self.momentum = self.momentum.index_select(0, index)
+        if self.decay is not None:
+            self.decay = self.decay.index_select(0, index)
+        for name in ("buf", "exp_avg", "exp_avg_sq"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.index_select(0, index).contiguous())
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        out = {"mu_product": self.mu_product.clone()}
+        for name in ("buf", "exp_avg", "exp_avg_sq"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        self.step_count = step_count
+        self.mu_product = tensors["mu_product"].clone()
+        for name in ("buf", "exp_avg", "exp_avg_sq"):
+            if getattr(self, name) is not None:
+                getattr(self, name).copy_(tensors[name])
+
+    @torch.no_grad()
+    def step(self, lr: torch.Tensor) -> None:
+        """One update with per-model learning rates `lr` (N, 1)."""
+        p, g = self.stack.flat, self.stack.grad
+        if self.decay is not None:
+            g = g.addcmul(p, self.decay)  # L2 decay added to the gradient, as torch's weight_decay
+        self.step_count += 1
+        step = self.step_count
+        device = p.device
+        if self.kind == "sgd":
+            self._sgd(p, g, self.buf, self.momentum, -lr, self.nesterov)
+            return
+        beta1, beta2 = self.betas
+        bias_correction2 = torch.tensor(1 - beta2 ** step, dtype=p.dtype, device=device)
+        if self.kind == "adam":
+            neg_step = lr * (-1.0 / (1 - beta1 ** step))
+            bc2_sqrt = torch.tensor(math.sqrt(1 - beta2 ** step), dtype=p.dtype, device=device)
+            self._adam(p, g, self.exp_avg, self.exp_avg_sq, neg_step, bc2_sqrt, beta1, beta2, self.eps)
+            return
+        mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * self.momentum_decay)))
+        mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * self.momentum_decay)))
+        self.mu_product *= mu  # a float32 tensor, as torch keeps it
+        mu_product = float(self.mu_product)
+        mu_product_next = mu_product * mu_next
+        c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product))
+        c_avg = lr * (-mu_next / (1.0 - mu_product_next))
+        self._nadam(p, g, self.exp_avg, self.exp_avg_sq, c_grad, c_avg, bias_correction2, beta1, beta2, self.eps)
+
+
+# The optimisers' elementwise arithmetic, in place, over (N, P) matrices; per-step scalars arrive as
+# tensors so that a compiled version (BatchedOptimizer(compile=True)) is not recompiled every step.
+
+def _sgd_math(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor, momentum: torch.Tensor, neg_lr: torch.Tensor,
+              nesterov: bool) -> None:
+    buf.mul_(momentum).add_(g)  # the first step gives buf = g, as torch's clone does
+    update = g.addcmul(buf, momentum) if nesterov else buf
+    p.addcmul_(update, neg_lr)
+
+
+def _adam_math(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, neg_step: torch.Tensor,
+               bc2_sqrt: torch.Tensor, beta1: float, beta2: float, eps: float) -> None:
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = (v.sqrt() / bc2_sqrt).add_(eps)
+    p.addcmul_(m / denom, neg_step)
+
+
+def _nadam_math(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c_grad: torch.Tensor,
+                c_avg: torch.Tensor, bias_correction2: torch.Tensor, beta1: float, beta2: float, eps: float) -> None:
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = v.div(bias_correction2).sqrt_().add_(eps)
+    # torch adds c_grad·g/denom and c_avg·m/denom in two passes; one division saves two passes over
+    # the (N, P) matrices and differs only by rounding.
+    p.addcdiv_(g.mul(c_grad).addcmul_(m, c_avg), denom)
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer
+# ----------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def _evaluate(stack: StackedModels, split: Split, chunk: int = _EVAL_CHUNK) -> tuple[list[float], list[float]]:
+    """Per-model mean cross-entropy and error (%) on `split` in evaluation mode (as `evaluate`)."""
+    n_models, n = stack.n, len(split)
+    loss = torch.zeros(n_models, dtype=torch.float64, device=stack.device)
+    wrong = torch.zeros(n_models, dtype=torch.long, device=stack.device)
+    for start in range(0, n, chunk):
+        x, y = split.x[start:start + chunk], split.y[start:start + chunk]
+        logits = stack.forward(x.flatten(1), training=False)  # (N, B, C)
+        classes = logits.shape[-1]
+        yy = y.unsqueeze(0).expand(n_models, -1)
+        ce = F.cross_entropy(logits.reshape(-1, classes), yy.reshape(-1), reduction="none").view(n_models, -1)
+        loss += ce.sum(1, dtype=torch.float64)
+        finite = torch.isfinite(logits).all(dim=2)
+        wrong += ((logits.argmax(dim=2) != yy) | ~finite).sum(1)
+    return (loss / n).tolist(), (100.0 * wrong.double() / n).tolist()
+
+
+def _config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path]) -> str:
+    text = json.dumps([[str(d.resolve()), c.to_dict()] for c, d in zip(configs, out_dirs)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Member:
+    """One model of the batch: where it writes and what it has done."""
+
+    index: int
+    config: RunConfig
+    out_dir: Path
+    recipe: Recipe
+    results: dict[str, Any]
+    model_config: dict[str, Any]
+    generator: torch.Generator
+    history: History = field(default_factory=History)
+    elapsed_s: float = 0.0
+    done: bool = False
+
+
+def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
+    for i, c in enumerate(configs):
+        if c.model not in SUPPORTED_MODELS:
+            raise ValueError(f"configs[{i}].model={c.model!r}: batched training supports {list(SUPPORTED_MODELS)}")
+    for f in _SHARED_CONFIG_FIELDS:
+        values = {json.dumps(getattr(c, f), default=str) for c in configs}
+        if len(values) > 1:
+            raise ValueError(f"config field {f!r} differs within the batch ({sorted(values)}); a batch shares it")
+    shapes = {json.dumps({k: v for k, v in c.model_kwargs.items() if k not in INIT_ONLY_KWARGS}, sort_keys=True)
+              for c in configs}
+    if len(shapes) > 1:
+        raise ValueError(f"model_kwargs differ in shape arguments within the batch ({sorted(shapes)}); only "
+                         f"{sorted(INIT_ONLY_KWARGS)} may differ")
+    for i, (c, r) in enumerate(zip(configs, recipes)):
+        for option in ("amp", "channels_last", "compile"):
+            if getattr(c, option, False):
+                raise ValueError(f"configs[{i}].{option}=True: not supported by batched training; train it alone")
+        for option in ("augment", "normalize"):
+            if getattr(r, option, "none") != "none":
+                raise ValueError(f"recipe {r.name!r} has {option}={getattr(r, option)!r}: batched training supports "
+                                 f"only 'none' (the MNIST recipes)")
+    first = recipes[0].to_dict()
+    for i, r in enumerate(recipes[1:], 1):
+        d = r.to_dict()
+        bad = sorted(k for k in set(first) - PER_MODEL_RECIPE_FIELDS if d.get(k) != first[k])
+        if bad:
+            raise ValueError(f"recipe of configs[{i}] differs from configs[0] in {bad}; a batch shares every "
+                             f"recipe field except {sorted(PER_MODEL_RECIPE_FIELDS)}")
+
+
+def _save_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: BatchedOptimizer,
+                members: Sequence[_Member], active: Sequence[int], snap: dict[str, torch.Tensor]) -> None:
+    tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
+    tensors.update({f"running.{k}": v for k, v in stack.running.items()})
+    tensors.update({f"optim.{k}": v for k, v in optimizer.state_tensors().items()})
+    for pos, i in enumerate(active):
+        tensors[f"generator.{i}"] = members[i].generator.get_state()
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    name = f"batch-e{epoch:04d}.safetensors"
+    path = atomic_write_bytes(state_dir / name, save(tensors))
+    previous = read_json(state_dir / _STATE_JSON).get("file") if (state_dir / _STATE_JSON).is_file() else None
+    atomic_write_json(state_dir / _STATE_JSON, {
+        "format": _STATE_FORMAT, "epoch": epoch, "file": name, "sha256": sha256_file(path),
+        "active": list(active), "step_count": optimizer.step_count,
+        "members": [{"history": m.history.to_dict(), "elapsed_s": m.elapsed_s, "done": m.done} for m in members],
+    })
+    if previous and previous != name:
+        (state_dir / previous).unlink(missing_ok=True)
+
+
+def _load_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    meta_path = state_dir / _STATE_JSON
+    if not meta_path.is_file():
+        return None
+    meta = read_json(meta_path)
+    if meta.get("format") != _STATE_FORMAT:
+        raise ValueError(f"{meta_path}: unknown batch-state format {meta.get('format')!r}")
+    path = state_dir / meta["file"]
+    if not path.is_file() or sha256_file(path) != meta["sha256"]:
+        raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
+    return meta, load_file(str(path))
+
+
+def _write_results(member: _Member, final: bool) -> None:
+    member.results["history"] = member.history.epochs
+    member.results["diverged"] = member.history.diverged
+    member.results["diverged_at"] = member.history.diverged_at
+    member.results["final"] = final_summary(member.history) if final else None
+    atomic_write_json(member.out_dir / RESULTS_FILE, member.results)
+
+
+def _save_member_model(member: _Member, state: dict[str, torch.Tensor]) -> None:
+    cfg = dict(member.model_config)
+    name = cfg.pop("name")
+    model = create_model(name, **cfg)
+    model.load_state_dict(state)
+    save_model(member.out_dir / MODEL_FILE, model)
+
+
+def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
+                  resume: bool = False, progress: bool = True, data: DataSplits | None = None,
+                  state_dir: str | os.PathLike[str] | None = None, checkpoint: bool = True,
+                  eval_chunk: int = _EVAL_CHUNK, compile: bool = False) -> list[dict[str, Any]]:
+    """Train the models of `configs` together, model i writing its run directory `out_dirs[i]`;
+    return their results dicts (those of `run_training`).
+
+    The configs must share model, depth, shape arguments, data set and device, and the recipes'
+    SHARED_RECIPE_FIELDS (check with `batch_key`). `resume` continues an interrupted batch from
+    `state_dir` (default: `<parent of out_dirs[0]>/.batched/<hash of configs and folders>`), and
+    skips models whose results are final; without `resume` an existing results.json raises
+    RunExistsError, as `run_training` does. `checkpoint=False` writes no batch state (not resumable).
+    `compile=True` fuses the optimiser's update with torch.compile (about a minute of compilation per
+    process; worth it for long batches).
+    """
+    if len(configs) != len(out_dirs) or not configs:
+        raise ValueError(f"configs ({len(configs)}) and out_dirs ({len(out_dirs)}) must be equally long and non-empty")
+    dirs = [Path(d) for d in out_dirs]
+    if len({d.resolve() for d in dirs}) != len(dirs):
+        raise ValueError("out_dirs must be distinct")
+    recipes = [resolve_recipe(c) for c in configs]
+    _check_batch(configs, recipes)
+    state_path = Path(state_dir) if state_dir is not None else dirs[0].parent / ".batched" / _config_hash(configs, dirs)
+    saved = _load_state(state_path) if (resume and checkpoint) else None
+
+    results: list[dict[str, Any] | None] = [None] * len(configs)
+    todo: list[int] = []
+    for i, (c, d) in enumerate(zip(configs, dirs)):
+        path = d / RESULTS_FILE
+        if path.is_file():
+            existing = read_json(path)
+            if not resume:
+                raise RunExistsError(f"{d} already holds a run ({RESULTS_FILE}); pass --resume to continue "
+                                     f"or skip it, or choose another --out")
+            check_resumable(existing, c, d)
+            if existing.get("final") is not None and saved is None:
+                results[i] = existing
+                if progress:
+                    print(f"  {d}: finished earlier, skipped", file=sys.stderr, flush=True)
+                continue
+        todo.append(i)
+    if saved is None and not todo:
+        return [r for r in results if r is not None]
+
+    first = configs[0]
+    if data is None:
+        data = load_dataset(first.dataset, first.data_dir, train_on_full=first.train_on_full,
+                            device=first.device, limit=first.limit)
+    if len(data.train) < 2:
+        raise ValueError("the training split needs at least 2 samples")
+    models = [build_model(c, data) for c in configs]
+    members = []
+    for i, (c, d, r, m) in enumerate(zip(configs, dirs, recipes, models)):
+        header = results_header(c, r, m, data)
+        header["environment"]["batched"] = {
+            "models": len(configs), "index": i,
+            "note": "trained by throughway.train.batched with the other models of its batch; epoch_time_s "
+                    "and elapsed_s are the whole batch's wall time"}
+        members.append(_Member(i, c, d, r, header, dict(m.config), torch.Generator(device="cpu").manual_seed(c.seed)))
+
+    stack = StackedModels(models, device=first.device)
+    del models
+    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
+    epoch = 0
+    if saved is not None:
+        meta, tensors = saved
+        active = [int(i) for i in meta["active"]]
+        stack.select(active)
+        optimizer.select(active)
+        stack.flat.copy_(tensors["flat"])
+        stack.steps.copy_(tensors["steps"])
+        for k, v in stack.running.items():
+            v.copy_(tensors[f"running.{k}"])
+        optimizer.load_state_tensors({k[len("optim."):]: v.to(stack.device) for k, v in tensors.items()
+                                      if k.startswith("optim.")}, int(meta["step_count"]))
+        for m, entry in zip(members, meta["members"]):
+            m.history = History.from_dict(entry["history"])
+            m.elapsed_s = float(entry["elapsed_s"])
+            m.done = bool(entry["done"])
+        for i in active:
+            members[i].generator.set_state(tensors[f"generator.{i}"])
+        epoch = int(meta["epoch"])
+        if progress:
+            print(f"  resuming batch {state_path} after epoch {epoch} ({len(active)} models active)",
+                  file=sys.stderr, flush=True)
+    else:
+        active = list(todo)
+        if len(active) < len(configs):
+            stack.select(active)
+            optimizer.select(active)
+    for i in active:
+        dirs[i].mkdir(parents=True, exist_ok=True)
+        _write_results(members[i], final=False)
+
+    recipe0 = recipes[0]
+    n, batch_size, device = len(data.train), recipe0.batch_size, stack.device
+    train_x, train_y = data.train.x.flatten(1), data.train.y
+    starts = [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]  # as fit: no final batch of one
+    snap = stack.snapshot()
+    while active and epoch < recipe0.epochs:
+        lrs = [learning_rate_at(members[i].recipe, epoch) for i in active]
+        lr = torch.tensor(lrs, dtype=stack.flat.dtype, device=device).view(-1, 1)
+        started = time.perf_counter()
+        orders = torch.stack([torch.randperm(n, generator=members[i].generator) for i in active]).to(device)
+        k = len(active)
+        loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
+        wrong = torch.zeros(k, dtype=torch.long, device=device)
+        bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
+        bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
+        seen = 0
+        for step, start in enumerate(starts):
+            index = orders[:, start:start + batch_size]
+            x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
+            logits = stack.forward(x, training=True)
+            classes = logits.shape[-1]
+            losses = F.cross_entropy(logits.reshape(-1, classes), y.reshape(-1), reduction="none").view(k, -1).mean(1)
+            stack.grad.zero_()
+            backward(losses.sum())
+            optimizer.step(lr)
+            with torch.no_grad():
+                detached = losses.detach()
+                bad = ~torch.isfinite(detached) & (bad_step < 0)
+                bad_step = torch.where(bad, torch.full_like(bad_step, step), bad_step)
+                bad_loss = torch.where(bad, detached, bad_loss)
+                loss_sum += detached.double() * y.shape[1]
+                wrong += (logits.detach().argmax(dim=2) != y).sum(1)
+            seen += y.shape[1]
+        epoch_time = time.perf_counter() - started
+
+        diverged_pos = [pos for pos in range(k) if int(bad_step[pos]) >= 0]
+        for pos in diverged_pos:
+            # Back to the last finished epoch (as fit does), files written, and the model leaves the
+            # batch; its slices of every operation never mixed with the others'.
+            m = members[active[pos]]
+            m.history.diverged = True
+            m.history.diverged_at = {"epoch": epoch + 1, "step": int(bad_step[pos]), "loss": str(float(bad_loss[pos]))}
+            _save_member_model(m, stack.state_dict_of(pos, snap))
+            m.done = True
+            _write_results(m, final=True)
+            if progress:
+                print(f"  {m.out_dir.name}: diverged in epoch {epoch + 1} (loss {m.history.diverged_at['loss']}); "
+                      f"history kept", file=sys.stderr, flush=True)
+        if diverged_pos:
+            keep = [pos for pos in range(k) if pos not in set(diverged_pos)]
+            stack.select(keep)
+            optimizer.select(keep)
+            active = [active[pos] for pos in keep]
+            lrs = [lrs[pos] for pos in keep]
+            loss_sum, wrong = loss_sum[keep], wrong[keep]
+        if active:
+            val = _evaluate(stack, data.val, eval_chunk) if data.val is not None else None
+            test = _evaluate(stack, data.test, eval_chunk)
+            k_names = stack.scalar_gate_names()
+            k_values = torch.stack([stack.params[name].detach() for name in k_names], 1).tolist() if k_names else None
+            sums, wrongs = loss_sum.tolist(), wrong.tolist()
+            for pos, i in enumerate(active):
+                m = members[i]
+                m.elapsed_s += epoch_time
+                record: dict[str, Any] = {"epoch": epoch + 1, "lr": lrs[pos], "train_loss": sums[pos] / seen,
+                                          "train_error_pct": 100.0 * wrongs[pos] / seen}
+                record["val_loss"], record["val_error_pct"] = (val[0][pos], val[1][pos]) if val else (None, None)
+                record["test_loss"], record["test_error_pct"] = test[0][pos], test[1][pos]
+                if k_values is not None:
+                    record["k"] = k_values[pos]
+                    record["k_mean"] = sum(k_values[pos]) / len(k_values[pos])
+                record["epoch_time_s"] = epoch_time
+                record["elapsed_s"] = m.elapsed_s
+                m.history.epochs.append(record)
+                _write_results(m, final=False)
+            if progress:
+                best = min(range(len(active)), key=lambda p: sums[p])
+                print(f"  batch of {len(active)}: epoch {epoch + 1:>3}/{recipe0.epochs} train loss "
+                      f"{min(sums) / seen:.4g}..{max(sums) / seen:.4g} (best {members[active[best]].out_dir.name}) "
+                      f"({epoch_time:.1f}s)", file=sys.stderr, flush=True)
+        epoch += 1
+        snap = stack.snapshot()
+        if checkpoint and active:
+            _save_state(state_path, epoch, stack, optimizer, members, active, snap)
+    for i in active:
+        m = members[i]
+        _save_member_model(m, stack.state_dict_of(active.index(i)))
+        m.done = True
+        _write_results(m, final=True)
+    if checkpoint and state_path.is_dir():
+        for f in state_path.iterdir():
+            f.unlink()
+        state_path.rmdir()
+        if state_path.parent.name == ".batched" and not any(state_path.parent.iterdir()):
+            state_path.parent.rmdir()
+    for m in members:
+        if results[m.index] is None:
+            # A model that ended in an earlier process (diverged before an interruption) is read back.
+            results[m.index] = m.results if "history" in m.results else read_json(m.out_dir / RESULTS_FILE)
+    return [r for r in results if r is not None]

@@ -1,0 +1,162 @@
+"""Convolutional models: shapes, gradients, gate semantics and the papers' parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from throughway.layers import ScalarGate, TransformGate, scalar_gates
+from throughway.layers.conv import PreActBlock, WideBlock, ZeroPadShortcut, conv_highway_layer
+from throughway.models import create_model
+
+
+def count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def meta_count(name: str, **kwargs) -> int:
+    with torch.device("meta"):
+        return count(create_model(name, **kwargs))
+
+
+# --- parameter counts against the published figures -------------------------------------------
+
+def test_wrn_28_10_parameter_counts_match_the_published_figures():
+    # Zagoruyko & Komodakis 2016 / gated-residual-v2 Table 4 ("36.5M").
+    assert meta_count("wide_resnet", depth=28, widen_factor=10, dropout=0.3, num_classes=10, gated=False) == 36_479_194
+    assert meta_count("wide_resnet", depth=28, widen_factor=10, dropout=0.3, num_classes=100, gated=False) == 36_536_884
+
+
+def test_wrn_22_4_parameter_count():
+    assert meta_count("wide_resnet", depth=22, widen_factor=4, dropout=0.3, num_classes=10) == 4_298_970
+
+
+@pytest.mark.parametrize("name,kwargs,extra", [
+    ("wide_resnet", {"depth": 28, "widen_factor": 10, "dropout": 0.3, "num_classes": 10}, 12),  # v2 Table 3
+    ("wide_resnet", {"depth": 22, "widen_factor": 4, "dropout": 0.3, "num_classes": 10}, 9),    # v1 Table 4
+    ("preact_resnet", {"depth": 32, "num_classes": 10, "shortcut": "B"}, 15),                  # ResNet n=5
+])
+def test_gated_variants_add_exactly_one_parameter_per_block(name, kwargs, extra):
+    assert meta_count(name, gated=True, **kwargs) - meta_count(name, gated=False, **kwargs) == extra
+
+
+@pytest.mark.parametrize("shortcut", ["A", "B"])
+def test_resnet_110_has_about_1_7_million_parameters(shortcut):
+    n = meta_count("preact_resnet", depth=110, num_classes=10, shortcut=shortcut)
+    assert 1.69e6 < n < 1.75e6  # He et al.: "1.7M"
+
+
+def test_highway_parameter_counts_are_near_the_papers():
+    # highway Table 1 (39K / 151K) and Table 2 (Highway A ≈236K, B ≈2.3M, C ≈1.25M); layouts are ours.
+    assert count(create_model("highway_conv", arch="mnist-10", width=16)) == 38_730
+    assert count(create_model("highway_conv", arch="mnist-10", width=32)) == 151_178
+    for arch, paper in (("highway-a", 236e3), ("highway-b", 2.3e6), ("highway-c", 1.25e6)):
+        n = meta_count("highway_conv", arch=arch, in_channels=3, image_size=32)
+        assert abs(n - paper) / paper < 0.05, (arch, n)
+
+
+# --- shapes, gradients, contract -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name,kwargs,shape", [
+    ("preact_resnet", {"depth": 8, "gated": True}, (2, 3, 32, 32)),
+    ("preact_resnet", {"depth": 8, "shortcut": "A", "in_channels": 1}, (2, 1, 28, 28)),
+    ("wide_resnet", {"depth": 10, "widen_factor": 1, "dropout": 0.3, "gated": True}, (2, 3, 32, 32)),
+    ("highway_conv", {"arch": "mnist-10", "width": 4}, (2, 1, 28, 28)),
+    ("highway_conv", {"arch": "highway-a", "in_channels": 3, "image_size": 32, "classifier": "conv-gap"},
+     (2, 3, 32, 32)),
+])
+def test_forward_shape_and_every_parameter_gets_a_gradient(name, kwargs, shape):
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=7, **kwargs)
+    logits = model(torch.randn(*shape))
+    assert logits.shape == (shape[0], 7) and torch.isfinite(logits).all()
+    logits.square().sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing
+    assert isinstance(model.blocks, nn.ModuleList)
+    for block in model.blocks:
+        assert hasattr(block, "branch") and hasattr(block, "shortcut") and hasattr(block, "gate")
+    features = model.forward_features(torch.randn(*shape))
+    assert model.forward_head(features).shape == (shape[0], 7)
+
+
+def test_closed_gate_reduces_a_block_to_its_shortcut():
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, 6, 6)
+    same = PreActBlock(8, 8, gated=True).eval()
+    same.gate.k.data.fill_(-0.5)  # g = ReLU: any k ≤ 0 closes the gate exactly
+    assert torch.equal(same(x), x)
+    down = WideBlock(8, 16, stride=2, gated=True).eval()
+    down.gate.k.data.fill_(0.0)
+    # The projection shortcut stays ungated and is fed the pre-activated input.
+    assert torch.allclose(down(x), down.shortcut(down.preact(x)))
+    down.gate.k.data.fill_(1.0)
+    ungated = WideBlock(8, 16, stride=2, gated=False).eval()
+    ungated.load_state_dict({k: v for k, v in down.state_dict().items() if not k.endswith("gate.k")})
+    assert torch.allclose(down(x), ungated(x), atol=1e-6)  # k = 1 is the ungated block
+
+
+def test_preact_block_feeds_raw_input_to_zero_padding_shortcut():
+    block = PreActBlock(4, 8, stride=2, shortcut="A", gated=True).eval()
+    block.gate.k.data.fill_(0.0)
+    x = torch.randn(2, 4, 8, 8)
+    out = block(x)
+    assert torch.equal(out[:, :4], x[:, :, ::2, ::2]) and torch.equal(out[:, 4:], torch.zeros(2, 4, 4, 4))
+    assert isinstance(block.shortcut, ZeroPadShortcut) and not list(block.shortcut.parameters())
+
+
+def test_gated_models_have_one_scalar_gate_per_block_and_only_on_the_branch():
+    model = create_model("preact_resnet", depth=14, gated=True)
+    gates = scalar_gates(model)
+    assert len(gates) == len(model.blocks) == 6
+    assert all(isinstance(b.gate, ScalarGate) and b.gate.k.item() == 1.0 for b in model.blocks)
+    assert all(isinstance(b.gate, nn.Identity) for b in create_model("preact_resnet", depth=14).blocks)
+
+
+def test_conv_highway_layer_carries_input_when_gate_closed_and_keeps_size():
+    layer = conv_highway_layer(5, kernel_size=3, gate_bias=-1.0)
+    assert isinstance(layer.gate, TransformGate)
+    assert layer.gate.linear.kernel_size == layer.branch[0].kernel_size == (3, 3)  # same receptive field
+    assert torch.all(layer.gate.linear.bias == -1.0)
+    x = torch.randn(2, 5, 7, 7)
+    assert layer(x).shape == x.shape
+    layer.gate.linear.bias.data.fill_(-1e4)
+    assert torch.allclose(layer(x), x)  # T = 0: y = x (highway eq. 4)
+
+
+def test_highway_gate_bias_survives_init_and_is_a_parameter():
+    model = create_model("highway_conv", arch="mnist-10", width=4, gate_bias=-3.0)
+    biases = [m.linear.bias for m in model.modules() if isinstance(m, TransformGate)]
+    assert len(biases) == 8 and all(torch.all(b == -3.0) for b in biases)
+    assert all(isinstance(b, nn.Parameter) and b.requires_grad for b in biases)
+
+
+@pytest.mark.parametrize("name,kwargs,field", [
+    ("preact_resnet", {"depth": 30}, "depth"),
+    ("preact_resnet", {"depth": 8, "shortcut": "C"}, "shortcut"),
+    ("wide_resnet", {"depth": 27}, "depth"),
+    ("highway_conv", {"arch": "highway-z"}, "arch"),
+    ("highway_conv", {"depth": 12}, "depth"),
+    ("highway_conv", {"classifier": "mlp"}, "classifier"),
+])
+def test_bad_arguments_name_the_field(name, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        create_model(name, **kwargs)
+
+
+def test_dropout_sits_between_the_convolutions_of_a_wide_block():
+    block = WideBlock(4, 4, dropout=0.3)
+    kinds = [type(m) for m in block.branch]
+    assert kinds == [nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.Dropout, nn.Conv2d]
+    assert block.branch[3].p == 0.3
+
+
+def test_shortcut_depths_share_one_parameter_count():
+    # Demystifying ResNet figure 9: shortcut depth 1..4 at a fixed parameter count (m = 12 per stage).
+    counts = {n: count(create_model("preact_shortcut_depth", depth=38, shortcut_depth=n)) for n in (1, 2, 3, 4)}
+    assert len(set(counts.values())) == 1
+    units = {n: len(create_model("preact_shortcut_depth", depth=38, shortcut_depth=n).blocks) for n in (1, 2, 3, 4)}
+    assert units == {1: 36, 2: 18, 3: 12, 4: 9}
+    with pytest.raises(ValueError, match="shortcut_depth"):
+        create_model("preact_shortcut_depth", depth=14, shortcut_depth=3)

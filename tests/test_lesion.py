@@ -1,0 +1,144 @@
+"""Lesioning (exact restoration) and physical pruning (analysis.lesion)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from throughway.analysis.gates import block_scalar_gates
+from throughway.analysis.lesion import lesion, prune, removal_curve, removal_order
+from throughway.models import create_model
+from throughway.train import load_model, save_model
+
+
+def _gated(ks: list[float]) -> torch.nn.Module:
+    model = create_model("mlp_gated_residual", depth=2 * len(ks), width=6, in_features=5, num_classes=3)
+    with torch.no_grad():
+        for gate, k in zip(block_scalar_gates(model), ks):
+            gate.k.fill_(k)
+    # A few training-mode passes so BatchNorm running statistics are not the defaults.
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(16, 5))
+    return model.eval()
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", ["mlp_gated_residual", "mlp_highway", "mlp_residual", "mlp_augmented"])
+def test_lesion_restores_the_model_bit_identically(name):
+    model = create_model(name, depth=4, width=6, in_features=5, num_classes=3).eval()
+    x = torch.randn(9, 5)
+    before, state = model(x), _state(model)
+    with lesion(model, 1):
+        during = model(x)
+    after = model(x)
+    assert torch.equal(before, after)
+    assert not torch.equal(before, during)  # the lesion did change something
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert list(model.state_dict()) == list(state)
+
+
+def test_lesion_restores_after_an_exception():
+    model = create_model("mlp_highway", depth=3, width=4, in_features=5, num_classes=3).eval()
+    x = torch.randn(4, 5)
+    before = model(x)
+    with pytest.raises(RuntimeError, match="boom"):
+        with lesion(model, 0):
+            raise RuntimeError("boom")
+    assert torch.equal(model(x), before)
+
+
+def test_lesioned_highway_layer_copies_its_input():
+    model = create_model("mlp_highway", depth=3, width=4, in_features=5, num_classes=3).eval()
+    h = torch.randn(7, 4)
+    with lesion(model, 2):
+        assert torch.equal(model.blocks[2](h), h)
+
+
+def test_lesioned_gated_block_equals_k_zero():
+    model = _gated([0.7, 1.3, 0.4])
+    x = torch.randn(5, 5)
+    with lesion(model, 1):
+        lesioned = model(x)
+    closed = _gated([0.7, 1.3, 0.4])
+    closed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        block_scalar_gates(closed)[1].k.fill_(0.0)
+    assert torch.equal(lesioned, closed(x))
+
+
+def test_lesion_errors():
+    plain = create_model("mlp_plain", depth=2, width=4, in_features=5, num_classes=3)
+    with pytest.raises(ValueError, match="PlainBlock"):
+        with lesion(plain, 0):
+            pass
+    model = _gated([1.0, 1.0])
+    with pytest.raises(IndexError, match="0 .. 1"):
+        with lesion(model, 2):
+            pass
+    with lesion(model, 0):
+        with pytest.raises(ValueError, match="already lesioned"):
+            with lesion(model, 0):
+                pass
+
+
+def test_prune_removes_identity_blocks_exactly(tmp_path):
+    model = _gated([0.8, -0.3, 1.1, 0.0, 0.5])
+    x = torch.randn(8, 5)
+    pruned = prune(model, [1, 3])  # k ≤ 0: exact identities
+    assert len(pruned.blocks) == 3 and pruned.config["depth"] == 6
+    assert torch.equal(pruned(x), model(x))
+    assert len(model.blocks) == 5  # the original is untouched
+    assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
+    path = save_model(tmp_path / "pruned.safetensors", pruned)
+    loaded = load_model(path)
+    assert len(loaded.blocks) == 3 and torch.equal(loaded(x), model(x))
+
+
+def test_prune_of_an_open_block_changes_the_output_and_keeps_order():
+    model = _gated([0.8, 0.9, 1.1])
+    pruned = prune(model, [0])
+    assert [float(g.k.detach()) for g in block_scalar_gates(pruned)] == pytest.approx([0.9, 1.1])
+    x = torch.randn(4, 5)
+    assert not torch.equal(pruned(x), model(x))
+
+
+@pytest.mark.parametrize("name,per_block", [("mlp_residual", 2), ("mlp_highway", 1), ("mlp_augmented", 1)])
+def test_prune_other_families(name, per_block):
+    model = create_model(name, depth=4 * per_block, width=5, in_features=5, num_classes=3)
+    pruned = prune(model, [0, 2, 3])
+    assert len(pruned.blocks) == 1 and pruned.config["depth"] == per_block and pruned.training
+    everything = prune(model, [0, 1, 2, 3])
+    assert len(everything.blocks) == 0 and everything(torch.randn(2, 5)).shape == (2, 3)
+
+
+def test_prune_rejects_bad_indices():
+    model = _gated([1.0, 1.0])
+    with pytest.raises(IndexError, match="0 .. 1"):
+        prune(model, [2])
+    with pytest.raises(ValueError, match="twice"):
+        prune(model, [0, 0])
+
+
+def test_greedy_order_follows_k():
+    model = _gated([0.4, -0.2, 1.5, 0.4, 0.1])
+    assert removal_order(model, "greedy") == [1, 4, 0, 3, 2]  # ascending k, ties by index
+    order = removal_order(model, "random", torch.Generator().manual_seed(3))
+    assert sorted(order) == list(range(5))
+    with pytest.raises(ValueError, match="no scalar gate"):
+        removal_order(create_model("mlp_residual", depth=4, width=4, in_features=5, num_classes=3), "greedy")
+    with pytest.raises(ValueError, match="accepted values"):
+        removal_order(model, "smallest")
+
+
+def test_removal_curve_counts_blocks():
+    model = _gated([0.0, 1.0, -1.0])
+    sizes = removal_curve(model, [2, 0, 1], lambda m: float(len(m.blocks)))
+    assert sizes == [3.0, 2.0, 1.0, 0.0]
+    x = torch.randn(6, 5)
+    reference = model(x)
+    same = removal_curve(model, [2, 0, 1], lambda m: float(torch.equal(m(x), reference)), max_removed=2)
+    assert same == [1.0, 1.0, 1.0]  # removing the two k ≤ 0 blocks changes nothing

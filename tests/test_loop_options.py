@@ -1,0 +1,129 @@
+"""The loop's GPU-and-scale options on the CPU (augmentation, bf16 autocast, channels_last), the CIFAR
+recipes, momentum across learning-rate steps, and a conv run through run_training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from throughway.data import DataSplits, Split
+from throughway.models import create_model
+from throughway.train import RunConfig, fit, get_recipe, learning_rate_at, parameter_groups, run_training
+from throughway.train.loop import set_learning_rate
+
+
+def _images(n: int = 32, size: int = 8) -> DataSplits:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 3, size, size, generator=g)
+    y = torch.randint(0, 4, (n,), generator=g)
+    return DataSplits("toy", 4, Split(x, y), Split(x[:8], y[:8]), Split(x[:8], y[:8]))
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return create_model("preact_resnet", depth=8, width=4, num_classes=4, gated=True)
+
+
+def _recipe(**changes):
+    return get_recipe("preact-cifar", epochs=1, batch_size=16, **changes)
+
+
+def _conv_input_dtypes(model: torch.nn.Module) -> list:
+    seen: list = []
+    conv = model.stem
+    conv.register_forward_hook(lambda m, inputs, out: seen.append((out.dtype, inputs[0].is_contiguous(
+        memory_format=torch.channels_last))))
+    return seen
+
+
+def test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters():
+    model = _model()
+    seen = _conv_input_dtypes(model)
+    history = fit(model, _images(), _recipe(), progress=False, amp=True)
+    assert torch.isfinite(torch.tensor(history.epochs[0]["train_loss"]))
+    assert seen[0][0] == torch.bfloat16  # the training forward ran in bf16
+    assert seen[-1][0] == torch.float32  # evaluation runs in float32
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_channels_last_converts_model_and_batches_and_matches_default_numerics():
+    model = _model()
+    seen = _conv_input_dtypes(model)
+    history = fit(model, _images(), _recipe(), progress=False, channels_last=True)
+    assert model.stem.weight.is_contiguous(memory_format=torch.channels_last)
+    assert seen[0][1]  # a training batch arrived in NHWC
+    reference = fit(_model(), _images(), _recipe(), progress=False)
+    assert history.epochs[0]["train_loss"] == pytest.approx(reference.epochs[0]["train_loss"], rel=1e-4)
+
+
+def test_train_transform_is_applied_to_training_batches_only():
+    calls: list[int] = []
+
+    def transform(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return torch.zeros_like(x)
+
+    model = _model()
+    fit(model, _images(), _recipe(), progress=False, train_transform=transform)
+    assert calls == [16, 16]
+    trained_on_zeros = fit(_model(), _images(), _recipe(), progress=False, train_transform=transform)
+    plain = fit(_model(), _images(), _recipe(), progress=False)
+    assert trained_on_zeros.epochs[0]["train_loss"] != plain.epochs[0]["train_loss"]
+
+
+def test_learning_rate_steps_keep_the_momentum_buffers():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    model(torch.rand(4, 3, 8, 8)).sum().backward()
+    optimizer.step()
+    before = {id(p): optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()}
+    set_learning_rate(optimizer, 0.01)
+    assert all(g["lr"] == 0.01 for g in optimizer.param_groups)
+    assert all(torch.equal(optimizer.state[p]["momentum_buffer"], before[id(p)]) for p in model.parameters())
+
+    # Through fit (which sets the lr with set_learning_rate): buffers persist across a learning-rate step.
+    buffers: list[torch.Tensor] = []
+
+    class Spy:
+        def on_epoch_end(self, state, record):
+            p = state.model.head[-1].weight
+            buffers.append(state.optimizer.state[p]["momentum_buffer"].clone())
+
+    fit(_model(), _images(), get_recipe("preact-cifar", epochs=4, batch_size=32), [Spy()], progress=False)
+    assert len(buffers) == 4 and all(torch.count_nonzero(b) > 0 for b in buffers)
+
+
+def test_cifar_recipes_hold_the_papers_settings():
+    preact = get_recipe("preact-cifar")
+    assert (preact.optimizer, preact.lr, preact.momentum, preact.nesterov, preact.weight_decay, preact.batch_size) \
+        == ("sgd", 0.1, 0.9, True, 1e-4, 128)
+    assert (preact.augment, preact.normalize) == ("crop-flip", "mean")
+    assert [learning_rate_at(preact.replace(epochs=100), e) for e in (0, 49, 50, 74, 75)] == \
+        pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001])
+    wrn = get_recipe("wrn-cifar", epochs=100)
+    assert (wrn.weight_decay, wrn.normalize, wrn.nesterov) == (5e-4, "mean-std", True)
+    assert [learning_rate_at(wrn, e) for e in (0, 30, 60, 80)] == pytest.approx([0.1, 0.02, 0.004, 0.0008])
+    for name in ("highway-conv-cifar", "highway-conv-mnist"):
+        assert get_recipe(name).optimizer == "sgd" and get_recipe(name).momentum == 0.9
+    with pytest.raises(ValueError, match="augment"):
+        preact.replace(augment="mixup")
+
+
+@pytest.mark.parametrize("k_decay", [False, True])
+def test_k_decay_switch_moves_k_into_the_decayed_group(k_decay):
+    model = _model()
+    groups = parameter_groups(model, get_recipe("wrn-cifar", k_decay=k_decay))
+    ks = {id(b.gate.k) for b in model.blocks}
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert (ks <= decayed) == k_decay and (ks & decayed == set()) == (not k_decay)
+
+
+def test_run_training_normalises_augments_and_infers_channels(tmp_path):
+    data = _images(n=32)
+    config = RunConfig(model="preact_resnet", depth=8, dataset="cifar10", recipe="preact-cifar", epochs=1,
+                       model_kwargs={"width": 4, "gated": True}, recipe_overrides={"batch_size": 16})
+    results = run_training(config, tmp_path / "run", progress=False, data=data)
+    assert results["final"]["epochs_completed"] == 1
+    assert results["model"]["config"]["in_channels"] == 3
+    assert results["recipe"]["augment"] == "crop-flip" and results["config"]["amp"] is False
+    assert (tmp_path / "run" / "model.safetensors").is_file()

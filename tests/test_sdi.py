@@ -1,0 +1,93 @@
+"""SDI / TSDI (gated-residual-v1 section 2 and appendix): analytic values, Monte Carlo, the CLI table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from throughway.analysis.sdi import InitMoments, monte_carlo_sdi, named_init, paper_tsdi, sdi, sigmoid
+from throughway.cli import main
+from throughway.experiments.sdi_table import Config, compute, linear_form
+
+
+@pytest.mark.parametrize("n", [5, 50])
+def test_classical_he_matches_eqs_4_to_6(n):
+    result = sdi("classical", n, InitMoments(0.0, 2 / n, 0.0, 2 / n))
+    assert result.m_diagonal() == pytest.approx(2 / n + 1)
+    assert result.m_off_diagonal() == pytest.approx(2 / n)
+    assert result.b_value() == pytest.approx(2 / n)
+    assert result.tsdi == pytest.approx(3 * n + 2) == pytest.approx(paper_tsdi("classical", n))
+
+
+def test_eq_15_uses_mu_minus_one_not_mu_squared_minus_one():
+    result = sdi("classical", 3, InitMoments(0.5, 0.1, 0.0, 0.0))
+    assert result.m_diagonal() == pytest.approx(0.1 + (0.5 - 1) ** 2)  # the paper's typo would give 0.1 + 0.5625
+    assert result.m_off_diagonal() == pytest.approx(0.1 + 0.25)
+
+
+@pytest.mark.parametrize("c, g, a", [(-4.0, 0.018, 2.0), (-4.5, 0.011, 2.25), (-5.0, 0.007, 3.0)])
+def test_table_1_under_both_conventions(c, g, a):
+    assert round(sigmoid(c), 3) == g
+    assert linear_form("highway", "paper", -4.0, c) == pytest.approx((a, 2.0))   # the paper's (σ_b² = 2/n)
+    assert linear_form("highway", "stated", -4.0, c) == pytest.approx((a, 0.0))  # σ_b² = 0 as section 2.2 states
+    assert sdi("highway", 10, "paper_he", target=c).tsdi == pytest.approx(paper_tsdi("highway", 10, c))
+
+
+def test_residual_and_gated():
+    assert sdi("residual", 7, "paper_he").tsdi == pytest.approx(2 * 7 + 2)
+    assert sdi("residual", 7, "he_normal").tsdi == pytest.approx(2 * 7)  # zero biases
+    assert sdi("gated", 7, k_init=1.0).tsdi == pytest.approx(1.0)
+    assert sdi("gated", 7, k_init=-0.5, k_var=0.2).tsdi == pytest.approx(0.45)
+
+
+def test_named_inits_match_sampled_variances():
+    torch.manual_seed(0)
+    weights = torch.cat([torch.nn.Linear(40, 40).weight.detach().reshape(-1) for _ in range(20)])
+    assert float(weights.var()) == pytest.approx(named_init("torch_default", 40).weight_var, rel=0.05)
+    assert named_init("glorot_uniform", 40, 60).weight_var == pytest.approx(2 / 100)
+    assert named_init("he_normal", 40).bias_var == 0.0
+    with pytest.raises(ValueError, match="init='xavier'"):
+        named_init("xavier", 4)
+    with pytest.raises(ValueError, match="layer='dense'"):
+        sdi("dense", 4)
+
+
+@pytest.mark.parametrize("layer", ["classical", "highway", "residual", "gated"])
+@pytest.mark.parametrize("scheme", ["he_normal", "glorot_uniform", "torch_default"])
+def test_monte_carlo_of_real_initialisers_agrees_with_analytic(layer, scheme):
+    analytic = sdi(layer, 12, scheme, gate_bias=-3.0, target=-4.0)
+    mc = monte_carlo_sdi(layer, 12, scheme, samples=300, gate_bias=-3.0, target=-4.0, seed=1)
+    if mc["tsdi_stderr"] == 0:
+        assert mc["tsdi"] == pytest.approx(analytic.tsdi)
+    else:
+        assert abs(mc["tsdi"] - analytic.tsdi) < 4.5 * mc["tsdi_stderr"]
+    # element-wise too: the mean M over the draws is close to the analytic M everywhere
+    assert float((mc["M"] - analytic.M).abs().max()) < 0.5 * float(analytic.M.max()) + 1e-12
+
+
+def test_conv_layer_identity_kernel():
+    n, k = 4, 3
+    result = sdi("classical", n, "he_normal", kernel_size=k)
+    assert result.M.shape == (n, n, k, k)
+    var = 2 / (n * k * k)
+    assert result.tsdi == pytest.approx(n * n * k * k * var + n)
+    mc = monte_carlo_sdi("classical", n, "he_normal", kernel_size=k, samples=300)
+    assert abs(mc["tsdi"] - result.tsdi) < 4.5 * mc["tsdi_stderr"]
+    with pytest.raises(ValueError, match="kernel_size=2"):
+        sdi("classical", n, "he_normal", kernel_size=2)
+
+
+def test_sdi_table_reproduces_paper_values_under_its_convention():
+    summary = compute(Config(mc_width=8, mc_samples=50))
+    for row in summary["table1"]:
+        assert row["tsdi_ours_paper_convention"] == pytest.approx(row["tsdi_paper"])
+    for row in summary["equations"]:
+        assert row["tsdi_ours_paper_convention"] == pytest.approx(row["tsdi_paper"])
+
+
+def test_cli_sdi_prints_the_table(capsys):
+    assert main(["sdi", "--width", "10", "--init", "paper_he", "--layer", "classical", "highway", "--target", "-5"]) == 0
+    out = capsys.readouterr().out
+    assert "| classical | paper_he | 10 |" in out and "| 32 |" in out  # 3n + 2
+    assert "| 32 |" in out.split("highway |")[1]  # (2 + 1)·10 + 2
+    assert main(["sdi", "--init", "nope"]) == 2

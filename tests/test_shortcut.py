@@ -1,0 +1,112 @@
+"""n-shortcut networks (Demystifying ResNet §3), whitened data helpers and the batched GD trainer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from throughway.data.whiten import second_moment_dataset, whiten
+from throughway.experiments.shortcut_common import BatchedGD, network_kwargs
+from throughway.layers.shortcut import ShortcutUnit
+from throughway.models import create_model
+
+
+def test_linear_two_shortcut_net_is_product_of_identity_plus_pairs():
+    torch.manual_seed(0)
+    model = create_model("shortcut_net", depth=6, shortcut_depth=2, width=4, init="xavier")
+    x = torch.randn(5, 4)
+    expected = x.T
+    for block in model.blocks:
+        w1, w2 = block.weights()
+        expected = (torch.eye(4) + w2 @ w1) @ expected
+    torch.testing.assert_close(model(x), expected.T, rtol=1e-5, atol=1e-5)
+    assert len(model.blocks) == 3
+    assert all(isinstance(b.shortcut, torch.nn.Identity) and isinstance(b.gate, torch.nn.Identity) for b in model.blocks)
+    assert all(b.branch[0].bias is None for b in model.blocks)  # the paper's networks have no biases
+
+
+def test_plain_network_is_product_and_has_no_shortcut():
+    torch.manual_seed(1)
+    model = create_model("shortcut_net", depth=4, shortcut_depth=0, width=3, init="orthogonal")
+    x = torch.randn(2, 3)
+    product = torch.eye(3)
+    for w in model.weight_matrices():
+        product = w @ product
+        torch.testing.assert_close(w @ w.T, torch.eye(3), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(x), x @ product.T, rtol=1e-5, atol=1e-5)
+    assert all(b.shortcut is None for b in model.blocks)
+    assert torch.equal(model.forward_head(x), x)
+
+
+def test_activation_positions():
+    unit = ShortcutUnit(3, 3, "relu", ("pre", "mid", "post"))
+    kinds = [type(m).__name__ for m in unit.branch]
+    assert kinds == ["ReLU", "Linear", "ReLU", "Linear", "ReLU", "Linear", "ReLU"]
+    mid = ShortcutUnit(3, 2, "relu", ("mid",))
+    assert [type(m).__name__ for m in mid.branch] == ["Linear", "ReLU", "Linear"]
+    assert [type(m).__name__ for m in ShortcutUnit(3, 2, None).branch] == ["Linear", "Linear"]
+
+
+def test_zero_init_is_small_multiple_of_xavier():
+    torch.manual_seed(0)
+    xavier = create_model("shortcut_net", depth=2, shortcut_depth=2, width=10, init="xavier")
+    torch.manual_seed(0)
+    zero = create_model("shortcut_net", depth=2, shortcut_depth=2, width=10, init="zero", zero_scale=1e-4)
+    for a, b in zip(xavier.weight_matrices(), zero.weight_matrices()):
+        torch.testing.assert_close(b, 1e-4 * a)
+    exact = create_model("shortcut_net", depth=2, shortcut_depth=2, width=10, init="zero", zero_scale=0.0)
+    assert all(float(w.detach().abs().max()) == 0.0 for w in exact.weight_matrices())
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"depth": 5, "shortcut_depth": 2}, "depth=5"),
+    ({"depth": 4, "init": "he"}, "init='he'"),
+    ({"depth": 4, "activation_position": "side"}, "activation_position"),
+    ({"depth": 0}, "depth=0"),
+])
+def test_bad_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field.replace("(", r"\(")):
+        create_model("shortcut_net", **kwargs)
+
+
+@pytest.mark.parametrize("network, activation", [("shortcut2-zero", None), ("xavier", "relu"), ("shortcut1-zero", None),
+                                                 ("orthogonal", "relu")])
+def test_batched_trainer_matches_the_real_model(network, activation):
+    kwargs = network_kwargs(network, 4, activation=activation, zero_scale=0.3, width=5)
+    gd = BatchedGD(kwargs, [0, 1], [0.01, 0.02])
+    x, y = torch.randn(7, 5, dtype=torch.float64), torch.randn(7, 5, dtype=torch.float64)
+    out = gd.forward(x)
+    for r in range(2):
+        model = gd.model_at(r)
+        torch.testing.assert_close(out[r], model(x))
+    torch.manual_seed(1)
+    ref = create_model("shortcut_net", **kwargs)
+    torch.testing.assert_close(gd.weights[1, 0].float(), ref.weight_matrices()[0].detach())
+    before = gd.losses(x, y).detach()
+    for _ in range(3):
+        gd.step(x, y)
+    assert bool((gd.losses(x, y) < before).all())
+
+
+def test_second_moment_dataset_preserves_linear_losses():
+    torch.manual_seed(0)
+    x, y = torch.randn(500, 6, dtype=torch.float64), torch.randn(500, 4, dtype=torch.float64)
+    xs, ys = second_moment_dataset(x, y)
+    assert len(xs) <= 10
+    for _ in range(3):
+        a = torch.randn(4, 6, dtype=torch.float64)
+        full = ((x @ a.T - y) ** 2).sum(1).mean()
+        small = ((xs @ a.T - ys) ** 2).sum(1).mean()
+        torch.testing.assert_close(full, small)
+
+
+def test_whiten_gives_identity_covariance_on_training_set():
+    rng = np.random.default_rng(0)
+    train = rng.normal(size=(400, 20)) @ rng.normal(size=(20, 20))
+    test = rng.normal(size=(50, 20))
+    w_train, w_test, info = whiten(train, test, components=5)
+    assert w_train.shape == (400, 5) and w_test.shape == (50, 5)
+    np.testing.assert_allclose(w_train.T @ w_train / 400, np.eye(5), atol=1e-10)
+    np.testing.assert_allclose(w_train.mean(axis=0), 0.0, atol=1e-10)
+    assert 0 < info["explained_variance_ratio"] <= 1
