@@ -1,12 +1,15 @@
 """Inference time of a physically pruned gated residual net relative to the full one, on the same batch.
 
     python benchmarks/prune_speed.py [--model RUN_DIR/model.safetensors] [--remove 0.5] [--batch 1000]
+                                     [--strategy greedy|random] [--threads 1]
 
 Builds the paper's MNIST net (mlp_gated_residual, d = 100, width 50: 50 blocks) or loads a trained
-one, removes a fraction of its blocks with `analysis.prune` (smallest k first), and times the
-forward pass of both models on the same batch in one process, interleaved, taking the median of
-repeated timings. Prints the time ratio (pruned / full) beside the parameter-count ratio. The
-two differ because the stem, the classifier and per-call overhead are not removed with the blocks.
+one (any model that analysis.prune supports), removes a fraction of its blocks with `analysis.prune`
+(smallest k first, or a random order for nets without k), and times the forward pass of both models
+on the same batch in one process, interleaved, taking the median of repeated timings. Prints the
+time ratio (pruned / full) beside the parameter-count ratio, and how far the pruned model's outputs
+are from the full one's (0 when every removed block had k ≤ 0: gated-residual-v2 §2.2). The two
+ratios differ because the stem, the classifier and per-call overhead are not removed with the blocks.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="batch size (default 1000)")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds (default 15)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--strategy", choices=["greedy", "random"], default="greedy",
+                        help="which blocks go: smallest k first (gated nets), or a random order (seed 0)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     if not 0.0 < args.remove < 1.0:
@@ -48,8 +53,11 @@ def main() -> None:
         full = create_model("mlp_gated_residual", depth=100, width=50).to(args.device).eval()
     count = len(full.blocks)
     removed = round(args.remove * count)
-    order = removal_order(full, "greedy")
-    pruned = prune(full, order[:removed]).eval()
+    try:
+        order = removal_order(full, args.strategy, torch.Generator().manual_seed(0))
+        pruned = prune(full, order[:removed]).eval()
+    except ValueError as exc:
+        parser.error(f"{exc}" + ("; use --strategy random" if args.strategy == "greedy" else ""))
     x = torch.rand(args.batch, *([full.config.get("in_features", 784)]), device=args.device)
     with torch.inference_mode():
         for model in (full, pruned):  # warm-up
@@ -58,6 +66,7 @@ def main() -> None:
         for _ in range(args.rounds):
             full_times.append(_time(full, x, 5))
             pruned_times.append(_time(pruned, x, 5))
+        difference = float((pruned(x) - full(x)).abs().max())
     full_s, pruned_s = statistics.median(full_times), statistics.median(pruned_times)
     full_params = sum(p.numel() for p in full.parameters())
     pruned_params = sum(p.numel() for p in pruned.parameters())
@@ -66,6 +75,7 @@ def main() -> None:
     print(f"forward time: full {1e3 * full_s:.2f} ms, pruned {1e3 * pruned_s:.2f} ms")
     print(f"time ratio pruned/full: {pruned_s / full_s:.3f}   parameter ratio pruned/full: "
           f"{pruned_params / full_params:.3f} ({pruned_params} / {full_params})")
+    print(f"max |pruned − full| over the batch's logits: {difference:.3g} ({args.strategy} removal)")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from throughway.analysis.gates import (
     highway_sample_activations,
     k_statistics,
     model_family,
+    projection_blocks,
     transform_gate_biases,
     transform_gate_statistics,
 )
@@ -109,3 +110,35 @@ def test_layer_change_is_zero_for_closed_gates():
 def test_highway_statistics_refuse_other_families():
     with pytest.raises(ValueError, match="highway"):
         transform_gate_biases(_gated([1.0]))
+
+
+def _conv_gated(name: str, **kwargs) -> torch.nn.Module:
+    model = create_model(name, gated=True, num_classes=3, **kwargs).eval()
+    with torch.no_grad():
+        for i, gate in enumerate(block_scalar_gates(model)):
+            gate.k.fill_(0.5 - i)  # known k: 0.5, -0.5, -1.5
+    return model
+
+
+@pytest.mark.parametrize("name,kwargs,projections", [("preact_resnet", {"depth": 8, "width": 4}, [1, 2]),
+                                                     ("wide_resnet", {"depth": 10, "widen_factor": 1, "dropout": 0.0},
+                                                      [1, 2])])
+def test_gates_of_convolutional_gated_nets(name, kwargs, projections):
+    # gated-residual-v2 figure 7 is k by block of a Wide Gated ResNet: the same statistics must work there.
+    model = _conv_gated(name, **kwargs)
+    assert model_family(model) == "gated"
+    stats = k_statistics(model)
+    assert stats["k"] == pytest.approx([0.5, -0.5, -1.5]) and stats["dead_blocks"] == [1, 2]
+    assert projection_blocks(model) == projections  # the first block of stages 2 and 3 changes the shape
+    assert model_family(create_model(name, num_classes=3, **kwargs)) == "residual"
+
+
+def test_projection_blocks_of_fully_connected_nets_is_empty():
+    assert projection_blocks(_gated([1.0, 1.0])) == []
+
+
+def test_model_family_refuses_mixed_blocks():
+    # highway_conv interleaves plain convolutions, pooling and highway layers: no single family.
+    model = create_model("highway_conv", num_classes=3)
+    with pytest.raises(ValueError, match="mixes block kinds"):
+        model_family(model)

@@ -90,6 +90,8 @@ def test_prune_removes_identity_blocks_exactly(tmp_path):
     x = torch.randn(8, 5)
     pruned = prune(model, [1, 3])  # k ≤ 0: exact identities
     assert len(pruned.blocks) == 3 and pruned.config["depth"] == 6
+    # Same family and registry name: only the depth of the config changes.
+    assert {**pruned.config, "depth": 10} == model.config and type(pruned) is type(model)
     assert torch.equal(pruned(x), model(x))
     assert len(model.blocks) == 5  # the original is untouched
     assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
@@ -142,3 +144,41 @@ def test_removal_curve_counts_blocks():
     reference = model(x)
     same = removal_curve(model, [2, 0, 1], lambda m: float(torch.equal(m(x), reference)), max_removed=2)
     assert same == [1.0, 1.0, 1.0]  # removing the two k ≤ 0 blocks changes nothing
+
+
+def test_lesion_of_a_convolutional_gated_block_restores_and_closes_the_gate():
+    model = create_model("preact_resnet", depth=8, width=4, gated=True, num_classes=3).eval()
+    x = torch.randn(2, 3, 8, 8)
+    before = model(x)
+    block = model.blocks[0]  # identity shortcut: g(k) = 0 makes it copy its input
+    with lesion(model, 0):
+        h = torch.randn(2, 4, 8, 8)
+        assert torch.equal(block(h), h)
+        assert not torch.equal(model(x), before)
+    assert torch.equal(model(x), before)
+
+
+def test_prune_plain_layers():
+    model = create_model("mlp_plain", depth=3, width=5, in_features=5, num_classes=3).eval()
+    pruned = prune(model, [1])
+    assert len(pruned.blocks) == 2 and pruned.config["name"] == "mlp_plain"
+    # The kept layers are the original's first and third, in order.
+    assert torch.equal(pruned.blocks[1].branch[0].weight, model.blocks[2].branch[0].weight)
+
+
+def test_prune_removes_closed_augmented_layers_exactly():
+    model = create_model("mlp_augmented", depth=4, width=5, in_features=5, num_classes=3).eval()
+    with torch.no_grad():
+        block_scalar_gates(model)[2].k.fill_(-0.5)  # g(k) = 0: u = 0·f(x) + 1·x = x
+    x = torch.randn(6, 5)
+    assert torch.equal(prune(model, [2])(x), model(x))
+
+
+@pytest.mark.parametrize("name,kwargs", [("preact_resnet", {"depth": 8, "width": 4, "gated": True}),
+                                         ("highway_conv", {})])
+def test_prune_refuses_convolutional_nets_clearly(name, kwargs):
+    model = create_model(name, num_classes=3, **kwargs)
+    with pytest.raises(ValueError, match=f"model '{name}' cannot be pruned.*mlp_gated_residual"):
+        prune(model, [0])
+    with pytest.raises(ValueError, match="create_model"):
+        prune(torch.nn.Sequential(), [0])

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (gates, prune, highway, lesion):
         command.add_argument("run_dir", help="a finished run directory (results.json + model.safetensors)")
         command.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
+        command.add_argument("--checkpoint", action="store_true",
+                             help="analyse the latest checkpoint of a run that has not finished (figures say "
+                                  "'after epoch N')")
         _add_common(command)
     redraw = analyze_sub.add_parser("redraw", help="redraw an analysis folder's figures from its JSON files")
     redraw.add_argument("dir", help="a folder written by `analyze ...` (e.g. RUN_DIR/analysis)")
@@ -283,7 +286,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         for path in analyze.redraw(args.dir, compare=args.compare):
             print(path)
         return 0
-    common = {"device": args.device}
+    common = {"device": args.device, "checkpoint": args.checkpoint}
     if args.analysis == "gates":
         _, text = analyze.analyze_gates(args.run_dir, args.out, **common)
     elif args.analysis == "prune":

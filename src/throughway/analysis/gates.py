@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
+from ..layers import HighwayLayer, PlainBlock, PreActBlock, PreActUnit, ResidualBlock, ScalarGate, TransformGate
 from ..layers.augment import AugmentedLayer
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "model_family",
     "block_scalar_gates",
     "k_statistics",
+    "projection_blocks",
     "transform_gate_biases",
     "HighwayGateStats",
     "transform_gate_statistics",
@@ -45,23 +46,29 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return blocks
 
 
+# Residual blocks of every family, fully connected and convolutional: u = gate(f_r(x)) + shortcut(x).
+_RESIDUAL_BLOCKS = (ResidualBlock, PreActBlock, PreActUnit)
+
+
 def model_family(model: nn.Module) -> str:
-    """The family of `model`, read from its blocks: "gated" (residual blocks with a scalar gate),
-    "residual" (ungated residual blocks), "augmented" (layers wrapped by `augment`), "highway"
-    (highway layers) or "plain". Raises ValueError for a model without blocks or with mixed kinds."""
+    """The family of `model`, read from its blocks: "gated" (residual blocks with a scalar gate,
+    fully connected or convolutional: mlp_gated_residual, gated preact_resnet / wide_resnet),
+    "residual" (the same blocks ungated), "augmented" (layers wrapped by `augment`), "highway"
+    (highway layers) or "plain". Raises ValueError for a model without blocks or with mixed kinds
+    (e.g. highway_conv, whose stages interleave plain convolutions, pooling and highway layers)."""
     kinds = set()
     for block in _blocks(model):
         if isinstance(block, HighwayLayer):
             kinds.add("highway")
         elif isinstance(block, AugmentedLayer):
             kinds.add("augmented")
-        elif isinstance(block, ResidualBlock):
+        elif isinstance(block, _RESIDUAL_BLOCKS):
             kinds.add("gated" if isinstance(block.gate, ScalarGate) else "residual")
         elif isinstance(block, PlainBlock):
             kinds.add("plain")
         else:
             raise ValueError(f"block of type {type(block).__name__} is not one the analyses know; "
-                             f"known: HighwayLayer, AugmentedLayer, ResidualBlock, PlainBlock")
+                             f"known: HighwayLayer, AugmentedLayer, ResidualBlock, PreActBlock, PreActUnit, PlainBlock")
     if not kinds:
         raise ValueError("the model has no blocks (depth 0): nothing to analyse")
     if len(kinds) > 1:
@@ -107,6 +114,15 @@ def k_statistics(model: nn.Module) -> dict[str, Any]:
         "num_dead": len(dead),
         "num_blocks": len(ks),
     }
+
+
+def projection_blocks(model: nn.Module) -> list[int]:
+    """Indices of the blocks whose shortcut is not the identity (a projection or zero padding: the
+    blocks that change the feature-map shape, the first of each stage of a CIFAR ResNet). In
+    gated-residual-v2 figure 7 (Wide Gated ResNet on CIFAR) the lowest k sit at exactly these blocks.
+    Empty for the fully connected families."""
+    return [i for i, block in enumerate(_blocks(model))
+            if not isinstance(getattr(block, "shortcut", None), (nn.Identity, type(None)))]
 
 
 def _highway_gates(model: nn.Module) -> list[TransformGate]:

@@ -2,13 +2,15 @@
 
 * `lesion(model, index)` (highway paper section 4.2, figure 4): a context manager that closes the
   gate of block `index`, so the block copies its input: all transform gates of a highway layer set
-  to T = 0 (y = x); a gated residual block's g(k) set to 0 (u = x, the effect of k = 0 with
-  g = ReLU); an augmented layer's g(k) set to 0; an ungated residual block's branch dropped (u = x).
+  to T = 0 (y = x); a gated residual block's g(k) set to 0 (u = shortcut(x), the effect of k = 0
+  with g = ReLU); an augmented layer's g(k) set to 0; an ungated residual block's branch dropped.
   It swaps the block's `gate` module for a closed one and puts the original module object back on
   exit, so no parameter or buffer is ever written and the model is restored bit for bit.
 * `prune(model, blocks)` (gated-residual-v2 section 3.1, figure 5 right): a new, physically smaller
   model of the same family without the given blocks, built by `create_model` from an updated
-  `model.config`, so it saves and loads like any other model.
+  `model.config`, so it saves and loads like any other model. Supported: the fully connected
+  families (PRUNABLE_MODELS), whose blocks all map width to width; a CIFAR ResNet's config cannot
+  express stages of unequal length, and its stage-opening blocks change the shape.
 * `removal_order` and `removal_curve`: greedy-by-k and random orders and the metric after each
   removal.
 """
@@ -21,14 +23,18 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..layers import HighwayLayer, ResidualBlock, TransformGate
+from ..layers import HighwayLayer, PreActBlock, PreActUnit, ResidualBlock, TransformGate
 from ..layers.augment import AugmentedLayer
 from ..models import create_model
 from .gates import block_scalar_gates
 
-__all__ = ["ClosedGate", "lesion", "prune", "layers_per_block", "removal_order", "removal_curve", "STRATEGIES"]
+__all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
+           "STRATEGIES", "PRUNABLE_MODELS"]
 
 STRATEGIES = ("greedy", "random")
+# Registry names whose blocks are interchangeable (every block maps width to width) and whose
+# config rebuilds any number of them through `depth`.
+PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_highway", "mlp_plain")
 
 
 class ClosedGate(nn.Module):
@@ -62,12 +68,13 @@ def _lesionable(model: nn.Module, index: int) -> nn.Module:
     if isinstance(block, HighwayLayer):
         if not isinstance(block.gate, TransformGate):
             raise ValueError(f"block {index} is already lesioned (its gate is {type(block.gate).__name__})")
-    elif isinstance(block, (ResidualBlock, AugmentedLayer)):
+    elif isinstance(block, (ResidualBlock, PreActBlock, PreActUnit, AugmentedLayer)):
         if isinstance(block.gate, ClosedGate):
             raise ValueError(f"block {index} is already lesioned")
     else:
         raise ValueError(f"block {index} is a {type(block).__name__}; only highway layers, residual blocks "
-                         f"(gated or not) and augmented layers have a shortcut to fall back on when lesioned")
+                         f"(gated or not, dense or convolutional) and augmented layers have a shortcut to fall "
+                         f"back on when lesioned")
     return block
 
 
@@ -77,9 +84,12 @@ def lesion(model: nn.Module, index: int) -> Iterator[nn.Module]:
 
     Highway layer: T(x) = 0, so y = H(x)·0 + x·1 = x exactly (highway paper §4.2: "manually setting
     all the transform gates of a layer to 0 forcing it to simply copy its inputs"). Gated residual
-    block: g(k) = 0, so u = 0·f_r(x) + x = x (for a finite branch). Yields the model. On exit,
-    also after an exception, the original gate module is put back; outputs before and after are
-    bit-identical because no tensor of the model is modified.
+    block: g(k) = 0, so u = 0·f_r(x) + shortcut(x), which is x for the identity shortcut of every
+    fully connected block (a CIFAR stage's first block keeps its projection). Yields the model. On
+    exit, also after an exception, the original gate module is put back; outputs before and after
+    are bit-identical because lesioning writes no tensor of the model. (Forward passes made inside
+    the `with` block in training mode update BatchNorm running statistics, as any forward pass
+    would: evaluate in eval mode.)
     """
     block = _lesionable(model, index)
     original = block.gate
@@ -106,8 +116,25 @@ def layers_per_block(model: nn.Module) -> int:
     return depth // len(blocks)
 
 
+def check_prunable(model: nn.Module) -> str:
+    """The registry name of `model` when `prune` can remove its blocks; otherwise a ValueError that
+    names the model and the supported ones (PRUNABLE_MODELS)."""
+    config = getattr(model, "config", None)
+    name = config.get("name") if isinstance(config, dict) else None
+    if name is None:
+        raise ValueError("prune needs a model built by create_model (it carries model.config with its name)")
+    if name not in PRUNABLE_MODELS:
+        raise ValueError(f"model {name!r} cannot be pruned: physical removal is supported for "
+                         f"{list(PRUNABLE_MODELS)}, whose blocks all keep the width and whose depth rebuilds "
+                         f"any number of them (a CIFAR ResNet's stages change shape and must stay equal)")
+    return name
+
+
 def prune(model: nn.Module, blocks: Sequence[int]) -> nn.Module:
     """A new model of the same family without the blocks whose indices are in `blocks`.
+
+    Supported for the registry names in PRUNABLE_MODELS (mlp_gated_residual, mlp_residual,
+    mlp_augmented, mlp_highway, mlp_plain); other models raise a ValueError naming them.
 
     The result is built by `create_model(name, **config)` with `depth` reduced by
     `layers_per_block(model)` per removed block, and receives the original's weights and buffers
@@ -118,9 +145,8 @@ def prune(model: nn.Module, blocks: Sequence[int]) -> nn.Module:
     With removed blocks that were exact identities (k ≤ 0 with g = ReLU), the output equals the
     original's (gated-residual-v2 §2.2: such layers "can be removed without affecting performance").
     """
-    config = dict(getattr(model, "config", None) or {})
-    if "name" not in config:
-        raise ValueError("prune needs a model built by create_model (it carries model.config)")
+    check_prunable(model)
+    config = dict(model.config)
     per_block = layers_per_block(model)
     count = len(model.blocks)
     removed = set()

@@ -1,11 +1,14 @@
 """`throughway analyze gates|prune|highway|lesion RUN_DIR`: what a finished run's gates learned.
 
-Each command reads RUN_DIR/results.json and RUN_DIR/model.safetensors, reloads the run's dataset as
-its config says (dataset, train_on_full, limit, data_dir), writes a results JSON and PNG figures into
-RUN_DIR/analysis/ (or `out`), and returns a text that puts the paper's number or claim beside ours.
-Figures are drawn from the JSON files by report.analysis_plots, so they can be redrawn without a model.
+Each command reads RUN_DIR/results.json and RUN_DIR/model.safetensors (or, with checkpoint=True, the
+latest checkpoint of a run that has not finished), reloads the run's dataset as its config says
+(dataset, train_on_full, limit, data_dir), writes a results JSON, the printed text (<what>.txt) and PNG
+figures into RUN_DIR/analysis/ (or `out`), and returns a text that puts the paper's number or claim
+beside ours. Figures are drawn from the JSON files by report.analysis_plots, so they can be redrawn
+without a model.
 
-* gates   (gated-residual-v2 Table 2, figure 5 left): k per block, mean k, dead gates (k ≤ 0).
+* gates   (gated-residual-v2 Table 2, figure 5 left; figure 7 for a gated CIFAR ResNet): k per block,
+          mean k, dead gates (k ≤ 0).
 * prune   (gated-residual-v2 §3.1, figure 5 right): remove blocks greedily by k and in random orders,
           physically (`analysis.prune`), test accuracy after each removal.
 * highway (highway paper §4, figures 2 and 3): transform-gate maps, layers × blocks.
@@ -20,16 +23,18 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from safetensors.torch import load_file
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import atomic_write_json, atomic_write_text, environment_info, read_json, sha256_file
 from ..analysis.gates import (highway_layer_change, highway_sample_activations, k_statistics, model_family,
-                              transform_gate_biases, transform_gate_statistics)
-from ..analysis.lesion import layers_per_block, lesion, removal_curve, removal_order
+                              projection_blocks, transform_gate_biases, transform_gate_statistics)
+from ..analysis.lesion import check_prunable, layers_per_block, lesion, removal_curve, removal_order
 from ..data import DataSplits, load_dataset
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
-from ..train.checkpoint import MODEL_FILE
+from ..models import create_model
+from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE
 from .common import command_line, mean_std
 from .mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
 
@@ -50,6 +55,9 @@ PAPER_PRUNE_CLAIMS = {
 PAPER_HIGHWAY_CLAIMS = {
     "biases": "most transform-gate biases decreased further during training (initialised to −2 for MNIST)",
     "change": "most of the change in block outputs happens in the early layers (≈ 15 for MNIST)",
+    "sparse": "the transform-gate activity for a single example is very sparse (more so for CIFAR-100 than MNIST)",
+    "routing": "for MNIST digits 0 and 7 the class-mean gate activity differs from the overall mean substantially "
+               "within the first 15 layers (figure 3)",
     "lesion": "lesioning early layers hurts; many later layers (about 15 to 45) barely matter on MNIST",
 }
 
@@ -58,9 +66,33 @@ def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
     return Path(out) if out is not None else run_dir / "analysis"
 
 
-def load_run(run_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[dict[str, Any], torch.nn.Module]:
+def _checkpoint_model(run_dir: Path, results: dict[str, Any], device: str) -> tuple[torch.nn.Module, int]:
+    """The model weights of the run's latest checkpoint (checked against the SHA-256 that
+    checkpoint.json records) in the model that results.json describes, and the epoch they are from."""
+    meta = read_json(run_dir / CHECKPOINT_JSON)
+    path = run_dir / str(meta.get("file"))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing")
+    if sha256_file(path) != meta.get("sha256"):
+        raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON} (the run may have just written a "
+                         f"newer checkpoint: try again)")
+    config = dict((results.get("model") or {}).get("config") or {})
+    if "name" not in config:
+        raise ValueError(f"{run_dir / RESULTS_FILE}: no model.config to rebuild the model from")
+    model = create_model(config.pop("name"), **config)
+    prefix = "model."
+    model.load_state_dict({k[len(prefix):]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)})
+    return model.to(device).eval(), int(meta["epoch"])
+
+
+def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
+             checkpoint: bool = False) -> tuple[dict[str, Any], torch.nn.Module]:
     """The run's results.json and its trained model (eval mode). Raises FileNotFoundError naming the
-    missing file, and ValueError for a run that never finished (final is null)."""
+    missing file, and ValueError for a directory that is not a single training run.
+
+    checkpoint=True analyses a run that has not finished: the model comes from its latest checkpoint,
+    and the returned results' `final` is {"snapshot": True, "epochs_completed", "test_error_pct"} of
+    that epoch (figures then say "after epoch N")."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: run directory not found")
@@ -69,9 +101,21 @@ def load_run(run_dir: str | os.PathLike[str], device: str = "cpu") -> tuple[dict
         raise ValueError(f"{run_dir / RESULTS_FILE}: not a single training run (no config.model); "
                          f"analyze needs the directory of one `throughway train` run")
     model_path = run_dir / MODEL_FILE
+    if checkpoint:
+        if not (run_dir / CHECKPOINT_JSON).is_file():
+            raise FileNotFoundError(f"{run_dir / CHECKPOINT_JSON}: not found; --checkpoint needs a run that is "
+                                    f"still training or was interrupted" +
+                                    (" (this one has finished: drop --checkpoint)" if model_path.is_file() else ""))
+        model, epoch = _checkpoint_model(run_dir, results, device)
+        history = results.get("history") or []
+        record = next((r for r in history if r.get("epoch") == epoch), {})
+        results = {**results, "final": {"snapshot": True, "epochs_completed": epoch,
+                                        "test_error_pct": record.get("test_error_pct")}}
+        return results, model
     if not model_path.is_file():
+        hint = " (it has a checkpoint: add --checkpoint to analyse that)" if (run_dir / CHECKPOINT_JSON).is_file() else ""
         raise FileNotFoundError(f"{model_path}: not found; the run has not finished (model.safetensors is "
-                                f"written when training ends)")
+                                f"written when training ends){hint}")
     return results, load_model(model_path, device=device)
 
 
@@ -82,7 +126,11 @@ def _load_data(results: dict[str, Any], device: str, data_dir: str | None) -> Da
 
 
 def _require_family(model: torch.nn.Module, run_dir: Path, accepted: Sequence[str], command: str) -> str:
-    family = model_family(model)
+    try:
+        family = model_family(model)
+    except ValueError as exc:
+        raise ValueError(f"{run_dir}: `analyze {command}` needs a run of family {list(accepted)}; this run's "
+                         f"model {getattr(model, 'config', {}).get('name')!r} is none of them: {exc}") from exc
     if family not in accepted:
         raise ValueError(f"{run_dir}: `analyze {command}` needs a run of family {list(accepted)}, "
                          f"but this run's model is {family!r}")
@@ -108,33 +156,60 @@ def _accuracy(split: Any) -> Callable[[torch.nn.Module], float]:
     return lambda m: 100.0 - evaluate(m, split)[1]
 
 
+def _finish_text(out_dir: Path, name: str, lines: list[str]) -> str:
+    """The printout, also written to OUT/<name>.txt so the committed results keep it beside the JSON."""
+    text = "\n".join(lines)
+    atomic_write_text(out_dir / f"{name}.txt", text + "\n")
+    return text
+
+
+def _blocks_1based(indices: Sequence[int]) -> str:
+    return ", ".join(str(i + 1) for i in indices) if indices else "none"
+
+
 def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-                  device: str = "cpu") -> tuple[dict[str, Any], str]:
-    """k per block, mean k and dead gates of a gated residual (or augmented) run; writes gates.json and
-    gates_k_by_block.png. Returns (result, text with the paper's Table 2 mean k beside ours)."""
+                  device: str = "cpu", checkpoint: bool = False) -> tuple[dict[str, Any], str]:
+    """k per block, mean k and dead gates of a gated residual (or augmented) run, fully connected
+    (gated-residual-v2 Table 2, figure 5 left) or convolutional (figure 7); writes gates.json,
+    gates.txt and gates_k_by_block.png. Returns (result, text with the paper's numbers beside ours)."""
     run_dir = Path(run_dir)
-    results, model = load_run(run_dir, device)
+    results, model = load_run(run_dir, device, checkpoint)
     family = _require_family(model, run_dir, ("gated", "augmented"), "gates")
     stats = k_statistics(model)
     depth = int(results["config"]["depth"])
-    result = {**_header(run_dir, results, family, model), **stats,
-              "paper": {"k_mean": PAPER_MEAN_K.get(depth) if family == "gated" else None,
-                        "source": "gated-residual-v2 Table 2 (mean k by depth), figure 5 left (k by block)"}}
+    name = model.config.get("name")
+    # Table 2's mean k belongs to the fully connected MNIST nets, indexed by d; other models (a CIFAR
+    # preact_resnet of depth 20, say) must not pick up the d = 20 entry.
+    mnist_table = name == "mlp_gated_residual" and results["config"].get("dataset") == "mnist"
+    projections = projection_blocks(model)
+    result = {**_header(run_dir, results, family, model), **stats, "projection_blocks": projections,
+              "paper": {"k_mean": PAPER_MEAN_K.get(depth) if mnist_table else None,
+                        "figure": "figure 7" if projections else "figure 5 left",
+                        "source": "gated-residual-v2 Table 2 (mean k of the MNIST nets by d), figure 5 left "
+                                  "(k by block, MNIST d = 100), figure 7 (k by block, Wide Gated ResNet on CIFAR)"}}
     out_dir = _out_dir(run_dir, out)
     atomic_write_json(out_dir / GATES_FILE, result)
     figure = plot_k_by_block(result, out_dir / "gates_k_by_block.png")
     paper = result["paper"]["k_mean"]
     order = sorted(range(len(stats["k"])), key=lambda i: stats["k"][i])
     lines = [
-        f"{run_dir}: {family}, d = {depth}, {stats['num_blocks']} gated blocks",
-        f"  mean k: ours {stats['k_mean']:.3f}   paper (Table 2, d = {depth}): {paper if paper is not None else 'n/a'}",
+        f"{run_dir}: {family} ({name}), depth {depth}, {stats['num_blocks']} gated blocks",
+        f"  mean k: ours {stats['k_mean']:.3f}   paper (Table 2, d = {depth}): "
+        f"{paper if paper is not None else 'n/a (Table 2 covers the fully connected MNIST nets, d = 2 .. 100)'}",
         f"  k range: {stats['k_min']:.3f} .. {stats['k_max']:.3f}; dead gates (k ≤ 0): {stats['num_dead']}"
-        + (f" (blocks {', '.join(str(i + 1) for i in stats['dead_blocks'])}, 1-based)" if stats["dead_blocks"] else ""),
-        f"  smallest k at blocks (1-based): {', '.join(str(i + 1) for i in order[:5])}; "
-        f"paper (figure 5 left): blocks near the middle have the smallest k",
-        f"  results: {out_dir / GATES_FILE}; figure: {figure}",
+        + (f" (blocks {_blocks_1based(stats['dead_blocks'])}, 1-based)" if stats["dead_blocks"] else ""),
+        f"  smallest k at blocks (1-based): {_blocks_1based(order[:5])}",
     ]
-    return result, "\n".join(lines)
+    if projections:
+        lines.append(f"  ours: blocks that change the shape (1-based): {_blocks_1based(projections)}; "
+                     f"largest k at block {order[-1] + 1} of {len(order)}")
+        lines.append("  paper (figure 7, Wide Gated ResNet (4,10) on CIFAR): the lowest k are at the blocks that "
+                     "increase the feature-map dimension (1, 5, 9), the peak at the last block")
+    else:
+        lines.append("  paper (figure 5 left, d = 100 on MNIST): blocks near the middle have a smaller k than those "
+                     "at the beginning or the end")
+    lines.append(f"  results: {out_dir / GATES_FILE}; figure: {figure}")
+    return result, _finish_text(out_dir, "gates", lines)
 
 
 def _half_removed_ratio(curve: Sequence[float], half: int) -> float | None:
@@ -152,13 +227,14 @@ def _removals_until(curve: Sequence[float], fraction: float) -> int | None:
 def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
                   strategy: str = "all", orders: int = 10, seed: int = 0, device: str = "cpu",
                   data_dir: str | None = None, compare: Sequence[str | os.PathLike[str]] = (),
-                  progress: bool = True) -> tuple[dict[str, Any], str]:
+                  progress: bool = True, checkpoint: bool = False) -> tuple[dict[str, Any], str]:
     """Remove residual blocks one at a time, physically, and record test accuracy after each removal.
 
     strategy: "greedy" (smallest k first; gated runs only), "random" (`orders` random orders from
-    `seed`, mean ± std) or "all" (greedy where there is k, and random). Writes prune.json and
-    prune_accuracy.png (gated-residual-v2 figure 5 right); `compare` adds the curves of other runs'
-    prune.json files to the figure (e.g. the residual run beside the gated one)."""
+    `seed`, mean ± std) or "all" (greedy where there is k, and random). Writes prune.json, prune.txt
+    and prune_accuracy.png (gated-residual-v2 figure 5 right); `compare` adds the curves of other runs'
+    prune.json files to the figure (e.g. the residual run beside the gated one). Fully connected runs
+    only (analysis.lesion.PRUNABLE_MODELS)."""
     if strategy not in ("greedy", "random", "all"):
         raise ValueError(f"strategy={strategy!r}; accepted values: ['greedy', 'random', 'all']")
     if orders < 1:
@@ -172,8 +248,12 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
         if not path.is_file():
             raise FileNotFoundError(f"{path}: --compare needs a prune.json written by `analyze prune`")
         compared.append(read_json(path))
-    results, model = load_run(run_dir, device)
+    results, model = load_run(run_dir, device, checkpoint)
     family = _require_family(model, run_dir, ("gated", "residual", "augmented"), "prune")
+    try:
+        check_prunable(model)
+    except ValueError as exc:
+        raise ValueError(f"{run_dir}: `analyze prune`: {exc}") from exc
     has_k = family in ("gated", "augmented")
     if strategy == "greedy" and not has_k:
         raise ValueError(f"{run_dir}: greedy removal orders blocks by k, and this {family} run has no gates; "
@@ -183,8 +263,10 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     count = len(model.blocks)
     result = {**_header(run_dir, results, family, model), "num_blocks": count,
               "layers_per_block": layers_per_block(model), "split": "test", "removal": "physical (analysis.prune)",
-              "paper": {"claims": PAPER_PRUNE_CLAIMS, "test_error_pct": PAPER_TEST_ERROR.get(family, {}).get(
-                  int(results["config"]["depth"])), "source": "gated-residual-v2 §3.1, figure 5 right"}}
+              "paper": {"claims": PAPER_PRUNE_CLAIMS,
+                        "test_error_pct": PAPER_TEST_ERROR.get(family, {}).get(int(results["config"]["depth"]))
+                        if results["config"].get("dataset") == "mnist" else None,
+                        "source": "gated-residual-v2 abstract and §3.1, figure 5 right"}}
     full = metric(model)
     result["full_accuracy_pct"] = full
     if has_k and strategy in ("greedy", "all"):
@@ -217,6 +299,8 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
         summary["random_half_removed_ratio"] = mean_std(ratios)
         summary["random_removals_until_below_90pct"] = _removals_until(mean, 0.9)
         summary["random_accuracy_after_removals"] = {str(r): mean[r] for r in (1, 2, 3, 5, 10, half) if r <= count}
+        summary["random_drop_after_few_removals_pct_points"] = {str(r): mean[0] - mean[r] for r in (1, 2, 3, 5)
+                                                                if r <= count}
     if "greedy" in result:
         greedy = result["greedy"]["accuracy_pct"]
         summary["greedy_half_removed_accuracy_pct"] = greedy[half]
@@ -237,12 +321,15 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
              f"{result['paper']['test_error_pct'] if result['paper']['test_error_pct'] is not None else 'n/a'}%)"]
     if "random" in result:
         r = summary["random_half_removed_ratio"]
-        lines.append(f"  random ({orders} orders), half of the layers removed ({half} blocks): accuracy "
+        lines.append(f"  random ({orders} order{'s' if orders != 1 else ''}), half of the layers removed ({half} blocks): accuracy "
                      f"{summary['random_half_removed_accuracy_pct']:.2f}% = {100 * r['mean']:.1f}% ± {100 * r['std']:.1f}% "
                      f"of the full model's")
         until = summary["random_removals_until_below_90pct"]
         lines.append(f"  random: mean accuracy first below 90% of the full model's after "
                      f"{until if until is not None else 'never (all ' + str(count) + ')'} removed blocks")
+        per = result["layers_per_block"]
+        lines.append("  random, mean accuracy drop after a few removals: " + "; ".join(
+            f"{int(r) * per} layers −{d:.2f} points" for r, d in summary["random_drop_after_few_removals_pct_points"].items()))
         lines.append(f"  paper: {PAPER_PRUNE_CLAIMS['random_half_removed'] if has_k else PAPER_PRUNE_CLAIMS['residual']}")
     if "greedy" in result:
         lines.append(f"  greedy (smallest k first), half removed: {summary['greedy_half_removed_accuracy_pct']:.2f}% "
@@ -253,18 +340,19 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
                          f"(over the first half: {summary['greedy_minus_random_first_half_pct_points']:+.2f})")
         lines.append(f"  paper: {PAPER_PRUNE_CLAIMS['greedy']}")
     lines.append(f"  results: {out_dir / PRUNE_FILE}; figure: {figure}")
-    return result, "\n".join(lines)
+    return result, _finish_text(out_dir, "prune", lines)
 
 
 def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
                     classes: Sequence[int] = (0, 7), sample: int | None = None, seed: int = 0,
-                    device: str = "cpu", data_dir: str | None = None) -> tuple[dict[str, Any], str]:
-    """Transform-gate maps of a highway run over its training split (highway paper figures 2 and 3):
-    biases, mean T(x), T(x) and block outputs for one training sample (index `sample`, or one drawn
-    from `seed`), class mean minus overall mean for `classes`, and the mean change per layer.
-    Writes highway.json, highway_gate_maps.png and highway_class_routing.png."""
+                    device: str = "cpu", data_dir: str | None = None,
+                    checkpoint: bool = False) -> tuple[dict[str, Any], str]:
+    """Transform-gate maps of a fully connected highway run over its training split (highway paper
+    figures 2 and 3): biases, mean T(x), T(x) and block outputs for one training sample (index
+    `sample`, or one drawn from `seed`), class mean minus overall mean for `classes`, and the mean
+    change per layer. Writes highway.json, highway.txt, highway_gate_maps.png and highway_class_routing.png."""
     run_dir = Path(run_dir)
-    results, model = load_run(run_dir, device)
+    results, model = load_run(run_dir, device, checkpoint)
     family = _require_family(model, run_dir, ("highway",), "highway")
     data = _load_data(results, device, data_dir)
     x, y = data.train.x, data.train.y
@@ -299,6 +387,12 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
             "mean_gate_by_layer": stats.mean.mean(dim=1).tolist(),
             "sample_gate_fraction_above_half": float((gates > 0.5).float().mean()),
             "change_share_first_15_layers": share[min(14, len(share) - 1)],
+            # Where the class-conditional routing happens: the share of Σ|class mean − overall mean|
+            # that falls in the first 15 highway layers (15 / layers if it were spread evenly).
+            "class_difference_share_first_15_layers": {
+                str(c): float(d[:15].abs().sum() / d.abs().sum()) if float(d.abs().sum()) > 0 else None
+                for c, d in ((c, stats.class_difference(c)) for c in classes)},
+            "even_share_first_15_layers": min(15, int(biases.shape[0])) / int(biases.shape[0]),
         },
         "paper": {"claims": PAPER_HIGHWAY_CLAIMS, "source": "highway paper §4, figures 2 and 3"},
     }
@@ -315,25 +409,32 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
         f"  paper: {PAPER_HIGHWAY_CLAIMS['biases']}",
         f"  mean T(x) over the training split: {s['mean_gate_overall']:.3f}; one sample (#{sample}): "
         f"{100 * s['sample_gate_fraction_above_half']:.1f}% of its gates above 0.5",
+        f"  paper: {PAPER_HIGHWAY_CLAIMS['sparse']}",
         f"  share of the total change |y − x| made by the first 15 highway layers: "
-        f"{100 * s['change_share_first_15_layers']:.1f}%",
+        f"{100 * s['change_share_first_15_layers']:.1f}% (an even spread would give "
+        f"{100 * s['even_share_first_15_layers']:.1f}%)",
         f"  paper: {PAPER_HIGHWAY_CLAIMS['change']}",
+        "  share of |class mean T(x) − overall mean| in the first 15 highway layers: " + "; ".join(
+            f"class {c}: " + (f"{100 * v:.1f}%" if v is not None else "n/a")
+            for c, v in s["class_difference_share_first_15_layers"].items()),
+        f"  paper: {PAPER_HIGHWAY_CLAIMS['routing']}",
         f"  results: {out_dir / HIGHWAY_FILE}; figures: {maps}, {routing}",
     ]
-    return result, "\n".join(lines)
+    return result, _finish_text(out_dir, "highway", lines)
 
 
 def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
                    split: str = "train", device: str = "cpu", data_dir: str | None = None,
-                   tolerance_pct_points: float = 1.0, progress: bool = True) -> tuple[dict[str, Any], str]:
+                   tolerance_pct_points: float = 1.0, progress: bool = True,
+                   checkpoint: bool = False) -> tuple[dict[str, Any], str]:
     """Error on `split` (default the training split, as the paper) with each block lesioned in turn
     (highway: T = 0; gated residual: g(k) = 0; ungated residual: branch dropped), beside the
-    unlesioned error (highway paper figure 4). Writes lesion.json and lesion_error_by_layer.png.
+    unlesioned error (highway paper figure 4). Writes lesion.json, lesion.txt and lesion_error_by_layer.png.
     `tolerance_pct_points`: a layer "barely matters" when lesioning it raises the error by less."""
     if split not in ("train", "val", "test"):
         raise ValueError(f"split={split!r}; accepted values: ['train', 'val', 'test']")
     run_dir = Path(run_dir)
-    results, model = load_run(run_dir, device)
+    results, model = load_run(run_dir, device, checkpoint)
     family = _require_family(model, run_dir, ("highway", "gated", "residual", "augmented"), "lesion")
     data = _load_data(results, device, data_dir)
     part = getattr(data, split)
@@ -394,9 +495,13 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
         lines.append(f"  network layers 15–45 (highway layers 14–44): mean +{w['mean_increase_pct_points']:.2f} points, "
                      f"max +{w['max_increase_pct_points']:.2f}; {w['num_barely_matter']}/{w['num_layers']} barely matter; "
                      f"layers 2–14: mean +{e['mean_increase_pct_points']:.2f} points")
-    lines.append(f"  paper: {PAPER_HIGHWAY_CLAIMS['lesion']}")
+    if family == "highway":
+        lines.append(f"  paper (highway §4.2, figure 4, 50-layer highway net on MNIST): {PAPER_HIGHWAY_CLAIMS['lesion']}")
+    else:
+        lines.append(f"  for comparison only: the highway paper (§4.2, figure 4) lesions a 50-layer highway net on MNIST: "
+                     f"{PAPER_HIGHWAY_CLAIMS['lesion']}; the gated residual papers report no lesioning")
     lines.append(f"  results: {out_dir / LESION_FILE}; figure: {figure}")
-    return result, "\n".join(lines)
+    return result, _finish_text(out_dir, "lesion", lines)
 
 
 def redraw(out: str | os.PathLike[str], compare: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:

@@ -21,7 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from .plots import save_figure  # noqa: E402
 
@@ -39,8 +40,9 @@ def _run_label(result: dict[str, Any]) -> str:
 
 
 def plot_k_by_block(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Bar plot of k by block index (1-based, as in the paper), with the mean k and k = 0 marked,
-    from an `analyze gates` result (keys k, k_mean, dead_blocks, family, depth, dataset)."""
+    """Bar plot of k by block index (1-based, as in the paper), with the mean k and k = 0 marked and
+    dead gates (k ≤ 0) in red, from an `analyze gates` result (keys k, k_mean, dead_blocks, family,
+    depth, dataset; paper.figure names the paper's figure: 5 left for MNIST, 7 for CIFAR)."""
     ks = np.asarray(result["k"], dtype=float)
     index = np.arange(1, len(ks) + 1)
     dead = set(result.get("dead_blocks", []))
@@ -53,16 +55,18 @@ def plot_k_by_block(result: dict[str, Any], path: str | os.PathLike[str]) -> Pat
     if paper is not None:
         ax.axhline(paper, color="grey", linestyle=":", linewidth=1.2, label=f"paper's mean k = {paper}")
     ax.axhline(0, color="black", linewidth=0.6)
-    if dead:
-        ax.bar([], [], color="#d62728", label=f"dead gate (k ≤ 0): {len(dead)}")
+    handles, _ = ax.get_legend_handles_labels()
+    if dead:  # an empty bar() gets the colour cycle's, not the red of the dead bars: draw the key itself
+        handles.append(Patch(color="#d62728", label=f"dead gate (k ≤ 0): {len(dead)} blocks"))
     ax.set_xlabel("residual block index (1 = first block after the stem)")
     ax.set_ylabel("k")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlim(0.3, len(ks) + 0.7)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(handles=handles, loc="best", fontsize=8)
+    figure = result.get("paper", {}).get("figure", "figure 5 left")
     ax.set_title(f"k by block, {_run_label(result)} on {result.get('dataset', '?')} "
-                 f"(gated-residual-v2 figure 5 left)")
+                 f"(gated-residual-v2 {figure})")
     return save_figure(fig, path)
 
 
@@ -71,6 +75,7 @@ def plot_removal_curves(results: Sequence[dict[str, Any]], path: str | os.PathLi
     random strategy as mean ± std over its orders (shaded), from `analyze prune` results (keys
     family, layers_per_block, full_accuracy_pct, greedy {accuracy_pct}, random {mean, std})."""
     fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    lowest = 100.0
     for result in results:
         color = _FAMILY_COLORS.get(result.get("family"), None)
         per = int(result.get("layers_per_block", 1))
@@ -81,17 +86,26 @@ def plot_removal_curves(results: Sequence[dict[str, Any]], path: str | os.PathLi
             x = np.arange(len(mean)) * per
             ax.plot(x, mean, color=color, label=f"{label}, random (mean ± std of {len(random['orders'])} orders)")
             ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2)
+            lowest = min(lowest, float((mean - std).min()))
         greedy = result.get("greedy")
         if greedy:
             acc = np.asarray(greedy["accuracy_pct"], float)
             ax.plot(np.arange(len(acc)) * per, acc, color=color, linestyle="--", label=f"{label}, greedy (smallest k first)")
+            lowest = min(lowest, float(acc.min()))
     if results:
         total = int(results[0].get("num_blocks", 0)) * int(results[0].get("layers_per_block", 1))
         if total:
             ax.axvline(total / 2, color="grey", linestyle=":", linewidth=1, label="half of the layers removed")
-    ax.set_xlabel("number of removed layers (2 per residual block)")
+        full = results[0].get("full_accuracy_pct")
+        if full is not None:  # the gated-residual-v2 abstract's yardstick: "over 90% of its performance"
+            ax.axhline(0.9 * full, color="grey", linestyle="-.", linewidth=1,
+                       label=f"90% of the full {results[0].get('family', '')} model's accuracy")
+            lowest = min(lowest, 0.9 * full)
+    pers = sorted({int(r.get("layers_per_block", 1)) for r in results})
+    ax.set_xlabel("number of removed layers" + (f" ({pers[0]} per removed block)" if len(pers) == 1 else ""))
     ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, 100)
+    # From a round number below the lowest curve: a 0–100 axis would squeeze 98% vs 80% into a sliver.
+    ax.set_ylim(max(0.0, 10.0 * np.floor((lowest - 2.0) / 10.0)), 100)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
     dataset = results[0].get("dataset", "?") if results else "?"
@@ -156,18 +170,20 @@ def plot_lesion(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     index = np.arange(1, len(errors) + 1)
     color = _FAMILY_COLORS.get(result.get("family"), "#9467bd")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.13 * len(errors) + 2), 4.0))
-    ax.plot(index, errors, marker="o", markersize=3.5, color=color, label="one layer lesioned")
+    unit = "highway layer" if result.get("family") == "highway" else "residual block"
+    ax.plot(index, errors, marker="o", markersize=3.5, color=color, label=f"one {unit} lesioned")
     ax.axhline(result["unlesioned_error_pct"], color="black", linestyle="--", linewidth=1,
                label=f"not lesioned ({result['unlesioned_error_pct']:.2f}%)")
-    unit = "highway layer" if result.get("family") == "highway" else "residual block"
     ax.set_xlabel(f"lesioned {unit} (1 = first after the plain stem)")
     ax.set_ylabel(f"{result.get('split', 'training')}-set error (%)")
-    # A log axis shows both the near-zero unlesioned error and the large lesioned ones (the paper's
-    # figure 4 spans 0.1% to 90%); it needs every value > 0.
-    if min(errors.min(), result["unlesioned_error_pct"]) > 0:
+    # A log axis shows both a near-zero unlesioned error and large lesioned ones (the paper's figure 4
+    # spans 0.1% to 90%). It needs every value > 0, and pays only across more than a decade: within
+    # one, its ticks fall outside the data and a linear axis reads better.
+    low = min(errors.min(), result["unlesioned_error_pct"])
+    if low > 0 and errors.max() / low >= 10:
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper center", fontsize=8)  # lesioned peaks sit at the first and last layers
