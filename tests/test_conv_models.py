@@ -48,12 +48,53 @@ def test_resnet_110_has_about_1_7_million_parameters(shortcut):
 
 
 def test_highway_parameter_counts_are_near_the_papers():
-    # highway Table 1 (39K / 151K) and Table 2 (Highway A ≈236K, B ≈2.3M, C ≈1.25M); layouts are ours.
-    assert count(create_model("highway_conv", arch="mnist-10", width=16)) == 38_730
-    assert count(create_model("highway_conv", arch="mnist-10", width=32)) == 151_178
-    for arch, paper in (("highway-a", 236e3), ("highway-b", 2.3e6), ("highway-c", 1.25e6)):
+    # highway Table 1 (39K / 151K) and Table 2 (Highway A ≈236K, B ≈2.3M, C ≈1.25M). The paper gives no
+    # layouts; ours are pinned to their exact counts and must round to (or lie within 3% of) the paper's.
+    w16 = count(create_model("highway_conv", arch="mnist-10", width=16))
+    w32 = count(create_model("highway_conv", arch="mnist-10", width=32))
+    assert (w16, w32) == (38_730, 151_178) and (round(w16, -3), round(w32, -3)) == (39_000, 151_000)
+    for arch, exact, paper in (("highway-a", 232_458, 236e3), ("highway-b", 2_281_914, 2.3e6),
+                               ("highway-c", 1_218_810, 1.25e6)):
         n = meta_count("highway_conv", arch=arch, in_channels=3, image_size=32)
-        assert abs(n - paper) / paper < 0.05, (arch, n)
+        assert n == exact and abs(n - paper) / paper < 0.03, (arch, n)
+
+
+def _paper_layers(model: nn.Module) -> int:
+    """Layers as the highway paper counts them: plain convolutions, highway layers (H and T together),
+    and the classifier."""
+    highway = [b for b in model.blocks if isinstance(b.gate, TransformGate)]
+    plain_convs = [m for b in model.blocks if not isinstance(b.gate, TransformGate)
+                   for m in b.modules() if isinstance(m, nn.Conv2d)]
+    stem_convs = [m for m in model.stem.modules() if isinstance(m, nn.Conv2d)]
+    return len(stem_convs) + len(plain_convs) + len(highway) + 1
+
+
+@pytest.mark.parametrize("arch,layers,kernels", [
+    ("mnist-10", 10, {3}), ("highway-a", 11, {3}), ("highway-b", 19, {3}), ("highway-c", 32, {1, 3})])
+def test_highway_layouts_have_the_papers_layer_counts(arch, layers, kernels):
+    with torch.device("meta"):
+        model = create_model("highway_conv", arch=arch, in_channels=1 if arch == "mnist-10" else 3,
+                             image_size=28 if arch == "mnist-10" else 32, depth=layers)
+    assert _paper_layers(model) == layers
+    used = {b.branch[0].kernel_size[0] for b in model.blocks if isinstance(b.gate, TransformGate)}
+    assert used == kernels  # highway-c alternates 3×3 and 1×1 receptive fields (§3.3.1)
+
+
+def test_cifar_variant_replaces_the_fully_connected_layer_by_1x1_conv_and_global_average_pooling():
+    # highway §3.3.2: "replaced the fully connected layer ... with a convolutional layer with a
+    # receptive field of size one and a global average pooling layer".
+    kwargs = {"arch": "highway-b", "in_channels": 3, "image_size": 32, "num_classes": 100}
+    fc = create_model("highway_conv", classifier="linear", **kwargs)
+    gap = create_model("highway_conv", classifier="conv-gap", **kwargs)
+    assert [type(m) for m in fc.head] == [nn.Flatten, nn.Linear] and fc.head[1].in_features == 128 * 4 * 4
+    assert [type(m) for m in gap.head] == [nn.Conv2d, nn.AdaptiveAvgPool2d, nn.Flatten]
+    assert gap.head[0].kernel_size == (1, 1) and gap.head[0].out_channels == 100
+    assert count(fc) - count(gap) == (128 * 16 - 128) * 100  # the same body, a smaller classifier
+    x = torch.randn(2, 3, 32, 32)
+    assert gap(x).shape == fc(x).shape == (2, 100)
+    # The class scores are the spatial mean of the 1×1 convolution's maps.
+    maps = gap.head[0](gap.forward_features(x))
+    assert torch.allclose(gap(x), maps.mean(dim=(2, 3)), atol=1e-6)
 
 
 # --- shapes, gradients, contract -----------------------------------------------------------------
@@ -95,6 +136,27 @@ def test_closed_gate_reduces_a_block_to_its_shortcut():
     ungated = WideBlock(8, 16, stride=2, gated=False).eval()
     ungated.load_state_dict({k: v for k, v in down.state_dict().items() if not k.endswith("gate.k")})
     assert torch.allclose(down(x), ungated(x), atol=1e-6)  # k = 1 is the ungated block
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("preact_resnet", {"depth": 8, "shortcut": "B"}),
+    ("wide_resnet", {"depth": 10, "widen_factor": 2, "dropout": 0.0}),
+])
+def test_projection_shortcuts_take_the_preactivated_input_and_stay_ungated(name, kwargs):
+    # He et al. 2016 and WRN reference codes: BN-ReLU once, then both the convolutions and the 1×1
+    # projection; the gate multiplies the residual branch only.
+    torch.manual_seed(0)
+    model = create_model(name, gated=True, num_classes=10, **kwargs).eval()
+    for block in model.blocks:  # non-trivial BatchNorm statistics, so preact(x) differs from ReLU(x)
+        block.preact[0].running_mean.uniform_(-1, 1)
+        block.preact[0].running_var.uniform_(0.5, 2)
+    projections = [b for b in model.blocks if isinstance(b.shortcut, nn.Conv2d)]
+    assert len(projections) == (2 if name == "preact_resnet" else 3)
+    x = torch.randn(2, projections[-1].shortcut.in_channels, 8, 8)
+    block = projections[-1]
+    block.gate.k.data.fill_(0.0)
+    assert torch.allclose(block(x), block.shortcut(block.preact(x)), atol=1e-6)
+    assert not torch.allclose(block(x), block.shortcut(x), atol=1e-3)
 
 
 def test_preact_block_feeds_raw_input_to_zero_padding_shortcut():
@@ -156,7 +218,12 @@ def test_shortcut_depths_share_one_parameter_count():
     # Demystifying ResNet figure 9: shortcut depth 1..4 at a fixed parameter count (m = 12 per stage).
     counts = {n: count(create_model("preact_shortcut_depth", depth=38, shortcut_depth=n)) for n in (1, 2, 3, 4)}
     assert len(set(counts.values())) == 1
-    units = {n: len(create_model("preact_shortcut_depth", depth=38, shortcut_depth=n).blocks) for n in (1, 2, 3, 4)}
-    assert units == {1: 36, 2: 18, 3: 12, 4: 9}
+    models = {n: create_model("preact_shortcut_depth", depth=38, shortcut_depth=n) for n in (1, 2, 3, 4)}
+    assert {n: len(m.blocks) for n, m in models.items()} == {1: 36, 2: 18, 3: 12, 4: 9}
+    for n, model in models.items():  # every shortcut spans n convolutions
+        assert {sum(isinstance(m, nn.Conv2d) for m in b.branch) for b in model.blocks} == {n}
+    with torch.device("meta"):  # and at depth 110 (m = 36 per stage) as well
+        deep = {count(create_model("preact_shortcut_depth", depth=110, shortcut_depth=n)) for n in (1, 2, 3, 4)}
+    assert len(deep) == 1
     with pytest.raises(ValueError, match="shortcut_depth"):
         create_model("preact_shortcut_depth", depth=14, shortcut_depth=3)

@@ -127,3 +127,49 @@ def test_run_training_normalises_augments_and_infers_channels(tmp_path):
     assert results["model"]["config"]["in_channels"] == 3
     assert results["recipe"]["augment"] == "crop-flip" and results["config"]["amp"] is False
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_eval_batch_size_reaches_fit_and_does_not_change_the_numbers(tmp_path, monkeypatch):
+    # One WRN-28-10 feature map of 10,000 images is 6.5 GB (float32): runs can evaluate in chunks.
+    import throughway.train.runner as runner
+
+    seen: list[int] = []
+    real_fit = runner.fit
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["eval_batch_size"])
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "fit", spy)
+    results = {}
+    for chunk in (None, 3):
+        config = RunConfig(model="preact_resnet", depth=8, dataset="cifar10", recipe="preact-cifar", epochs=1,
+                           model_kwargs={"width": 4}, recipe_overrides={"batch_size": 16}, eval_batch_size=chunk)
+        results[chunk] = run_training(config, tmp_path / f"run-{chunk}", progress=False, data=_images(n=32))
+    assert seen == [10_000, 3]
+    assert results[3]["final"]["test_error_pct"] == results[None]["final"]["test_error_pct"]
+    assert results[3]["history"][0]["val_loss"] == pytest.approx(results[None]["history"][0]["val_loss"], rel=1e-5)
+
+
+def test_gpu_options_through_run_training_checkpoint_and_resume_a_gated_wide_resnet(tmp_path):
+    # The `--device cuda --amp --channels-last` path on the CPU: NHWC weights must be saved contiguous
+    # (safetensors refuses strided tensors) and reload; an interrupted run (dropout, augmentation)
+    # resumes from its checkpoint to the numbers of an uninterrupted one.
+    from throughway.train.checkpoint import load_model
+
+    config = RunConfig(model="wide_resnet", depth=10, dataset="cifar10", recipe="wrn-cifar", epochs=2,
+                       model_kwargs={"widen_factor": 1, "dropout": 0.3, "gated": True},
+                       recipe_overrides={"batch_size": 16}, amp=True, channels_last=True)
+    whole = run_training(config, tmp_path / "whole", progress=False, data=_images(n=32))
+    model = load_model(tmp_path / "whole" / "model.safetensors")
+    assert sum(p.numel() for p in model.parameters()) == whole["model"]["parameters"]
+
+    class Interrupt:
+        def on_epoch_end(self, state, record):
+            raise KeyboardInterrupt  # after the run's own callback has checkpointed epoch 1
+
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config, tmp_path / "cut", progress=False, data=_images(n=32), callbacks=[Interrupt()])
+    resumed = run_training(config, tmp_path / "cut", resume=True, progress=False, data=_images(n=32))
+    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in whole["history"]]
+    assert resumed["final"]["k"] == whole["final"]["k"]

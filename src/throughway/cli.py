@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one model; writes OUT/results.json and OUT/model.safetensors")
     train.add_argument("--model", required=True, help="a registered model name (see `throughway list`)")
-    train.add_argument("--depth", type=int, required=True, help="the paper's d: number of middle layers")
+    train.add_argument("--depth", type=int, required=True,
+                       help="the paper's d: number of middle layers (MLPs); the network's depth for conv nets "
+                            "(e.g. 28 for WRN-28-10, 32 for the ResNet n=5, 10 for the conv highway net)")
     train.add_argument("--dataset", default="mnist", choices=list(DATASETS))
     train.add_argument("--recipe", default="gresnet-mnist", help="a registered recipe name")
     train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs")
@@ -71,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--amp", action="store_true", help="bf16 autocast for the training forward pass")
     train.add_argument("--channels-last", action="store_true", help="NHWC memory format (conv nets)")
     train.add_argument("--compile", action="store_true", help="train through torch.compile(model)")
+    train.add_argument("--eval-batch-size", type=_positive_int,
+                       help="images per evaluation forward (default 10000; e.g. 1000 for WRN-28-10 on a GPU)")
     _add_common(train)
 
     reproduce = sub.add_parser("reproduce", help="reproduce a paper's table or figure")
@@ -197,7 +201,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                        epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=device,
                        limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
-                       compile=args.compile)
+                       compile=args.compile, eval_batch_size=args.eval_batch_size)
     out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
     main_process = distributed.is_main_process()
     try:
@@ -224,6 +228,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     config = module.config_from_args(args)
     out = Path(args.out or (f"runs/{module.NAME}-quick" if getattr(args, "quick", False) else f"runs/{module.NAME}"))
     jobs = args.jobs or (1 if args.device != "cpu" else max(1, os.cpu_count() or 1))
+    if getattr(args, "estimate", False):  # highway-depth: project the search's duration, train nothing
+        print(module.estimate_text(config, jobs))
+        return 0
     module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")

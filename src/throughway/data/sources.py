@@ -48,6 +48,7 @@ __all__ = [
     "load_fashion_mnist",
     "load_cifar10",
     "load_cifar100",
+    "missing_cifar_files",
     "mnist_from_pickle_bytes",
 ]
 
@@ -364,6 +365,21 @@ def _read_cifar_file(path: Path, md5: str | None, label_key: str) -> tuple[np.nd
 
 def _cifar_dir(root: Path, folder_name: str) -> Path:
     return root / folder_name if (root / folder_name).is_dir() else root
+
+
+CIFAR_LAYOUT = {"cifar10": ("cifar-10-batches-py", ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+                                                    "data_batch_5", "test_batch")),
+                "cifar100": ("cifar-100-python", ("train", "test"))}
+
+
+def missing_cifar_files(name: str, source_dir: str | os.PathLike[str]) -> list[Path]:
+    """The official python-version files of CIFAR `name` ("cifar10" or "cifar100") that `source_dir`
+    (or its cifar-10-batches-py/ or cifar-100-python/) lacks; empty when all are there. Reads nothing."""
+    if name not in CIFAR_LAYOUT:
+        raise ValueError(f"dataset={name!r} is not CIFAR; accepted values: {sorted(CIFAR_LAYOUT)}")
+    folder, files = CIFAR_LAYOUT[name]
+    directory = _cifar_dir(Path(source_dir).expanduser(), folder)
+    return [directory / f for f in files if not (directory / f).is_file()]
 
 
 def load_cifar10(source_dir: str | os.PathLike[str], verify: bool = True) -> ArraySplits:

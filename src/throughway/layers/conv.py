@@ -62,8 +62,9 @@ class PreActBlock(nn.Module):
         in_channels, out_channels, stride: the block's shape change (stride on the first conv).
         shortcut: "B" (1×1 projection where the shape changes, the default) or "A" (zero padding).
         dropout: dropout probability between the two convolutions (0 disables it; WRN uses 0.3).
-        preact_shortcut: feed the shortcut the pre-activated input BN-ReLU(x) when it is a projection
-            (as in the WRN reference and He et al.'s first block); otherwise the raw x.
+        preact_shortcut: feed a 1×1 projection shortcut the pre-activated input BN-ReLU(x), as the
+            reference codes of WRN and of He et al. 2016 do; otherwise the raw x. Identity and
+            zero-padding shortcuts always carry the raw x (the clean shortcut path).
         gated, k_init, gate_function: one ScalarGate on the residual branch (gated-residual-v2 §2.2).
         bn_momentum: PyTorch's convention; the papers' "momentum 0.9" is PyTorch's 0.1.
     """

@@ -87,8 +87,11 @@ def preact_resnet(
 ) -> ConvNet:
     """Pre-activation ResNet of `depth` = 6n + 2 layers (n blocks per stage, widths width·(1, 2, 4)).
 
-    `shortcut` "B" projects with a 1×1 convolution where the shape changes, "A" pads with zeros.
-    `gated` adds one scalar gate per block on the residual branch (n·3 parameters more).
+    `shortcut` "B" projects with a 1×1 convolution where the shape changes, fed the pre-activated
+    input BN-ReLU(x) as in He et al.'s reference code (resnet-pre-act.lua: "common BN, ReLU" before
+    both paths of a unit that increases dimensions); "A" subsamples x and pads it with zero channels
+    (no parameters). `gated` adds one scalar gate per block on the residual branch only, the
+    shortcut stays ungated (n·3 parameters more).
     """
     check_positive_int("depth", depth, 8)
     check_positive_int("num_classes", num_classes, 2)
@@ -106,7 +109,7 @@ def preact_resnet(
     for stage, stage_width in enumerate(widths):
         for i in range(n):
             stride = 2 if stage > 0 and i == 0 else 1
-            blocks.append(PreActBlock(channels, stage_width, stride, shortcut=shortcut, preact_shortcut=False,
+            blocks.append(PreActBlock(channels, stage_width, stride, shortcut=shortcut, preact_shortcut=True,
                                       gated=gated, k_init=k_init, gate_function=gate_function,
                                       bn_momentum=bn_momentum))
             channels = stage_width

@@ -1,7 +1,7 @@
 """Figures of the convolutional runs, drawn from results files only (stdlib + matplotlib).
 
 * `plot_error_curves`: training error (dashed) and test error (solid) against epoch, one colour
-  per run, in the style of gated-residual-v2 figure 6.
+  per run or per model, in the style of gated-residual-v2 figure 6.
 * `plot_k_by_block`: final k of each gated run by block index (gated-residual-v2 figure 7).
 """
 
@@ -15,34 +15,48 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 from .plots import save_figure  # noqa: E402
 
 __all__ = ["plot_error_curves", "plot_k_by_block"]
 
 
-def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLike[str], title: str) -> Path:
-    """Train (dashed) and test (solid) error (%) by epoch for each run; `runs` maps a label to a
-    results.json dict (its `history`). Runs without a finished epoch are skipped."""
+def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLike[str], title: str,
+                      colors: Mapping[str, str] | None = None) -> Path:
+    """Train (dashed) and test (solid, with markers) error (%) by epoch for each run, on a log axis
+    (gated-residual-v2 figure 6). `runs` maps a label to a results.json dict (its `history`); runs
+    without a finished epoch are skipped. `colors` may give labels a colour (e.g. one per model, so
+    that seeds share it; they then differ by marker); otherwise each run gets the next colour.
+    The legend names each run once, by its test line."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^v"
+    uses: dict[str, int] = {}
+    drawn = 0
     for i, (label, result) in enumerate(runs.items()):
         history = result.get("history") or []
         if not history:
             continue
         epochs = [h["epoch"] for h in history]
-        color = colors[i % len(colors)]
-        ax.plot(epochs, [h["train_error_pct"] for h in history], linestyle="--", color=color, alpha=0.8,
-                label=f"{label} (train)")
-        ax.plot(epochs, [h["test_error_pct"] for h in history], linestyle="-", color=color, marker="o",
-                markersize=3, label=f"{label} (test)")
+        color = colors[label] if colors and label in colors else cycle[i % len(cycle)]
+        marker = markers[uses.get(color, 0) % len(markers)]
+        uses[color] = uses.get(color, 0) + 1
+        ax.plot(epochs, [h["train_error_pct"] for h in history], linestyle="--", color=color, alpha=0.7)
+        ax.plot(epochs, [h["test_error_pct"] for h in history], linestyle="-", color=color, marker=marker,
+                markersize=3, label=label)
+        drawn += 1
     ax.set_yscale("log")
+    # Plain numbers on the log axis: error percentages read better as 8, 10, 20 than as 10^1.
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("error (%)")
+    ax.set_ylabel("error (%) — solid: test, dashed: training")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, frameon=False)
+    if drawn:
+        ax.legend(fontsize=7, frameon=False)
     ax.set_title(title)
     return save_figure(fig, path)
 

@@ -8,8 +8,13 @@ initialised group and trains data-parallel:
 
 * every rank draws the same permutation (same seed), so each global batch of `recipe.batch_size`
   is the same on every rank; rank r trains on the r-th of `world_size` equal contiguous shards;
+* the on-device augmentation is drawn for the whole global batch on every rank (same seed, same
+  random numbers) before the shard is taken, so the augmented images are those one process sees;
 * DDP averages the gradients, so a step equals one single-process step on the whole global batch
-  (BatchNorm statistics are per shard, as usual for DDP without SyncBatchNorm);
+  for models without BatchNorm or dropout. With BatchNorm the batch statistics are per shard (as
+  usual for DDP without SyncBatchNorm); with dropout every rank draws its masks from the same
+  random stream (the one that keeps the augmentation in step), so rank r's i-th image shares its
+  mask with rank 0's i-th image: such steps match one process in distribution only;
 * the loss and error of each step are summed over ranks, so the recorded train loss is the global
   batch's mean, the number one process would record;
 * every rank evaluates; rank 0 alone writes results and checkpoints (`is_main_process`), every

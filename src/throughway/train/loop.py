@@ -181,10 +181,15 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
 
             bar = tqdm(total=len(starts), desc=f"epoch {epoch + 1}/{recipe.epochs}", leave=False, file=sys.stderr)
         for step, start in enumerate(starts):
-            index = distributed.shard(order[start:start + batch_size], rank, world)
-            x, y = data.train.x[index], data.train.y[index]
-            if train_transform is not None:
-                x = train_transform(x)
+            batch = order[start:start + batch_size]
+            index = distributed.shard(batch, rank, world)
+            y = data.train.y[index]
+            if train_transform is None:
+                x = data.train.x[index]
+            else:
+                # Augment the whole global batch, then keep this rank's share: every rank draws the
+                # same random numbers, so a data-parallel step sees the images one process would.
+                x = distributed.shard(train_transform(data.train.x[batch]), rank, world)
             if channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             if amp:

@@ -33,7 +33,7 @@ from ..data.augment import RandomCropFlip, normalize_splits
 from ..models import create_model, model_entry
 from . import distributed
 from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, save_model, MODEL_FILE
-from .loop import History, TrainState, fit
+from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
 from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
@@ -42,7 +42,7 @@ __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "throughway-results-1"
 # Fields that may differ between an interrupted run and its resumption.
-_RESUMABLE_DIFFERENCES = {"device", "data_dir", "amp", "channels_last", "compile"}
+_RESUMABLE_DIFFERENCES = {"device", "data_dir", "amp", "channels_last", "compile", "eval_batch_size"}
 
 
 class RunExistsError(RuntimeError):
@@ -69,6 +69,8 @@ class RunConfig:
     amp: bool = False
     channels_last: bool = False
     compile: bool = False
+    # Images per evaluation forward (None: loop.DEFAULT_EVAL_BATCH); wide conv nets need fewer on a GPU.
+    eval_batch_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -230,5 +232,6 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
     files = _RunFiles(out_dir, results, resume, write=main_process)
     transform = RandomCropFlip(padding=4, flip_p=0.5) if recipe.augment == "crop-flip" else None
     fit(model, data, recipe, [files, *callbacks], seed=config.seed, progress=progress, train_transform=transform,
-        amp=config.amp, channels_last=config.channels_last, compile_model=config.compile)
+        amp=config.amp, channels_last=config.channels_last, compile_model=config.compile,
+        eval_batch_size=config.eval_batch_size or DEFAULT_EVAL_BATCH)
     return results
