@@ -37,6 +37,13 @@ CASES = {
                                [({"k_init": 1.0}, {"batch_size": 100}),
                                 ({"k_init": 0.5}, {"lr": 0.004, "batch_size": 100}),
                                 ({"k_init": 2.0}, {"lr": 0.001, "batch_size": 100})]),
+    # NAdam with BatchNorm compared tightly everywhere, eval-mode metrics and running statistics
+    # included: ε = 1e-3 keeps NAdam from amplifying the rounding noise of the pre-BatchNorm biases'
+    # gradients (see NOISY_EVAL), so what is left to differ is genuine.
+    "nadam-plain-bn": _configs("mlp_plain", "gresnet-mnist", 2, {"width": 8},
+                               [({}, {"batch_size": 64, "eps": 1e-3}),
+                                ({}, {"lr": 0.004, "batch_size": 64, "eps": 1e-3}),
+                                ({}, {"lr": 0.001, "batch_size": 64, "eps": 1e-3})]),
     # NAdam without BatchNorm: every metric and weight compared tightly.
     "nadam-highway": _configs("mlp_highway", "gresnet-mnist", 2, {"width": 8},
                               [({"gate_bias": -1.0}, {"batch_size": 100}),
@@ -193,6 +200,8 @@ def test_highway_search_shards_are_disjoint_and_merge(tmp_path, fake_mnist_root)
     study.run(dataclasses.replace(config, shard="2/2"), out, progress=False)
     partial = read_results(out)
     assert sum(c["finished"] for c in partial["cells"]) == len(names[1])
+    with pytest.raises(RunExistsError, match="--resume"):  # a finished shard is not retrained by mistake
+        study.run(dataclasses.replace(config, shard="2/2"), out, progress=False)
     study.run(dataclasses.replace(config, shard="1/2"), out, progress=False, resume=True)
     merged = study.run(dataclasses.replace(config, merge=True), out, progress=False)
     assert sum(c["finished"] for c in merged["cells"]) == 6
@@ -212,3 +221,71 @@ def test_mnist_depth_trains_seeds_together_and_reports_mean_std(tmp_path, fake_m
     assert cell["test_error_pct"]["n"] == 2 and [r["state"] for r in cell["runs"]] == ["finished", "finished"]
     assert read_results(tmp_path / "md" / "runs" / "gated-d2-s1")["environment"]["batched"]["models"] == 2
     assert " ± " in (tmp_path / "md" / "table.md").read_text()
+
+
+def test_highway_search_layer_count_init_and_activation_batches(tmp_path):
+    from throughway.experiments import get_experiment
+    from throughway.experiments.batching import group_specs
+
+    study = get_experiment("highway-depth")
+    config = dataclasses.replace(study.Config(), layers=(10,), trials=12)
+    specs = study.specs(config)
+    for spec in specs:
+        # highway §3.1: a 10-layer net is the first plain layer + 9 plain/highway layers.
+        assert spec.config.depth == 9
+        kwargs = spec.config.model_kwargs
+        # "normalized initialization [16, 17]": Glorot for tanh, He for ReLU nets.
+        assert kwargs["init"] == {"tanh": "glorot_uniform", "relu": "he_normal"}[kwargs["activation"]]
+        assert kwargs["width"] == (71 if spec.name.startswith("plain") else 50)
+    batches = group_specs(specs)
+    assert sum(len(b) for b in batches) == len(specs) == 24
+    for batch in batches:  # relu and tanh trials never share a batch, nor do the architectures
+        assert len({(s.config.model, s.config.model_kwargs["activation"]) for s in batch}) == 1
+    assert len(batches) == 4
+    with pytest.raises(ValueError, match="init"):
+        study.Config(init="xavier")
+
+
+def _fake_summary(best: dict[tuple[str, int], float]) -> dict:
+    cells = [{"arch": a, "layers": n, "best": {"final_train_loss": v}, "top10": {"mean_final_train_loss": 2 * v}}
+             for (a, n), v in best.items()]
+    return {"cells": cells}
+
+
+def test_highway_observations_verdicts():
+    from throughway.experiments import highway_depth as study
+
+    # The paper's picture: all four observations hold.
+    paper = {("plain", 10): 5e-5, ("plain", 20): 8e-5, ("plain", 50): 1e-2, ("plain", 100): 1e-1,
+             ("highway", 10): 4e-5, ("highway", 20): 3e-5, ("highway", 50): 6e-5, ("highway", 100): 1e-4}
+    assert [v for _, _, v in study.observations(_fake_summary(paper))] == ["holds"] * 4
+    # Plain nets that do not degrade and a deep highway net that does: observations 1-4 all fail.
+    flat = {("plain", 10): 1e-3, ("plain", 20): 1e-3, ("plain", 50): 5e-4, ("plain", 100): 1e-3,
+            ("highway", 10): 1e-5, ("highway", 20): 1e-5, ("highway", 50): 1e-3, ("highway", 100): 1e-3}
+    assert [v for _, _, v in study.observations(_fake_summary(flat))] == ["does not hold"] * 4
+    # Every 100-layer plain trial diverged: an infinite loss, which still counts as degrading.
+    summary = _fake_summary(paper)
+    cell = next(c for c in summary["cells"] if (c["arch"], c["layers"]) == ("plain", 100))
+    cell.update(best=None, finished=5)
+    result = study.observations(summary)
+    assert [v for _, _, v in result] == ["holds"] * 4 and "all diverged" in result[1][1]
+    partial = {k: v for k, v in paper.items() if k[1] in (10, 20)}
+    verdicts = [v for _, _, v in study.observations(_fake_summary(partial))]
+    assert verdicts[0] == "holds" and verdicts[2] == verdicts[3] == "not measured"
+
+
+def test_search_cost_estimate_pieces(fake_mnist_root):
+    from throughway.experiments import get_experiment
+    from throughway.experiments.batching import group_specs, makespan, time_batch
+
+    assert makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0 and makespan([1.0, 1.0, 1.0], 1) == 3.0
+    assert makespan([2.0, 2.0, 1.0], 2) == 3.0
+    study = get_experiment("highway-depth")
+    config = dataclasses.replace(study.QUICK, layers=(3,), trials=2, epochs=2, limit=300)
+    batch = group_specs(study.specs(config))[0]
+    step_s, eval_s = time_batch(batch, steps=1)
+    assert step_s > 0 and eval_s > 0
+    e = study.estimate(config, jobs=2, steps=1)
+    assert len(e["batches"]) == len(group_specs(study.specs(config)))
+    assert e["train_images"] == 300 and e["wall_s"] <= e["serial_s"] + 1e-9
+    assert all(r["total_s"] == pytest.approx(2 * r["epoch_s"]) for r in e["batches"])

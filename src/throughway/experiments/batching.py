@@ -9,20 +9,23 @@ batches. Batches are independent, so `jobs` > 1 spreads them over spawned worker
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
 import multiprocessing
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ..data import load_dataset
-from ..train.batched import PER_MODEL_RECIPE_FIELDS, batch_key, train_batched
-from ..train.runner import resolve_recipe
+from ..data import DataSplits, Split, load_dataset
+from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
+                             train_batched)
+from ..train.runner import build_model, resolve_recipe
 from .common import RunSpec
 
-__all__ = ["group_specs", "run_batched"]
+__all__ = ["group_specs", "run_batched", "time_batch", "makespan"]
 
 
 def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunSpec]]:
@@ -41,6 +44,50 @@ def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunS
     return out
 
 
+def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int, ...] = (784,),
+               num_classes: int = 10, eval_chunk: int = 2500) -> tuple[float, float]:
+    """Measure, on this machine with the current thread setting, the batch's seconds per training step
+    (all its models, the median of `steps` steps after one warm-up, random data of `input_shape`)
+    and its seconds per evaluated sample (a forward pass of `eval_chunk` samples in evaluation
+    mode): the two numbers that scale to an epoch. Nothing is written."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}: must be ≥ 1")
+    g = torch.Generator().manual_seed(0)
+    fake = DataSplits("timing", num_classes, Split(torch.zeros(2, *input_shape), torch.zeros(2, dtype=torch.long)),
+                      None, Split(torch.zeros(2, *input_shape), torch.zeros(2, dtype=torch.long)))
+    configs = [s.config for s in batch]
+    recipes = [resolve_recipe(c) for c in configs]
+    stack = StackedModels([build_model(c, fake) for c in configs], device=configs[0].device)
+    step = BatchedStep(stack, BatchedOptimizer(stack, recipes))
+    n, size = stack.n, recipes[0].batch_size
+    features = int(torch.tensor(input_shape).prod())
+    # Small learning rates: timing must not run into non-finite values (which change the arithmetic's speed).
+    lr = torch.full((n, 1), 1e-4, device=stack.device)
+    times = []
+    for i in range(steps + 1):
+        x = torch.rand(n, size, features, generator=g).to(stack.device)
+        y = torch.randint(0, num_classes, (n, size), generator=g).to(stack.device)
+        start = time.perf_counter()
+        step(x, y, lr)
+        times.append(time.perf_counter() - start)
+    x = torch.rand(eval_chunk, features, generator=g).to(stack.device)
+    with torch.no_grad():
+        stack.forward_logits(x, training=False)
+        start = time.perf_counter()
+        stack.forward_logits(x, training=False)
+        per_sample = (time.perf_counter() - start) / eval_chunk
+    return sorted(times[1:])[len(times[1:]) // 2], per_sample
+
+
+def makespan(durations: Sequence[float], workers: int) -> float:
+    """Wall time of jobs of `durations` handed, in order, to the first of `workers` that is free
+    (what run_batched's process pool does)."""
+    free = [0.0] * max(1, workers)
+    for d in durations:
+        heapq.heappush(free, heapq.heappop(free) + d)
+    return max(free)
+
+
 _DATA_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
@@ -54,13 +101,14 @@ def _data_for(config: Any) -> Any:
     return _DATA_CACHE[key]
 
 
-def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, progress: bool) -> tuple[list[str], str | None]:
+def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, progress: bool,
+                  compile: bool = False) -> tuple[list[str], str | None]:
     torch.set_num_threads(threads)
     names = [s.name for s in batch]
     try:
         print(f"[batch of {len(batch)}: {names[0]} ...] start", file=sys.stderr, flush=True)
         train_batched([s.config for s in batch], [Path(out) / s.name for s in batch], resume=resume, progress=progress,
-                      data=_data_for(batch[0].config))
+                      data=_data_for(batch[0].config), compile=compile)
         print(f"[batch of {len(batch)}: {names[0]} ...] done", file=sys.stderr, flush=True)
         return names, None
     except Exception as exc:  # noqa: BLE001 - one failed batch must not stop the study
@@ -68,12 +116,13 @@ def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, pr
 
 
 def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
-                threads: int | None = None, progress: bool = True, max_batch: int = 64,
+                threads: int | None = None, progress: bool = True, max_batch: int = 64, compile: bool = False,
                 on_done: Callable[[str, str | None], None] | None = None) -> dict[str, str | None]:
     """Train every spec into `out`/<name>, batched by `group_specs`; return {name: error or None}.
 
     Batches are formed from all of `specs`, finished or not, so that an interrupted batch finds its
     checkpoint again on `resume` (train_batched skips the finished runs of a batch). With jobs > 1, batches go to `jobs` spawned processes of `threads` threads each.
+    `compile` trains each batch through torch.compile (train_batched(compile=True)).
     `on_done(name, error)` is called in this process for every run of a batch as the batch ends.
     """
     if jobs < 1:
@@ -92,11 +141,11 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
 
     if jobs == 1:
         for batch in batches:
-            done(*_batch_worker(batch, str(out), resume, threads, progress))
+            done(*_batch_worker(batch, str(out), resume, threads, progress, compile))
         return errors
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(_batch_worker, batch, str(out), resume, threads, progress) for batch in batches]
+        futures = [pool.submit(_batch_worker, batch, str(out), resume, threads, progress, compile) for batch in batches]
         for future in concurrent.futures.as_completed(futures):
             done(*future.result())
     return errors

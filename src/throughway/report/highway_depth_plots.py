@@ -31,7 +31,7 @@ def plot_figure1(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     depth), right the mean of the top 10 trials (highway §3.1, figure 1). Colour = depth, line style
     = architecture (dashed plain, solid highway)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    titles = ("best hyperparameters", "mean of the top 10 trials")
+    titles = ("best trial (lowest final training loss)", "mean of the top 10 trials")
     for ax, title, key in zip(axes, titles, ("best", "top10")):
         for cell in summary["cells"]:
             data = cell.get(key)
@@ -51,6 +51,8 @@ def plot_figure1(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
             ax.legend(fontsize=7)
     axes[0].set_ylabel("training cross-entropy (mean over the epoch)")
     config = summary.get("config", {})
-    fig.suptitle(f"MNIST, plain (dashed) vs highway (solid) nets — highway paper figure 1 "
-                 f"({config.get('trials', '?')} trials, {config.get('epochs', '?')} epochs each)")
+    images = f"first {config['limit']:,}" if config.get("limit") else ("60,000" if config.get("train_on_full", True) else "50,000")
+    fig.suptitle(f"MNIST, plain (dashed) vs highway (solid) nets — highway paper figure 1\n"
+                 f"{config.get('trials', '?')} random-search trials per net, {config.get('epochs', '?')} epochs each, "
+                 f"{images} training images", fontsize=10, y=1.03)
     return save_figure(fig, path)

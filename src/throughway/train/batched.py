@@ -5,16 +5,20 @@ seeds, the highway paper's section 3.1 runs a random search of 100 trials per de
 architecture. One such model leaves the machine idle between operations: per-operation overhead,
 not arithmetic, sets its speed (DESIGN.md "Speed on this platform"). `train_batched` stacks N
 models of one architecture shape into tensors with a leading model dimension and trains them
-together: every Linear becomes one `torch.baddbmm`, every BatchNorm one `F.batch_norm` over the
-(batch, model × channel) layout, the optimiser a handful of operations over one flat (N, P)
-parameter matrix.
+together: activations are held feature-major, (N models, C channels, B samples), so that every
+Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
+without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
+parameter matrix. `BatchedStep` is one training step, `train_epoch` one epoch.
 
-Design choice, measured by benchmarks/batched_throughput.py (depth-20 gated residual MLPs, N = 32,
-on this shared 2-core machine under load, 1 thread, interleaved timing): stacked parameters with
-batched matrix products ran forward + backward 1.33× faster than torch.func.vmap over
-functional_call (and vmap cannot update BatchNorm running statistics in place, so it would need
-them handled outside the model); the flat (N, P) optimiser step ran 11× faster than torch's
-multi-tensor (foreach) NAdam over the 32 models' parameter tensors.
+Design choices, measured by benchmarks/batched_throughput.py (its "design" lines print both for the
+benchmark's N and depth; the figures here are from N = 4, depth 2, on this shared machine under
+load): stacked parameters with batched matrix products ran forward + backward 2.2× faster than
+torch.func.vmap over functional_call (which also cannot update BatchNorm running statistics in
+place), and the flat (N, P) optimiser step 18× faster than torch's multi-tensor (foreach) NAdam
+over the models' parameter tensors. Against the batch-major (N, B, C) layout that preceded it, the
+feature-major layout with one-pass gate arithmetic ran a step 1.12× faster (N = 32 depth-20 gated
+residual, NAdam), 1.20× (N = 16 50-layer highway, SGD) and 1.09× (N = 16 50-layer plain, SGD),
+interleaved A/B timing in one process.
 
 Per-model semantics are those of `fit` run on each model alone (tests/test_batched.py):
 
@@ -68,8 +72,9 @@ from .recipes import Recipe, learning_rate_at, parameter_groups
 from .runner import (RESULTS_FILE, RunConfig, RunExistsError, build_model, check_resumable, final_summary,
                      resolve_recipe, results_header)
 
-__all__ = ["StackedModels", "BatchedOptimizer", "train_batched", "backward", "batch_key", "SUPPORTED_MODELS",
-           "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
+__all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
+           "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
+           "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented")
 # Model arguments that change only initial values, so models of one batch may differ in them.
@@ -243,37 +248,49 @@ class StackedModels:
         return [f"{n}.k" for n, m in self.template.named_modules() if isinstance(m, ScalarGate)]
 
     # -- forward --------------------------------------------------------------------------------
+    # Activations are held feature-major, (N, C, B): each Linear is then one baddbmm W·h (+ b) whose
+    # output is already the (1, N·C, B) layout that F.batch_norm reduces over its last dimension
+    # without a copy, and the (N, classes, B) logits feed F.cross_entropy directly. The batch-major
+    # layout (N, B, C) needed a transposing copy around every BatchNorm, forward and backward
+    # (benchmarks/batched_throughput.py measures the step).
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
-        """Logits (N, B, classes) of every model: `x` is (N, B, ...) (each model its own batch) or
-        (B, ...) (one batch for all, as in evaluation)."""
+        """Logits (N, B, classes) of every model (a view of `forward_logits`'s result)."""
+        return self.forward_logits(x, training).transpose(1, 2)
+
+    def forward_logits(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        """Logits (N, classes, B) of every model: `x` is (N, B, features) (each model its own batch)
+        or (B, features) (one batch for all, as in evaluation). In training mode BatchNorm uses batch
+        statistics and updates each model's running statistics, as nn.BatchNorm1d does."""
         self._training = training
         if training and self.bn_names:
             self.steps += 1
+        if x.dim() == 3:
+            x = x.transpose(1, 2)  # (N, features, B): a strided view that the batched product reads as is
         return self._module(self.template, "", x)
 
     def _linear(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
         w = self.params[f"{prefix}weight"]
         b = self.params.get(f"{prefix}bias")
         n, out_features, in_features = w.shape
-        if x.dim() == 2:  # one input batch for every model: a single matrix product
-            y = x @ w.reshape(n * out_features, in_features).t()
+        if x.dim() == 2:  # one input batch (B, in) for every model: a single matrix product
+            y = torch.mm(w.reshape(n * out_features, in_features), x.t())
             if b is not None:
-                y = y + b.reshape(-1)
-            return y.view(x.shape[0], n, out_features).transpose(0, 1)
+                y = y + b.reshape(-1, 1)
+            return y.view(n, out_features, x.shape[0])
         if b is None:
-            return torch.bmm(x, w.transpose(1, 2))
-        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+            return torch.bmm(w, x)
+        return torch.baddbmm(b.unsqueeze(2), w, x)
 
     def _batch_norm(self, prefix: str, module: nn.BatchNorm1d, x: torch.Tensor) -> torch.Tensor:
-        n, batch, channels = x.shape
-        # (B, N·C): BatchNorm's statistics over the batch, one per model and channel.
-        h = x.transpose(0, 1).reshape(batch, n * channels)
+        n, channels, batch = x.shape
+        # (1, N·C, B): BatchNorm's statistics over the batch, one per model and channel.
         w = self.params.get(f"{prefix}weight")
         b = self.params.get(f"{prefix}bias")
-        h = F.batch_norm(h, self.running[f"{prefix}running_mean"].view(-1), self.running[f"{prefix}running_var"].view(-1),
+        h = F.batch_norm(x.reshape(1, n * channels, batch), self.running[f"{prefix}running_mean"].view(-1),
+                         self.running[f"{prefix}running_var"].view(-1),
                          w.reshape(-1) if w is not None else None, b.reshape(-1) if b is not None else None,
                          self._training, module.momentum, module.eps)
-        return h.view(batch, n, channels).transpose(0, 1)
+        return h.view(n, channels, batch)
 
     def _gate(self, prefix: str, gate: ScalarGate) -> torch.Tensor:
         return GATE_FUNCTIONS[gate.function](self.params[f"{prefix}k"]).view(-1, 1, 1)
@@ -300,7 +317,7 @@ class StackedModels:
                 raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
             out = self._module(m.branch, f"{prefix}branch.", x)
             if isinstance(m.gate, ScalarGate):
-                out = self._gate(f"{prefix}gate.", m.gate) * out
+                return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate), out)  # x + g(k)·f_r(x), one pass
             return out + x
         if isinstance(m, AugmentedLayer):
             g = self._gate(f"{prefix}gate.", m.gate)
@@ -308,11 +325,13 @@ class StackedModels:
         if isinstance(m, HighwayLayer):
             if not isinstance(m.gate, TransformGate):
                 raise TypeError(f"{prefix}gate: batched training supports TransformGate only")
-            if x.dim() == 2:
-                x = x.unsqueeze(0).expand(self.n, *x.shape)
+            if x.dim() == 2:  # one shared input batch (B, C): every model's copy of it, feature-major
+                x = x.t().unsqueeze(0).expand(self.n, *x.t().shape)
             t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x))
             h = self._module(m.branch, f"{prefix}branch.", x)
-            return h * t + x * (1.0 - t)  # highway eq. 3, as HighwayLayer computes it
+            # Highway eq. 3, H·T + x·(1 − T), computed as x + T·(H − x): the same value up to rounding
+            # in two elementwise passes instead of four (forward and backward alike).
+            return torch.addcmul(x, t, h - x)
         if hasattr(m, "stem") and hasattr(m, "blocks") and hasattr(m, "head"):  # the MLP family
             h = self._module(m.stem, "stem.", x)
             for i, block in enumerate(m.blocks):
@@ -398,7 +417,6 @@ class BatchedOptimizer:
             self._sgd(p, g, self.buf, self.momentum, -lr, self.nesterov)
             return
         beta1, beta2 = self.betas
-        bias_correction2 = torch.tensor(1 - beta2 ** step, dtype=p.dtype, device=device)
         if self.kind == "adam":
             neg_step = lr * (-1.0 / (1 - beta1 ** step))
             bc2_sqrt = torch.tensor(math.sqrt(1 - beta2 ** step), dtype=p.dtype, device=device)
@@ -409,9 +427,13 @@ class BatchedOptimizer:
         self.mu_product *= mu  # a float32 tensor, as torch keeps it
         mu_product = float(self.mu_product)
         mu_product_next = mu_product * mu_next
-        c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product))
-        c_avg = lr * (-mu_next / (1.0 - mu_product_next))
-        self._nadam(p, g, self.exp_avg, self.exp_avg_sq, c_grad, c_avg, bias_correction2, beta1, beta2, self.eps)
+        # torch divides by √(v / bc2) + eps; dividing by √v + eps·√bc2 and scaling the coefficients by
+        # √bc2 is the same quantity, without a division pass over the (N, P) matrix.
+        bc2_sqrt = math.sqrt(1 - beta2 ** step)
+        c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_sqrt)
+        c_avg = lr * (-mu_next / (1.0 - mu_product_next) * bc2_sqrt)
+        eps = torch.tensor(self.eps * bc2_sqrt, dtype=p.dtype, device=device)
+        self._nadam(p, g, self.exp_avg, self.exp_avg_sq, c_grad, c_avg, eps, beta1, beta2)
 
 
 # The optimisers' elementwise arithmetic, in place, over (N, P) matrices; per-step scalars arrive as
@@ -433,10 +455,10 @@ def _adam_math(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
 
 
 def _nadam_math(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c_grad: torch.Tensor,
-                c_avg: torch.Tensor, bias_correction2: torch.Tensor, beta1: float, beta2: float, eps: float) -> None:
+                c_avg: torch.Tensor, eps: torch.Tensor, beta1: float, beta2: float) -> None:
     m.lerp_(g, 1 - beta1)
     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    denom = v.div(bias_correction2).sqrt_().add_(eps)
+    denom = v.sqrt().add_(eps)
     # torch adds c_grad·g/denom and c_avg·m/denom in two passes; one division saves two passes over
     # the (N, P) matrices and differs only by rounding.
     p.addcdiv_(g.mul(c_grad).addcmul_(m, c_avg), denom)
@@ -454,14 +476,91 @@ def _evaluate(stack: StackedModels, split: Split, chunk: int = _EVAL_CHUNK) -> t
     wrong = torch.zeros(n_models, dtype=torch.long, device=stack.device)
     for start in range(0, n, chunk):
         x, y = split.x[start:start + chunk], split.y[start:start + chunk]
-        logits = stack.forward(x.flatten(1), training=False)  # (N, B, C)
-        classes = logits.shape[-1]
+        logits = stack.forward_logits(x.flatten(1), training=False)  # (N, classes, B)
         yy = y.unsqueeze(0).expand(n_models, -1)
-        ce = F.cross_entropy(logits.reshape(-1, classes), yy.reshape(-1), reduction="none").view(n_models, -1)
+        ce = F.cross_entropy(logits, yy, reduction="none")  # (N, B)
         loss += ce.sum(1, dtype=torch.float64)
-        finite = torch.isfinite(logits).all(dim=2)
-        wrong += ((logits.argmax(dim=2) != yy) | ~finite).sum(1)
+        finite = torch.isfinite(logits).all(dim=1)
+        wrong += ((logits.argmax(dim=1) != yy) | ~finite).sum(1)
     return (loss / n).tolist(), (100.0 * wrong.double() / n).tolist()
+
+
+class BatchedStep:
+    """One training step of every model of a stack: forward in training mode, per-model mean
+    cross-entropy, backward into the flat gradient, and the optimiser's update with per-model
+    learning rates; `fit`'s inner loop for N models at once (tests/test_batched.py).
+
+    `compile=True` runs the forward and the loss through torch.compile (fusing BatchNorm, the
+    activations and the gates' elementwise work; the backward is compiled with it) and the
+    optimiser's update through its own compiled function. Compilation happens on the first call
+    (tens of seconds to minutes, more with depth), and again when the number of models changes
+    (a diverged model leaves the batch), so it pays only for long batches.
+    """
+
+    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, compile: bool = False) -> None:
+        self.stack, self.optimizer = stack, optimizer
+        self._forward_loss = torch.compile(self._forward_loss_eager) if compile else self._forward_loss_eager
+
+    def _forward_loss_eager(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.stack.forward_logits(x, training=True)  # (N, classes, B)
+        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
+        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
+        return losses, wrong
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train on `x` (N, B, features), `y` (N, B) with learning rates `lr` (N, 1); return each
+        model's mean loss on the batch (N,) before the update and its number of errors (N,)."""
+        losses, wrong = self._forward_loss(x, y)
+        self.stack.grad.zero_()
+        backward(losses.sum())  # each model's loss depends on its own parameters only
+        self.optimizer.step(lr)
+        return losses.detach(), wrong
+
+
+@dataclass
+class EpochTotals:
+    """What `train_epoch` measured, per model of the stack: summed loss·batch size, errors, the
+    first step whose loss was not finite (−1: none) and that loss, and the samples seen per model."""
+
+    loss_sum: torch.Tensor
+    wrong: torch.Tensor
+    bad_step: torch.Tensor
+    bad_loss: torch.Tensor
+    seen: int
+
+
+def epoch_starts(n: int, batch_size: int) -> list[int]:
+    """The first index of each mini-batch of an epoch over n samples, as `fit` makes them: a final
+    batch of one sample is folded away (it would break BatchNorm's training statistics)."""
+    return [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]
+
+
+def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
+                batch_size: int, lr: torch.Tensor) -> EpochTotals:
+    """One epoch of every model of `step`'s stack: model i visits the flattened training inputs
+    `train_x` (n, features) and labels `train_y` (n,) in the order `orders[i]` (a permutation of
+    range(n)), in mini-batches of `batch_size` (`epoch_starts`). A model whose loss stops being
+    finite keeps stepping to the epoch's end (its slices never mix with the others'); the caller
+    restores and drops it (see `train_batched`)."""
+    k, n = orders.shape
+    device = step.stack.device
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
+    wrong = torch.zeros(k, dtype=torch.long, device=device)
+    bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
+    bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
+    seen = 0
+    for i, start in enumerate(epoch_starts(n, batch_size)):
+        index = orders[:, start:start + batch_size]
+        x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
+        losses, batch_wrong = step(x, y, lr)
+        with torch.no_grad():
+            bad = ~torch.isfinite(losses) & (bad_step < 0)
+            bad_step = torch.where(bad, torch.full_like(bad_step, i), bad_step)
+            bad_loss = torch.where(bad, losses.float(), bad_loss)
+            loss_sum += losses.double() * y.shape[1]
+            wrong += batch_wrong
+        seen += y.shape[1]
+    return EpochTotals(loss_sum, wrong, bad_step, bad_loss, seen)
 
 
 def _config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path]) -> str:
@@ -576,8 +675,10 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     `state_dir` (default: `<parent of out_dirs[0]>/.batched/<hash of configs and folders>`), and
     skips models whose results are final; without `resume` an existing results.json raises
     RunExistsError, as `run_training` does. `checkpoint=False` writes no batch state (not resumable).
-    `compile=True` fuses the optimiser's update with torch.compile (about a minute of compilation per
-    process; worth it for long batches).
+    `compile=True` trains through BatchedStep(compile=True): torch.compile over the forward, loss and
+    backward and over the optimiser's update (minutes of compilation per batch, again once when a
+    diverged model first leaves it; worth it only for long batches: measure with
+    benchmarks/batched_throughput.py --compile).
     """
     if len(configs) != len(out_dirs) or not configs:
         raise ValueError(f"configs ({len(configs)}) and out_dirs ({len(out_dirs)}) must be equally long and non-empty")
@@ -661,7 +762,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     recipe0 = recipes[0]
     n, batch_size, device = len(data.train), recipe0.batch_size, stack.device
     train_x, train_y = data.train.x.flatten(1), data.train.y
-    starts = [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]  # as fit: no final batch of one
+    step = BatchedStep(stack, optimizer, compile=compile)
     snap = stack.snapshot()
     while active and epoch < recipe0.epochs:
         lrs = [learning_rate_at(members[i].recipe, epoch) for i in active]
@@ -669,28 +770,9 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         started = time.perf_counter()
         orders = torch.stack([torch.randperm(n, generator=members[i].generator) for i in active]).to(device)
         k = len(active)
-        loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
-        wrong = torch.zeros(k, dtype=torch.long, device=device)
-        bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
-        bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
-        seen = 0
-        for step, start in enumerate(starts):
-            index = orders[:, start:start + batch_size]
-            x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
-            logits = stack.forward(x, training=True)
-            classes = logits.shape[-1]
-            losses = F.cross_entropy(logits.reshape(-1, classes), y.reshape(-1), reduction="none").view(k, -1).mean(1)
-            stack.grad.zero_()
-            backward(losses.sum())
-            optimizer.step(lr)
-            with torch.no_grad():
-                detached = losses.detach()
-                bad = ~torch.isfinite(detached) & (bad_step < 0)
-                bad_step = torch.where(bad, torch.full_like(bad_step, step), bad_step)
-                bad_loss = torch.where(bad, detached, bad_loss)
-                loss_sum += detached.double() * y.shape[1]
-                wrong += (logits.detach().argmax(dim=2) != y).sum(1)
-            seen += y.shape[1]
+        totals = train_epoch(step, train_x, train_y, orders, batch_size, lr)
+        loss_sum, wrong, bad_step, bad_loss, seen = (totals.loss_sum, totals.wrong, totals.bad_step,
+                                                     totals.bad_loss, totals.seen)
         epoch_time = time.perf_counter() - started
 
         diverged_pos = [pos for pos in range(k) if int(bad_step[pos]) >= 0]
