@@ -52,6 +52,44 @@ def test_exact_hessian_matches_torch_func_hessian_on_a_relu_net():
                                rtol=1e-10, atol=1e-10)
 
 
+class _OutOfOrder(torch.nn.Module):
+    """Parameters registered in the reverse of the order the forward pass uses them, with biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = torch.nn.Linear(4, 2)
+        self.middle = torch.nn.Linear(3, 4)
+        self.first = torch.nn.Linear(3, 3, bias=False)
+
+    def forward(self, x):
+        h = torch.tanh(self.first(x))
+        return self.last(torch.tanh(self.middle(h) * h.sum(dim=1, keepdim=True)))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 16, None])
+def test_exact_hessian_is_exact_whatever_the_parameter_order(chunk_size):
+    # exact_hessian computes, per run of parameters, their rows against the later parameters only
+    # (the rest by symmetry); that must stay exact when "later" is not "later in the forward pass".
+    x, y = _data(d=3)
+    torch.manual_seed(4)
+    model = _OutOfOrder().double()
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    shapes = {n: p.shape for n, p in params.items()}
+    flat = torch.cat([p.reshape(-1) for p in params.values()])
+
+    def f(v):
+        pieces = dict(zip(params, v.split([p.numel() for p in params.values()])))
+        out = torch.func.functional_call(model, {n: t.view(shapes[n]) for n, t in pieces.items()}, (x,))
+        return squared_error_loss(out, y[:, :2])
+
+    reference = torch.func.hessian(f)(flat)
+    h = exact_hessian(model, squared_error_loss, x, y[:, :2], chunk_size=chunk_size)
+    torch.testing.assert_close(h, reference, rtol=1e-10, atol=1e-12)
+    assert torch.equal(h, h.T)
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        exact_hessian(model, squared_error_loss, x, y[:, :2], chunk_size=0)
+
+
 def test_operator_matvec_and_matmat_agree_with_exact():
     x, y = _data()
     torch.manual_seed(1)
@@ -161,21 +199,31 @@ def _zero_hessian(depth, n, width=3, x=None, y=None):
     return model, exact_hessian(model, squared_error_loss, x, y)
 
 
-def test_theorem2_three_shortcut_zero_gradient_and_hessian():
+@pytest.mark.parametrize("n, activation", [(3, None), (4, None), (3, "tanh")])
+def test_theorem2_three_or_more_shortcut_zero_gradient_and_hessian(n, activation):
     x, y = _data()
-    for depth in (3, 6):
-        model, h = _zero_hessian(depth, 3, x=x, y=y)
+    for depth in (n, 2 * n):
+        model = create_model("shortcut_net", depth=depth, shortcut_depth=n, width=3, activation=activation,
+                             activation_position=("pre", "mid", "post"), init="zero", zero_scale=0.0)
+        h = exact_hessian(model, squared_error_loss, x, y)
         assert float(h.abs().max()) == 0.0
         assert gradient_norm(model, squared_error_loss, x, y) == 0.0
-        assert spectrum_summary(torch.linalg.eigvalsh(h)).zero
+        summary = spectrum_summary(torch.linalg.eigvalsh(h))
+        assert summary.zero and summary.condition is None and summary.plain_condition is None
+        assert lanczos(HessianOperator(model, squared_error_loss, x, y), k=1).eigenvalues[0] == 0.0
 
 
-def test_theorem2_two_shortcut_block_diagonal_depth_invariant():
+@pytest.mark.parametrize("activation, positions", [(None, "mid"), ("tanh", ("pre", "mid", "post"))])
+def test_theorem2_two_shortcut_block_diagonal_depth_invariant(activation, positions):
+    # Theorem 2 holds for activations with σ(0) = 0 and a finite derivative at 0 (tanh; not ReLU,
+    # whose derivative at 0 autograd takes as 0).
     x, y = _data()
     p = 9
     spectra, blocks = [], []
     for depth in (2, 4, 6):
-        model, h = _zero_hessian(depth, 2, x=x, y=y)
+        model = create_model("shortcut_net", depth=depth, shortcut_depth=2, width=3, activation=activation,
+                             activation_position=positions, init="zero", zero_scale=0.0)
+        h = exact_hessian(model, squared_error_loss, x, y)
         units = depth // 2
         first = h[:2 * p, :2 * p]
         for u in range(units):
@@ -202,8 +250,31 @@ def test_theorem2_two_shortcut_block_diagonal_depth_invariant():
 def test_theorem2_one_shortcut_condition_number_grows_with_depth():
     x, y = _data()
     conditions = []
+    p = 9
     for depth in (2, 4, 8, 16):
         _, h = _zero_hessian(depth, 1, x=x, y=y)
         conditions.append(condition_number(torch.linalg.eigvalsh(h)))
+        # block Toeplitz: block (i, j) depends only on j − i (at zero, only on its sign)
+        block = lambda i, j: h[p * i:p * (i + 1), p * j:p * (j + 1)]  # noqa: E731
+        for i in range(depth):
+            for j in range(depth):
+                reference = block(0, 0) if i == j else (block(0, 1) if i < j else block(1, 0))
+                torch.testing.assert_close(block(i, j), reference, rtol=1e-12, atol=1e-12)
+        assert float(block(0, 1).abs().max()) > 0  # the units are coupled: not block diagonal
     assert all(c is not None for c in conditions)
     assert all(b > a * 1.2 for a, b in zip(conditions, conditions[1:])), conditions
+
+
+def test_condensed_data_gives_the_same_hessian_for_linear_networks():
+    # The reproductions compute linear networks' Hessians on the 20-sample set with the training
+    # set's second moments (throughway.data.whiten.second_moment_dataset); that must be exact.
+    from throughway.data.whiten import second_moment_dataset
+
+    x, y = _data(n=300, d=4, seed=5)
+    xs, ys = second_moment_dataset(x, y)
+    assert len(xs) <= 8
+    torch.manual_seed(6)
+    model = create_model("shortcut_net", depth=4, shortcut_depth=2, width=4, zero_scale=0.5)
+    full = exact_hessian(model, squared_error_loss, x, y)
+    torch.testing.assert_close(exact_hessian(model, squared_error_loss, xs, ys), full, rtol=1e-9, atol=1e-11)
+    assert gradient_norm(model, squared_error_loss, xs, ys) == pytest.approx(gradient_norm(model, squared_error_loss, x, y))

@@ -8,6 +8,7 @@ import torch
 from throughway.analysis.sdi import InitMoments, monte_carlo_sdi, named_init, paper_tsdi, sdi, sigmoid
 from throughway.cli import main
 from throughway.experiments.sdi_table import Config, compute, linear_form
+from throughway.models import create_model
 
 
 @pytest.mark.parametrize("n", [5, 50])
@@ -91,3 +92,76 @@ def test_cli_sdi_prints_the_table(capsys):
     assert "| classical | paper_he | 10 |" in out and "| 32 |" in out  # 3n + 2
     assert "| 32 |" in out.split("highway |")[1]  # (2 + 1)·10 + 2
     assert main(["sdi", "--init", "nope"]) == 2
+
+
+def _silence_nearest(block):
+    """Move a residual block to the configuration nearest_identity_distance measures; return the squared move."""
+    linear, norm = block.branch[-1][0], block.branch[-1][1]
+    before = torch.cat([p.detach().reshape(-1).clone() for p in block.parameters()])
+    with torch.no_grad():
+        rows = linear.weight.pow(2).sum(dim=1)
+        use_gamma = norm.weight.pow(2) < rows
+        norm.weight[use_gamma] = 0.0
+        linear.weight[~use_gamma] = 0.0
+        norm.bias.clamp_(max=0.0)
+    after = torch.cat([p.detach().reshape(-1) for p in block.parameters()])
+    return float((after - before).double().pow(2).sum())
+
+
+def test_nearest_identity_distance_is_reached_by_a_real_identity_configuration():
+    from throughway.analysis.distance import block_identity_distance, nearest_identity_distance
+
+    torch.manual_seed(0)
+    block = create_model("mlp_residual", depth=2, width=6).blocks[0].train()
+    with torch.no_grad():  # make both routes (γ_j and W_j) and the β⁺ term matter
+        block.branch[-1][1].weight[:3] = 0.1
+        block.branch[-1][1].bias[0] = 0.7
+        block.branch[-1][1].bias[1] = -0.3
+    nearest = nearest_identity_distance(block)
+    kind, paper = block_identity_distance(block)
+    assert kind == "residual" and nearest < paper
+    moved = _silence_nearest(block)
+    assert moved == pytest.approx(nearest, rel=1e-6)
+    x = torch.randn(16, 6)
+    torch.testing.assert_close(block(x), x)  # the configuration is an identity map
+    assert nearest_identity_distance(block) == pytest.approx(0.0, abs=1e-12)
+
+    gated = create_model("mlp_gated_residual", depth=2, width=6).blocks[0]
+    assert nearest_identity_distance(gated) == pytest.approx(1.0)  # k = 1: closing the gate is nearest
+    with torch.no_grad():
+        gated.gate.k.fill_(-0.5)
+    assert nearest_identity_distance(gated) == 0.0
+    assert nearest_identity_distance(create_model("mlp_plain", depth=2, width=6).blocks[0]) is None
+
+
+def test_identity_distance_callback_records_both_distances():
+    from throughway.analysis.distance import IdentityDistance, nearest_identity_distance
+
+    torch.manual_seed(1)
+    for arch, has_nearest in (("mlp_residual", True), ("mlp_plain", False)):
+        model = create_model(arch, depth=4, width=5)
+        callback = IdentityDistance()
+        callback._record(model, 0)
+        record = callback.records[0]
+        assert record["travelled_sq"] == 0.0 and len(record["block_identity_sq"]) == len(model.blocks)
+        if has_nearest:
+            assert record["nearest_identity_sq"] == pytest.approx(sum(nearest_identity_distance(b) for b in model.blocks))
+        else:
+            assert record["nearest_identity_sq"] is None
+
+
+def test_sdi_table_and_identity_distance_reproductions_write_their_reports(fake_mnist_root, tmp_path):
+    from throughway.experiments import identity_distance, sdi_table
+
+    sdi_table.run(Config(mc_width=6, mc_samples=20), tmp_path / "sdi", progress=False)
+    table = (tmp_path / "sdi" / "table.md").read_text()
+    assert "σ² + (μ − 1)²" in table and "2.25n + 2" in table and (tmp_path / "sdi" / "tsdi_vs_width.png").is_file()
+    summary = identity_distance.run(identity_distance.Config(depth=2, width=8, epochs=1, limit=100,
+                                                             data_dir=str(fake_mnist_root)),
+                                    tmp_path / "distance", progress=False)
+    relation = {run["arch"]: run["relation"] for run in summary["runs"]}
+    assert relation["gated"]["identity_sq_at_init"] == pytest.approx(1.0)  # one block, k = 1
+    assert relation["residual"]["nearest_identity_sq_at_init"] < relation["residual"]["identity_sq_at_init"]
+    assert relation["plain"]["nearest_identity_sq_at_init"] is None
+    assert all(r["travelled_sq_at_end"] > 0 for r in relation.values())
+    assert "Measured:" in (tmp_path / "distance" / "table.md").read_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -110,3 +112,47 @@ def test_whiten_gives_identity_covariance_on_training_set():
     np.testing.assert_allclose(w_train.T @ w_train / 400, np.eye(5), atol=1e-10)
     np.testing.assert_allclose(w_train.mean(axis=0), 0.0, atol=1e-10)
     assert 0 < info["explained_variance_ratio"] <= 1
+
+
+def test_hessian_init_reproduction_runs_and_resumes(fake_mnist_root, tmp_path):
+    # `throughway reproduce hessian-init` (figure 4 + Theorem 2) at toy size on a fake MNIST.
+    from throughway.experiments import hessian_init
+
+    out = tmp_path / "fig4"
+    config = hessian_init.Config(depths=(2, 4), networks=("orthogonal", "shortcut2-zero"), runs=2,
+                                 theorem2_depths=(6,), data_dir=str(fake_mnist_root))
+    summary = hessian_init.run(config, out, progress=False)
+    assert {p["runs"] for p in summary["points"]} == {2}
+    by_n = {r["shortcut_depth"]: r for r in summary["theorem2"]}
+    assert by_n[3]["spectrum_zero"] and by_n[3]["gradient_norm"] == 0.0  # Theorem 2, n = 3
+    assert by_n[2]["outside_unit_blocks_max_abs"] == 0.0
+    assert by_n[2]["eigenvalues_vs_pm_singular_values_max_difference"] < 1e-10
+    shortcut = [p["condition"]["mean"] for p in summary["points"] if p["network"] == "shortcut2-zero"]
+    assert abs(shortcut[0] - shortcut[1]) < 1e-3 * shortcut[0]  # depth-invariant near zero
+    assert (out / "figure4_condition_vs_depth.png").is_file() and "undefined (zero Hessian)" in (out / "table.md").read_text()
+    before = (out / "results.json").read_text()
+    hessian_init.run(config, out, resume=True, progress=False)  # nothing left to compute: same cells
+    assert json.loads((out / "results.json").read_text())["cells"] == json.loads(before)["cells"]
+
+
+def test_training_reproductions_run_on_tiny_settings(fake_mnist_root, tmp_path):
+    # figures 5-6, 7 and 3 at toy size: each writes results.json, table.md and its figures.
+    from throughway.experiments import hessian_dynamics, shortcut_lr, weight_norms
+
+    root = str(fake_mnist_root)
+    dyn = hessian_dynamics.run(hessian_dynamics.Config(depth=2, networks=("orthogonal", "shortcut2-zero"), seeds=(0,),
+                                                       epochs=4, hessian_points=3, data_dir=root),
+                               tmp_path / "fig56", progress=False)
+    assert all(t["hessian"][0]["epoch"] == 0 and t["hessian"][-1]["epoch"] == 4 for t in dyn["traces"])
+    lr = shortcut_lr.run(shortcut_lr.Config(depths=(2,), networks=("xavier", "shortcut2-zero"), lr_exponents=(-2.0, -1.0),
+                                            epochs=3, data_dir=root), tmp_path / "fig7", progress=False)
+    assert all(p["best_loss"] is not None for p in lr["points"])
+    norms = weight_norms.run(weight_norms.Config(depths=(2,), epochs=3, relu_epochs=2, relu_subset=50, data_dir=root),
+                             tmp_path / "fig3", progress=False)
+    assert set(norms["curves"]) == {"linear-L2", "relu-L2"}
+    with pytest.raises(ValueError, match="lr_exponents"):  # another grid must not be mixed into these cells
+        shortcut_lr.run(shortcut_lr.Config(depths=(2,), lr_exponents=(-1.0,), epochs=3, data_dir=root),
+                        tmp_path / "fig7", resume=True, progress=False)
+    for folder, png in (("fig56", "figure5_spectrum_vs_loss.png"), ("fig7", "figure7_lr_study_linear.png"),
+                        ("fig3", "figure3_weight_norms.png")):
+        assert (tmp_path / folder / png).is_file() and (tmp_path / folder / "table.md").is_file()

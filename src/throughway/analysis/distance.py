@@ -7,12 +7,22 @@ that measures both during training, per middle block of the model, after every e
 
 * travelled: ‖θ_t − θ_0‖² over the block's parameters, and the path length Σ_e ‖θ_e − θ_(e−1)‖
   (epoch-level chords, a lower bound on the true path length);
-* identity: the squared distance from θ_t to the nearest configuration that makes the block an
-  identity map, by the paper's definitions: for a gated block (ScalarGate with g = ReLU) max(k, 0)²
-  — only k has to move (section 3); for a residual block the squared norm of the branch's linear
-  weights and biases (Ŵ = 0, b̂ = 0, section 2.3); for a plain block ‖W − I‖² + ‖b‖² of its linear
-  layer (section 2.1; rectangular W uses the rectangular identity). BatchNorm parameters are left
-  out of the identity distance (the paper's layers have none) but counted in the travelled distance.
+* identity (the paper's target, `block_identity_distance`): the squared distance from θ_t to the
+  identity configuration the paper's SDI measures: for a gated block (ScalarGate with g = ReLU)
+  max(k, 0)² — only k has to move (section 3); for a residual block the squared norm of all the
+  branch's linear weights and biases (Ŵ = 0, b̂ = 0, section 2.3); for a plain block ‖W − I‖² + ‖b‖²
+  of its linear layer (section 2.1; rectangular W uses the rectangular identity). BatchNorm
+  parameters are left out (the paper's layers have none) but counted in the travelled distance.
+* nearest identity (`nearest_identity_distance`): the squared distance to the nearest of the
+  configurations that silence the block's residual branch unit by unit, or close its gate. A
+  residual branch ending in Linear [BatchNorm] [ReLU] outputs 0 for every input when, for each
+  output unit j, the normalised pre-activation vanishes (row W_j = 0, or γ_j = 0 under BatchNorm)
+  and the constant left over is 0 (β_j, or b_j without BatchNorm; ≤ 0 is enough before a ReLU):
+  Σ_j min(‖W_j‖², γ_j²) + max(β_j, 0)². This is usually far below the paper's target, which zeroes
+  every layer of the branch. BatchNorm is taken in training mode (batch statistics), as during
+  `fit`. Routes that depend on the data (e.g. a bias so negative that a ReLU never opens) are not
+  searched, so this is an upper bound on the true nearest distance. Plain blocks have no nearest
+  value (None): with BatchNorm their identity configuration depends on the batch statistics.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from torch import nn
 
 from ..layers import ScalarGate
 
-__all__ = ["block_identity_distance", "IdentityDistance"]
+__all__ = ["block_identity_distance", "nearest_identity_distance", "IdentityDistance"]
 
 
 def _linear_layers(module: nn.Module) -> list[nn.Module]:
@@ -32,7 +42,9 @@ def _linear_layers(module: nn.Module) -> list[nn.Module]:
 
 
 def block_identity_distance(block: nn.Module) -> tuple[str, float]:
-    """(kind, squared distance to the nearest identity configuration) of one block (see the module docstring)."""
+    """(kind, squared distance to the paper's identity configuration) of one block: the distance the
+    paper's SDI measures at initialisation (gated-residual-v1 sections 2.1, 2.3, 3; see the module
+    docstring)."""
     gate = getattr(block, "gate", None)
     shortcut = getattr(block, "shortcut", None)
     branch = getattr(block, "branch", block)
@@ -60,6 +72,58 @@ def block_identity_distance(block: nn.Module) -> tuple[str, float]:
         return "plain", total
 
 
+_TRANSPARENT = (nn.Dropout, nn.Identity)
+
+
+def _silencing_distance(branch: nn.Module) -> float | None:
+    """Σ_j min(‖W_j‖², γ_j²) + (β_j or b_j)² [clipped at 0 before a ReLU] for a branch whose leaf
+    modules end with Linear/Conv [BatchNorm] [ReLU] (dropout ignored); None for any other ending."""
+    leaves = [m for m in branch.modules() if not list(m.children())]
+    last = max((i for i, m in enumerate(leaves) if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))), default=None)
+    if last is None:
+        return None
+    norm, relu = None, False
+    for module in leaves[last + 1:]:
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and norm is None and not relu:
+            norm = module
+        elif isinstance(module, nn.ReLU) and not relu:
+            relu = True
+        elif not isinstance(module, _TRANSPARENT):
+            return None
+    layer = leaves[last]
+    rows = layer.weight.detach().double().flatten(1).pow(2).sum(dim=1)  # ‖W_j‖² per output unit
+    if norm is not None and norm.affine:
+        silence = torch.minimum(rows, norm.weight.detach().double() ** 2)
+        constant = norm.bias.detach().double()
+    else:
+        silence = rows
+        constant = (layer.bias.detach().double() if layer.bias is not None else torch.zeros_like(rows)) \
+            if norm is None else torch.zeros_like(rows)
+    if relu:
+        constant = constant.clamp(min=0.0)
+    return float(silence.sum() + constant.pow(2).sum())
+
+
+def nearest_identity_distance(block: nn.Module) -> float | None:
+    """Squared distance to the nearest identity configuration that silences the block's residual
+    branch unit by unit or closes its gate (see the module docstring); None for a block without a
+    shortcut, or whose branch ending is not Linear/Conv [BatchNorm] [ReLU]."""
+    gate = getattr(block, "gate", None)
+    shortcut = getattr(block, "shortcut", None)
+    if shortcut is None:
+        return None
+    with torch.no_grad():
+        branch_route = _silencing_distance(getattr(block, "branch", block))
+        gate_route = None
+        if isinstance(gate, ScalarGate) and gate.function == "relu":
+            gate_route = float(torch.clamp(gate.k.detach().double(), min=0.0) ** 2)
+        elif isinstance(gate, ScalarGate) and gate.function == "identity":
+            gate_route = float(gate.k.detach().double() ** 2)
+        # a sigmoid gate only approaches 0, so it offers no exact identity of its own
+    routes = [r for r in (branch_route, gate_route) if r is not None]
+    return min(routes) if routes else None
+
+
 def _block_vectors(model: nn.Module) -> list[torch.Tensor]:
     return [torch.cat([p.detach().double().reshape(-1) for p in block.parameters()])
             if any(True for _ in block.parameters()) else torch.zeros(0, dtype=torch.float64)
@@ -70,8 +134,9 @@ class IdentityDistance:
     """Training callback: per-epoch travelled distance and distance to identity of `model.blocks`.
 
     After `fit`, `records` holds one dict per epoch (epoch 0 = initialisation) with the totals over
-    blocks (`travelled_sq`, `path_length`, `identity_sq`) and the per-block lists
-    (`block_travelled_sq`, `block_identity_sq`). The model is only read.
+    blocks (`travelled_sq`, `path_length`, `identity_sq`, `nearest_identity_sq`, None when a block
+    has no nearest value) and the per-block lists (`block_travelled_sq`, `block_identity_sq`,
+    `block_nearest_identity_sq`). The model is only read.
     """
 
     def __init__(self) -> None:
@@ -90,10 +155,13 @@ class IdentityDistance:
         self._path += sum(float((c - p).pow(2).sum()) for c, p in zip(current, self._previous)) ** 0.5
         self._previous = [v.clone() for v in current]
         identity = [block_identity_distance(b) for b in model.blocks]
+        nearest = [nearest_identity_distance(b) for b in model.blocks]
         self.kinds = [k for k, _ in identity]
         self.records.append({"epoch": epoch, "travelled_sq": sum(travelled), "path_length": self._path,
                              "identity_sq": sum(d for _, d in identity), "block_travelled_sq": travelled,
-                             "block_identity_sq": [d for _, d in identity]})
+                             "block_identity_sq": [d for _, d in identity],
+                             "nearest_identity_sq": None if any(d is None for d in nearest) else sum(nearest),
+                             "block_nearest_identity_sq": nearest})
 
     def on_fit_start(self, state: Any) -> None:
         if not self.records:

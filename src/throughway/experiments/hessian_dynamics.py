@@ -29,7 +29,7 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
 from ..analysis.hessian import exact_hessian, spectrum_summary, squared_error_loss
 from .common import command_line
-from .shortcut_common import BatchedGD, network_kwargs, whitened_data
+from .shortcut_common import BatchedGD, check_same_settings, network_kwargs, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "hessian_epochs"]
 
@@ -117,7 +117,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if path.is_file():
         if not resume:
             raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        traces = {_trace_key(t["network"], t["seed"]): t for t in read_json(path).get("traces", [])}
+        stored = read_json(path)
+        check_same_settings(stored.get("config", {}), config, ("depth", "epochs", "lr", "hessian_points", "zero_scale"), out)
+        traces = {_trace_key(t["network"], t["seed"]): t for t in stored.get("traces", [])}
     data = whitened_data(linear=True, data_dir=config.data_dir)
     x, y = data.x.to(config.device), data.y.to(config.device)
     marks = hessian_epochs(config.epochs, config.hessian_points)

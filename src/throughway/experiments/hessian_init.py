@@ -10,7 +10,7 @@ computed exactly on the condensed 20-sample set (equal loss, gradient and Hessia
 Theorem 2 (checked at the exact zero point, zero_scale = 0, for shortcut depths 1, 2, 3): n ≥ 3
 gives a zero gradient and a zero Hessian; n = 2 a Hessian whose eigenvalues are ± the singular
 values of one off-diagonal block A, repeated once per unit, identical across depths; n = 1 a
-condition number that grows with depth.
+block Toeplitz Hessian whose condition number grows with depth.
 
 Writes results.json (every cell, resumable), table.md and figure4_condition_vs_depth.png.
 """
@@ -31,7 +31,7 @@ from .._io import atomic_write_json, atomic_write_text, environment_info, read_j
 from ..analysis.hessian import exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from .common import command_line, mean_std
-from .shortcut_common import network_kwargs, whitened_data
+from .shortcut_common import check_same_settings, network_kwargs, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args",
            "theorem2_check"]
@@ -91,6 +91,15 @@ def theorem2_check(depths: tuple[int, ...], x: torch.Tensor, y: torch.Tensor, wi
             row: dict[str, Any] = {"shortcut_depth": n, "depth": depth, "units": depth // n, "params": h.shape[0],
                                    "gradient_norm": grad_norm, "hessian_max_abs_entry": float(h.abs().max()),
                                    **{f"spectrum_{k}": v for k, v in summary.to_dict().items()}}
+            if n == 1:
+                p = width * width
+                blocks = h.reshape(depth, p, depth, p).transpose(1, 2)  # blocks[i, j] = H_(i,j)
+                upper = torch.triu_indices(depth, depth, 1)
+                # block Toeplitz (H_(i,j) depends on j − i only); at zero, on the sign of j − i only
+                row["block_toeplitz_max_difference"] = max(
+                    float((blocks[torch.arange(depth), torch.arange(depth)] - blocks[0, 0]).abs().max()),
+                    float((blocks[upper[0], upper[1]] - blocks[0, 1]).abs().max()) if depth > 1 else 0.0,
+                    float((blocks[upper[1], upper[0]] - blocks[1, 0]).abs().max()) if depth > 1 else 0.0)
             if n == 2:
                 p = width * width
                 block = 2 * p
@@ -183,6 +192,11 @@ def table_markdown(summary: dict[str, Any]) -> str:
                          f"{r['hessian_max_abs_entry']:.3g} | {r['spectrum_max_abs']:.4g} | {r['spectrum_low_abs']:.4g} | "
                          f"{'undefined (zero Hessian)' if r['spectrum_zero'] else ('undefined' if cond is None else f'{cond:.4g}')} | "
                          f"{r['spectrum_index']:.3f} | {paper[r['shortcut_depth']]} |")
+        ones = [r for r in rows if r["shortcut_depth"] == 1 and "block_toeplitz_max_difference" in r]
+        if ones:
+            lines += ["", "n = 1 structure check: largest difference between Hessian blocks H_(i,j) that a block "
+                      "Toeplitz matrix makes equal: " + "; ".join(
+                          f"L={r['depth']}: {r['block_toeplitz_max_difference']:.1e}" for r in ones) + "."]
         twos = [r for r in rows if r["shortcut_depth"] == 2]
         if twos:
             lines += ["", "n = 2 structure checks (max absolute deviations; 0 means exact): " + "; ".join(
@@ -217,6 +231,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         previous = read_json(path)
         if not resume:
             raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue or extend it")
+        check_same_settings(previous.get("config", {}), config, ("zero_scale",), out)
         cells = previous.get("cells", {})
         theorem2 = previous.get("theorem2", [])
     data = whitened_data(linear=True, data_dir=config.data_dir)
@@ -229,7 +244,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         atomic_write_json(path, summary)
         return summary
 
-    if not theorem2 and config.theorem2_depths:
+    # Redo the Theorem 2 check (seconds) when the stored one is for other depths or predates a check.
+    stale = (sorted({r["depth"] for r in theorem2}) != sorted(set(config.theorem2_depths))
+             or any(r["shortcut_depth"] == 1 and "block_toeplitz_max_difference" not in r for r in theorem2))
+    if config.theorem2_depths and stale:
         theorem2 = theorem2_check(config.theorem2_depths, x, y)
         save()
     for depth in sorted(config.depths):

@@ -24,7 +24,8 @@ from torch import nn
 from ..data.whiten import load_whitened_mnist, second_moment_dataset
 from ..models import create_model
 
-__all__ = ["NETWORKS", "network_kwargs", "whitened_data", "WhitenedSet", "BatchedGD", "optimal_linear_loss"]
+__all__ = ["NETWORKS", "network_kwargs", "whitened_data", "WhitenedSet", "BatchedGD", "optimal_linear_loss",
+           "check_same_settings"]
 
 # name -> (shortcut_depth, init); labels as in the paper's legends.
 NETWORKS: dict[str, tuple[int, str]] = {
@@ -77,6 +78,23 @@ def whitened_data(linear: bool, data_dir: str | None = None, subset: int | None 
         return WhitenedSet(data.train_x[:subset], data.train_y[:subset], subset, False,
                            f"the first {subset} of {n} whitened MNIST training images")
     return WhitenedSet(data.train_x, data.train_y, n, True, f"all {n} whitened MNIST training images")
+
+
+def check_same_settings(stored: dict[str, Any], config: Any, fields: Sequence[str], out: Any) -> None:
+    """Refuse to resume a study in `out` whose stored config differs from `config` in `fields`.
+
+    These are the settings that every finished cell depends on (a learning-rate grid, epochs, ...);
+    resuming with other values would mix cells computed under different settings in one table.
+    """
+    changed = []
+    for field in fields:
+        old, new = stored.get(field), getattr(config, field)
+        new = list(new) if isinstance(new, tuple) else new
+        if old != new:
+            changed.append(f"{field}: stored {old!r}, now {new!r}")
+    if changed:
+        raise ValueError(f"{out} was computed with other settings ({'; '.join(changed)}); "
+                         "use a new --out folder, or the stored settings, to resume")
 
 
 def optimal_linear_loss(x: torch.Tensor, y: torch.Tensor) -> float:

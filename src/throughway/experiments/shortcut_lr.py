@@ -28,7 +28,8 @@ import torch
 
 from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
 from .common import command_line
-from .shortcut_common import NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, whitened_data
+from .shortcut_common import (NETWORKS, BatchedGD, check_same_settings, network_kwargs, optimal_linear_loss,
+                              whitened_data)
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "LINEAR", "RELU"]
 
@@ -159,7 +160,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if path.is_file():
         if not resume:
             raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        cells = read_json(path).get("cells", {})
+        stored = read_json(path)
+        check_same_settings(stored.get("config", {}), config,
+                            ("activation", "lr_exponents", "epochs", "seeds", "subset", "zero_scale"), out)
+        cells = stored.get("cells", {})
     linear = config.activation == "linear"
     data = whitened_data(linear=linear, data_dir=config.data_dir, subset=config.subset)
     x, y = data.x.to(config.device), data.y.to(config.device)

@@ -24,7 +24,7 @@ import torch
 
 from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
 from .common import command_line
-from .shortcut_common import BatchedGD, network_kwargs, whitened_data
+from .shortcut_common import BatchedGD, check_same_settings, network_kwargs, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
 
@@ -103,7 +103,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if path.is_file():
         if not resume:
             raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        curves = read_json(path).get("curves", {})
+        stored = read_json(path)
+        check_same_settings(stored.get("config", {}), config,
+                            ("lr", "epochs", "relu_epochs", "relu_subset", "seed", "zero_scale"), out)
+        curves = stored.get("curves", {})
     sets = {a: whitened_data(linear=a == "linear", data_dir=config.data_dir,
                              subset=None if a == "linear" else config.relu_subset) for a in config.activations}
 

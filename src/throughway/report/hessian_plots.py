@@ -51,13 +51,18 @@ def plot_condition_vs_depth(summary: dict[str, Any], path: str | os.PathLike[str
         ax.scatter([p["depth"] for p in pts for _ in p["condition"].get("values", [])],
                    [v for p in pts for v in p["condition"].get("values", [])], s=6, alpha=0.35,
                    color=NETWORK_COLORS.get(network))
+    top = max((v for p in summary["points"] for v in (p["condition"].get("values") or [])), default=0.0)
+    resolution = 1e13  # P10 |λ| within a few hundred rounding units of 0 (see hessian_init.table_markdown)
+    if top > resolution:
+        ax.axhspan(resolution, top * 10, color="0.85", alpha=0.5, lw=0,
+                   label="P10 |λ| at float64 rounding level:\nvalues are lower bounds")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("depth L (number of 10×10 layers)")
     ax.set_ylabel("initial condition number  max|λ| / P10(|λ|)")
     ax.set_title(f"Initial Hessian condition number (mean ± std, dots: {summary['config']['runs']} runs)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     if theorem2:
         ax2 = axes[0][1]
         for n, color in ((1, NETWORK_COLORS["shortcut1-zero"]), (2, NETWORK_COLORS["shortcut2-zero"])):
@@ -211,7 +216,10 @@ def plot_identity_distance(summary: dict[str, Any], path: str | os.PathLike[str]
         epochs = [r["epoch"] for r in records]
         ax.plot(epochs, [r["travelled_sq"] for r in records], marker="o", label="‖θ_t − θ_0‖² (travelled)")
         ax.plot(epochs, [r["path_length"] ** 2 for r in records], marker=".", ls=":", label="(path length)²")
-        ax.plot(epochs, [r["identity_sq"] for r in records], marker="s", label="squared distance to identity")
+        ax.plot(epochs, [r["identity_sq"] for r in records], marker="s", label="squared distance to the paper's identity")
+        nearest = [r.get("nearest_identity_sq") for r in records]
+        if all(v is not None for v in nearest):
+            ax.plot(epochs, nearest, marker="^", ls="--", label="squared distance to the nearest identity")
         ax.set_yscale("symlog", linthresh=1e-2)
         ax.set_xlabel("epoch")
         ax.set_title(f"{run['arch']}, d = {run['depth']}", fontsize=10)
@@ -233,15 +241,25 @@ def plot_tsdi_vs_width(summary: dict[str, Any], path: str | os.PathLike[str]) ->
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
     colors = {"classical": "#d62728", "highway": "#9467bd", "residual": "#1f77b4", "gated": "#2ca02c"}
     widths = summary["widths"]
+    # Highway (c = the gate's initial bias) and residual layers have the same TSDI, so highway is
+    # drawn wide and pale underneath, where it stays visible.
+    widths_by_layer = {"highway": 5.0}
     for convention, style in (("paper", "-"), ("toolkit", "--")):
-        for layer, values in summary["curves"][convention].items():
+        curves = summary["curves"][convention]
+        for layer, values in curves.items():
+            same = [other for other, v in curves.items() if other != layer and v == values]
             ax.plot(widths, values, style, marker="o", markersize=3, color=colors.get(layer),
-                    label=f"{layer} ({'paper: He, σ_b²=2/n' if convention == 'paper' else 'toolkit: Glorot, zero bias'})")
+                    lw=widths_by_layer.get(layer, 1.5), alpha=0.45 if layer in widths_by_layer else 1.0,
+                    label=f"{layer} ({'paper: He, σ_b²=2/n' if convention == 'paper' else 'toolkit: Glorot, zero bias'})"
+                          + (f" = {', '.join(same)}" if same else ""))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("width n")
     ax.set_ylabel("TSDI (sum of M and B)")
-    ax.set_title("Total squared distance to identity at initialisation")
+    gate_bias = summary.get("config", {}).get("gate_bias")
+    ax.set_title("Total squared distance to identity at initialisation"
+                 + (f"\n(highway: target c = initial gate bias = {gate_bias:g})" if gate_bias is not None else ""),
+                 fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
