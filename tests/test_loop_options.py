@@ -87,7 +87,7 @@ def test_learning_rate_steps_keep_the_momentum_buffers():
     class Spy:
         def on_epoch_end(self, state, record):
             p = state.model.head[-1].weight
-            buffers.append(state.optimizer.state[p]["momentum_buffer"].clone())
+            buffers.append(state.optimizer.state_of(p)["momentum_buffer"].clone())
 
     fit(_model(), _images(), get_recipe("preact-cifar", epochs=4, batch_size=32), [Spy()], progress=False)
     assert len(buffers) == 4 and all(torch.count_nonzero(b) > 0 for b in buffers)

@@ -23,7 +23,7 @@ from ..data import DataSplits, Split, load_dataset
 from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
                              train_batched)
 from ..train.runner import build_model, resolve_recipe
-from .common import RunSpec
+from .common import RunSpec, prepare_data
 
 __all__ = ["group_specs", "run_batched", "time_batch", "makespan"]
 
@@ -128,6 +128,7 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
     batches = group_specs(specs, max_batch)
+    prepare_data([spec.config for spec in specs])
     jobs = min(jobs, max(1, len(batches)))
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()

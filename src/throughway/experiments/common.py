@@ -21,7 +21,7 @@ import torch
 
 from ..train import RunConfig, run_training
 
-__all__ = ["RunSpec", "run_many", "command_line", "mean_std"]
+__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,18 @@ def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool)
         return spec.name, f"{type(exc).__name__}: {exc}"
 
 
+def prepare_data(configs: Sequence[RunConfig]) -> None:
+    """Fetch, verify and cache every dataset that `configs` train on, once, in this process.
+
+    Worker processes then only read the verified cache: they do not race to fetch the same files,
+    and a missing dataset is one clear error before any worker starts instead of one per run.
+    """
+    from ..data import load_arrays
+
+    for dataset, data_dir in sorted({(c.dataset, c.data_dir) for c in configs}, key=str):
+        load_arrays(dataset, data_dir)
+
+
 def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
              threads: int | None = None, progress: bool = True,
              on_done: Callable[[str, str | None], None] | None = None) -> dict[str, str | None]:
@@ -66,6 +78,7 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
     errors: dict[str, str | None] = {}
+    prepare_data([spec.config for spec in specs])
     if jobs == 1:
         for spec in specs:
             name, error = _worker(spec, str(out), resume, threads, progress)

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from ..models import create_model
+from .flat import FlatOptimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
            "CHECKPOINT_JSON", "MODEL_FILE"]
@@ -41,7 +42,7 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
 
-def _optimizer_split(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _optimizer_split(optimizer: torch.optim.Optimizer | FlatOptimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state_dict = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -69,7 +70,7 @@ def has_checkpoint(run_dir: str | os.PathLike[str]) -> bool:
     return (Path(run_dir) / CHECKPOINT_JSON).is_file()
 
 
-def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | FlatOptimizer,
                     generator: torch.Generator, epoch: int, extra: dict[str, Any]) -> Path:
     """Write the checkpoint after `epoch` completed epochs; `extra` (JSON-able) goes into checkpoint.json.
 
@@ -96,7 +97,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, 
     return path
 
 
-def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | FlatOptimizer,
                     generator: torch.Generator) -> dict[str, Any]:
     """Restore model, optimiser and RNG states from `run_dir`; return checkpoint.json's content.
 

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
+from .flat import FlatOptimizer
 from .recipes import Recipe, build_optimizer, learning_rate_at
 
 __all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH"]
@@ -71,7 +72,7 @@ class TrainState:
     """What callbacks see and may restore: `epoch` counts finished epochs."""
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: FlatOptimizer
     recipe: Recipe
     data: DataSplits
     generator: torch.Generator
@@ -123,7 +124,7 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_learning_rate(optimizer: torch.optim.Optimizer | FlatOptimizer, lr: float) -> None:
     """Set every parameter group's learning rate; the optimiser's state (momentum buffers, Adam
     moments) is left untouched, so a learning-rate step keeps the momentum."""
     for group in optimizer.param_groups:
