@@ -109,3 +109,21 @@ def test_bad_state_and_groups_are_refused_clearly():
                                                     torch.zeros(2, dtype=torch.float64, requires_grad=True)]}], lr=0.1)
     with pytest.raises(KeyError):
         optimizer.state_of(torch.zeros(1))
+
+
+@pytest.mark.parametrize("recipe_name,overrides", [("gresnet-mnist", {}), ("highway-mnist", {"weight_decay": 1e-3})])
+def test_a_per_tensor_torch_state_is_flattened_on_load(recipe_name, overrides):
+    # Checkpoints of earlier versions hold torch's per-tensor state: they resume to the same numbers.
+    recipe = get_recipe(recipe_name, **overrides)
+    torch.manual_seed(0)
+    model = create_model("mlp_gated_residual", depth=4, width=12)   # 0-d k beside 1-d and 2-d tensors
+    reference_model = copy.deepcopy(model)
+    reference = _torch_optimizer(reference_model, recipe)
+    _train(reference_model, reference, 5)
+    model.load_state_dict(reference_model.state_dict())
+    flat = build_optimizer(model, recipe)
+    flat.load_state_dict(copy.deepcopy(reference.state_dict()))
+    _train(reference_model, reference, 5)
+    _train(model, flat, 5)
+    for a, b in zip(model.parameters(), reference_model.parameters()):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)

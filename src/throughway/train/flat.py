@@ -23,6 +23,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 __all__ = ["FlatOptimizer"]
 
+# State that torch's NAdam / Adam / SGD keep per tensor but that is the same for every tensor stepped
+# together (the step count, NAdam's product of momentum coefficients); every other entry is per element.
+_PER_GROUP_STATE = frozenset({"step", "mu_product"})
+
 
 class FlatOptimizer:
     """Run `optimizer_class` (e.g. torch.optim.NAdam) on one flat vector per parameter group.
@@ -107,8 +111,13 @@ class FlatOptimizer:
         return self.inner.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict written by `state_dict` of an optimiser over the same parameter groups."""
+        """Load a state dict written by `state_dict` of an optimiser over the same parameter groups,
+        or by the wrapped torch optimiser itself over the same groups of tensors (one state per
+        tensor, as checkpoints of earlier throughway versions hold): that state is flattened."""
         saved = [len(g["params"]) for g in state_dict.get("param_groups", [])]
+        if saved == [len(params) for params in self._group_params] and saved != [1] * len(self._flats):
+            state_dict = self._flatten_per_tensor_state(state_dict)
+            saved = [1] * len(self._flats)
         if saved != [1] * len(self._flats):
             raise ValueError(
                 f"optimizer state has groups of {saved} parameter tensors; this FlatOptimizer keeps one flat "
@@ -122,6 +131,37 @@ class FlatOptimizer:
                     raise ValueError(f"optimizer state {key!r} of group {index} has {value.numel()} values; "
                                      f"the group has {sizes[int(index)]} parameters")
         self.inner.load_state_dict(state_dict)
+
+    def _flatten_per_tensor_state(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        # torch numbers a state dict's tensors 0, 1, ... across the groups in order.
+        state = state_dict.get("state", {})
+        flat_state: dict[int, dict[str, Any]] = {}
+        flat_groups = []
+        for g, (group, params) in enumerate(zip(state_dict["param_groups"], self._group_params)):
+            entries = [state.get(i, state.get(str(i))) for i in group["params"]]
+            flat_groups.append({**group, "params": [g]})
+            if all(e is None for e in entries):
+                continue
+            if any(e is None for e in entries) or len({frozenset(e) for e in entries}) != 1:
+                raise ValueError(f"optimizer state of group {g}: some tensors have state and others not, or "
+                                 f"their keys differ; it cannot be flattened")
+            merged: dict[str, Any] = {}
+            for key in entries[0]:
+                values = [e[key] for e in entries]
+                if key not in _PER_GROUP_STATE:
+                    if not all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, params)):
+                        raise ValueError(f"optimizer state {key!r} of group {g} is not shaped like its tensors")
+                    merged[key] = torch.cat([v.reshape(-1) for v in values])
+                else:
+                    # Per-group scalars (step, mu_product): a flat vector can hold only one value,
+                    # which every tensor of a group shares when all of them were stepped together.
+                    first = values[0]
+                    if any(not torch.equal(torch.as_tensor(v), torch.as_tensor(first)) for v in values[1:]):
+                        raise ValueError(f"optimizer state {key!r} of group {g} differs between tensors; "
+                                         f"it cannot be flattened")
+                    merged[key] = first
+            flat_state[g] = merged
+        return {"state": flat_state, "param_groups": flat_groups}
 
     def state_of(self, param: torch.Tensor) -> dict[str, Any]:
         """One parameter's state: views (shaped like `param`) into the flat buffers, and the
