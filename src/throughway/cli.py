@@ -255,9 +255,7 @@ def _cmd_sdi(args: argparse.Namespace) -> int:
     from .analysis.sdi import LAYERS, monte_carlo_sdi, sdi
 
     layers = list(LAYERS) if "all" in args.layer else args.layer
-    header = "| layer | init | n | kernel | M (identity position) | M (other) | B | TSDI |" + (" Monte Carlo ± s.e. |" if args.mc else "")
-    print(header)
-    print("|---" * (header.count("|") - 1) + "|")
+    rows = []  # computed before anything is printed, so bad input gives an error and no half table
     for layer in layers:
         result = sdi(layer, args.width, args.init, kernel_size=args.kernel_size, target=args.target,
                      gate_bias=args.gate_bias, k_init=args.k_init)
@@ -271,7 +269,11 @@ def _cmd_sdi(args: argparse.Namespace) -> int:
                 mc = monte_carlo_sdi(layer, args.width, args.init, samples=args.mc, kernel_size=args.kernel_size,
                                      target=args.target, gate_bias=args.gate_bias, k_init=args.k_init)
                 row += f" {mc['tsdi']:.6g} ± {mc['tsdi_stderr']:.2g} |"
-        print(row)
+        rows.append(row)
+    header = "| layer | init | n | kernel | M (identity position) | M (other) | B | TSDI |" + (" Monte Carlo ± s.e. |" if args.mc else "")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    print("\n".join(rows))
     if "highway" in layers:
         print(f"\nhighway: transform gate W_t, b_t (initial b_t = {args.gate_bias:g}), target W_t = 0, b_t = c = {args.target:g}")
     return 0
