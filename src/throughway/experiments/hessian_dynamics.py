@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info
 from ..analysis.hessian import exact_hessian, spectrum_summary, squared_error_loss
 from .common import command_line
-from .shortcut_common import BatchedGD, check_same_settings, network_kwargs, whitened_data
+from .shortcut_common import BatchedGD, network_kwargs, remake_report, stored_study, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "hessian_epochs"]
 
@@ -92,14 +92,9 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figures from `out`/results.json."""
     from ..report.hessian_plots import plot_gradient_and_index, plot_index_vs_loss, plot_spectrum_vs_loss
 
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    plot_spectrum_vs_loss(summary, out / "figure5_spectrum_vs_loss.png")
-    plot_index_vs_loss(summary, out / "figure6_index_vs_loss.png")
-    plot_gradient_and_index(summary, out / "figure6_gradient_and_index.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_spectrum_vs_loss, "figure5_spectrum_vs_loss.png"),
+                                               (plot_index_vs_loss, "figure6_index_vs_loss.png"),
+                                               (plot_gradient_and_index, "figure6_gradient_and_index.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -114,11 +109,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     path = out / "results.json"
     traces: dict[str, Any] = {}
-    if path.is_file():
-        if not resume:
-            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        stored = read_json(path)
-        check_same_settings(stored.get("config", {}), config, ("depth", "epochs", "lr", "hessian_points", "zero_scale"), out)
+    stored = stored_study(out, NAME, config, ("depth", "epochs", "lr", "hessian_points", "zero_scale"), resume)
+    if stored is not None:
         traces = {_trace_key(t["network"], t["seed"]): t for t in stored.get("traces", [])}
     data = whitened_data(linear=True, data_dir=config.data_dir)
     x, y = data.x.to(config.device), data.y.to(config.device)

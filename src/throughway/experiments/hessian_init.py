@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info
 from ..analysis.hessian import exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from .common import command_line, mean_std
-from .shortcut_common import check_same_settings, network_kwargs, whitened_data
+from .shortcut_common import network_kwargs, remake_report, stored_study, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args",
            "theorem2_check"]
@@ -211,12 +211,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json."""
     from ..report.hessian_plots import plot_condition_vs_depth
 
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    plot_condition_vs_depth(summary, out / "figure4_condition_vs_depth.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_condition_vs_depth, "figure4_condition_vs_depth.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -227,11 +222,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     path = out / "results.json"
     cells: dict[str, Any] = {}
     theorem2: list[dict[str, Any]] = []
-    if path.is_file():
-        previous = read_json(path)
-        if not resume:
-            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue or extend it")
-        check_same_settings(previous.get("config", {}), config, ("zero_scale",), out)
+    previous = stored_study(out, NAME, config, ("zero_scale",), resume)
+    if previous is not None:
         cells = previous.get("cells", {})
         theorem2 = previous.get("theorem2", [])
     data = whitened_data(linear=True, data_dir=config.data_dir)

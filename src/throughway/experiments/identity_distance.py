@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info
 from ..analysis.distance import IdentityDistance
 from ..data import load_dataset
 from ..models import create_model
 from ..train import get_recipe
 from ..train.loop import fit
 from .common import command_line
-from .shortcut_common import check_same_settings
+from .shortcut_common import remake_report, stored_study
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
 
@@ -142,12 +142,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json."""
     from ..report.hessian_plots import plot_identity_distance
 
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    plot_identity_distance(summary, out / "identity_distance.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_identity_distance, "identity_distance.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -157,11 +152,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     path = out / "results.json"
     runs: dict[str, Any] = {}
-    if path.is_file():
-        if not resume:
-            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        stored = read_json(path)
-        check_same_settings(stored.get("config", {}), config, ("depth", "width", "epochs", "recipe", "seed", "limit"), out)
+    stored = stored_study(out, NAME, config, ("depth", "width", "epochs", "recipe", "seed", "limit"), resume)
+    if stored is not None:
         # runs logged before the nearest-identity distance existed are redone
         runs = {r["arch"]: r for r in stored["runs"] if "nearest_identity_sq" in r["distance"][0]}
     data = load_dataset("mnist", config.data_dir, device=config.device, limit=config.limit)

@@ -15,17 +15,21 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+
+from .._io import atomic_write_text, read_json
 
 from ..data.whiten import load_whitened_mnist, second_moment_dataset
 from ..models import create_model
 
 __all__ = ["NETWORKS", "network_kwargs", "whitened_data", "WhitenedSet", "BatchedGD", "optimal_linear_loss",
-           "check_same_settings"]
+           "check_same_settings", "stored_study", "remake_report"]
 
 # name -> (shortcut_depth, init); labels as in the paper's legends.
 NETWORKS: dict[str, tuple[int, str]] = {
@@ -78,6 +82,35 @@ def whitened_data(linear: bool, data_dir: str | None = None, subset: int | None 
         return WhitenedSet(data.train_x[:subset], data.train_y[:subset], subset, False,
                            f"the first {subset} of {n} whitened MNIST training images")
     return WhitenedSet(data.train_x, data.train_y, n, True, f"all {n} whitened MNIST training images")
+
+
+def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resume: bool) -> dict[str, Any] | None:
+    """What a study stored in `out`/results.json, or None when there is none yet.
+
+    Raises FileExistsError when there is one and `resume` is False, and ValueError (see
+    `check_same_settings`) when it was computed with other values of `fields`.
+    """
+    path = Path(out) / "results.json"
+    if not path.is_file():
+        return None
+    if not resume:
+        raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
+    stored = read_json(path)
+    check_same_settings(stored.get("config", {}), config, fields, out)
+    return stored
+
+
+def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[str, Any]], str],
+                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]]) -> str:
+    """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
+    `out`/results.json alone; return the table text."""
+    out = Path(out)
+    summary = read_json(out / "results.json")
+    table = table_markdown(summary)
+    atomic_write_text(out / "table.md", table)
+    for plot, name in figures:
+        plot(summary, out / name)
+    return table
 
 
 def check_same_settings(stored: dict[str, Any], config: Any, fields: Sequence[str], out: Any) -> None:

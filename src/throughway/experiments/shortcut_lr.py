@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info, read_json
 from .common import command_line
-from .shortcut_common import (NETWORKS, BatchedGD, check_same_settings, network_kwargs, optimal_linear_loss,
-                              whitened_data)
+from .shortcut_common import (NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, remake_report,
+                              stored_study, whitened_data)
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "LINEAR", "RELU"]
 
@@ -139,15 +139,10 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json."""
     from ..report.hessian_plots import plot_lr_study
 
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    if summary["config"]["activation"] == "linear":
-        plot_lr_study(summary, out / "figure7_lr_study_linear.png", "linear networks (figure 7)")
-    else:
-        plot_lr_study(summary, out / "figure8_lr_study_relu.png", "ReLUs at mid positions (figure 8)")
-    return table
+    linear = read_json(Path(out) / "results.json")["config"]["activation"] == "linear"
+    name, label = (("figure7_lr_study_linear.png", "linear networks (figure 7)") if linear
+                   else ("figure8_lr_study_relu.png", "ReLUs at mid positions (figure 8)"))
+    return remake_report(out, table_markdown, [(lambda summary, path: plot_lr_study(summary, path, label), name)])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -157,12 +152,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     path = out / "results.json"
     cells: dict[str, Any] = {}
-    if path.is_file():
-        if not resume:
-            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        stored = read_json(path)
-        check_same_settings(stored.get("config", {}), config,
-                            ("activation", "lr_exponents", "epochs", "seeds", "subset", "zero_scale"), out)
+    stored = stored_study(out, NAME, config, ("activation", "lr_exponents", "epochs", "seeds", "subset", "zero_scale"),
+                          resume)
+    if stored is not None:
         cells = stored.get("cells", {})
     linear = config.activation == "linear"
     data = whitened_data(linear=linear, data_dir=config.data_dir, subset=config.subset)

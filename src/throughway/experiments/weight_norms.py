@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info
 from .common import command_line
-from .shortcut_common import BatchedGD, check_same_settings, network_kwargs, whitened_data
+from .shortcut_common import BatchedGD, network_kwargs, remake_report, stored_study, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
 
@@ -85,12 +85,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json."""
     from ..report.hessian_plots import plot_weight_norms
 
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    plot_weight_norms(summary, out / "figure3_weight_norms.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_weight_norms, "figure3_weight_norms.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -100,12 +95,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     path = out / "results.json"
     curves: dict[str, Any] = {}
-    if path.is_file():
-        if not resume:
-            raise FileExistsError(f"{out} holds a {NAME} study; pass --resume to continue it")
-        stored = read_json(path)
-        check_same_settings(stored.get("config", {}), config,
-                            ("lr", "epochs", "relu_epochs", "relu_subset", "seed", "zero_scale"), out)
+    stored = stored_study(out, NAME, config, ("lr", "epochs", "relu_epochs", "relu_subset", "seed", "zero_scale"),
+                          resume)
+    if stored is not None:
         curves = stored.get("curves", {})
     sets = {a: whitened_data(linear=a == "linear", data_dir=config.data_dir,
                              subset=None if a == "linear" else config.relu_subset) for a in config.activations}
