@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info, read_json
 from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
-from .common import RunSpec, command_line, mean_std, run_many
+from .common import RunSpec, command_line, mean_std, remake_report, run_many
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "add_arguments", "config_from_args", "needs_data_message"]
@@ -184,16 +184,15 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figures from `out`/results.json alone; return the table text."""
     from ..report.conv_plots import plot_error_curves, plot_k_by_block
 
-    out = Path(out)
-    summary = read_json(out / RESULTS_FILE)
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    runs = summary["curves"]
-    dataset = summary["config"]["dataset"]
-    plot_error_curves(runs, out / "figure6_error_curves.png",
-                      f"{dataset}: training and test error (gated-residual-v2 fig. 6)")
-    plot_k_by_block(runs, out / "figure7_k_by_block.png", f"{dataset}: final k by block (gated-residual-v2 fig. 7)")
-    return table
+    def errors(summary: dict[str, Any], path: Path) -> None:
+        plot_error_curves(summary["curves"], path,
+                          f"{summary['config']['dataset']}: training and test error (gated-residual-v2 fig. 6)")
+
+    def ks(summary: dict[str, Any], path: Path) -> None:
+        plot_k_by_block(summary["curves"], path,
+                        f"{summary['config']['dataset']}: final k by block (gated-residual-v2 fig. 7)")
+
+    return remake_report(out, table_markdown, [(errors, "figure6_error_curves.png"), (ks, "figure7_k_by_block.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

@@ -19,9 +19,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .._io import atomic_write_text, read_json
 from ..train import RunConfig, run_training
 
-__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std"]
+__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,16 @@ def mean_std(values: Sequence[float]) -> dict[str, Any]:
     mean = sum(vals) / len(vals)
     std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
     return {"mean": mean, "std": std, "n": len(vals), "values": vals}
+
+
+def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[str, Any]], str],
+                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]]) -> str:
+    """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
+    `out`/results.json alone; return the table text."""
+    out = Path(out)
+    summary = read_json(out / "results.json")
+    table = table_markdown(summary)
+    atomic_write_text(out / "table.md", table)
+    for plot, name in figures:
+        plot(summary, out / name)
+    return table

@@ -47,11 +47,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
 from .batching import group_specs, makespan, run_batched, time_batch
-from .common import RunSpec, command_line
+from .common import RunSpec, command_line, remake_report
 
 __all__ = ["Config", "QUICK", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
            "write_report", "estimate", "estimate_text", "NAME", "parse_shard"]
@@ -339,12 +339,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and figure1.png from `out`/results.json alone; return the table text."""
     from ..report.highway_depth_plots import plot_figure1
 
-    out = Path(out)
-    summary = read_json(out / RESULTS_FILE)
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    plot_figure1(summary, out / "figure1.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_figure1, "figure1.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

@@ -21,7 +21,7 @@ from typing import Any
 from .._io import atomic_write_json, environment_info, read_json
 from ..train import RESULTS_FILE, RunConfig
 from .batching import run_batched
-from .common import RunSpec, command_line, mean_std, run_many
+from .common import RunSpec, command_line, mean_std, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME"]
@@ -209,15 +209,8 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json alone; return the table text."""
     from ..report.plots import plot_error_by_depth, plot_training_curves
 
-    out = Path(out)
-    summary = read_json(out / RESULTS_FILE)
-    table = table_markdown(summary)
-    from .._io import atomic_write_text
-
-    atomic_write_text(out / "table.md", table)
-    plot_training_curves(summary, out / "figure4_train_loss.png")
-    plot_error_by_depth(summary, out / "table1_test_error_by_depth.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_training_curves, "figure4_train_loss.png"),
+                                               (plot_error_by_depth, "table1_test_error_by_depth.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

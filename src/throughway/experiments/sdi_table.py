@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_json, environment_info
 from ..analysis.sdi import InitMoments, monte_carlo_sdi, paper_tsdi, sdi, sigmoid
-from .common import command_line
+from .common import command_line, remake_report
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args",
            "PAPER_TABLE1", "linear_form"]
@@ -177,12 +177,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and the figure from `out`/results.json."""
     from ..report.hessian_plots import plot_tsdi_vs_width
 
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    plot_tsdi_vs_width(summary, out / "tsdi_vs_width.png")
-    return table
+    return remake_report(out, table_markdown, [(plot_tsdi_vs_width, "tsdi_vs_width.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

@@ -15,15 +15,15 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from .._io import atomic_write_text, read_json
+from .._io import read_json
+from .common import remake_report
 
 from ..data.whiten import load_whitened_mnist, second_moment_dataset
 from ..models import create_model
@@ -98,19 +98,6 @@ def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resum
     stored = read_json(path)
     check_same_settings(stored.get("config", {}), config, fields, out)
     return stored
-
-
-def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[str, Any]], str],
-                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]]) -> str:
-    """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
-    `out`/results.json alone; return the table text."""
-    out = Path(out)
-    summary = read_json(out / "results.json")
-    table = table_markdown(summary)
-    atomic_write_text(out / "table.md", table)
-    for plot, name in figures:
-        plot(summary, out / name)
-    return table
 
 
 def check_same_settings(stored: dict[str, Any], config: Any, fields: Sequence[str], out: Any) -> None:
