@@ -164,11 +164,14 @@ class IdentityDistance:
                              "block_nearest_identity_sq": nearest})
 
     def on_fit_start(self, state: Any) -> None:
+        """Record the distances at initialisation (epoch 0)."""
         if not self.records:
             self._record(state.model, state.epoch)
 
     def on_epoch_end(self, state: Any, record: dict[str, Any]) -> None:
+        """Record the distances after this epoch."""
         self._record(state.model, int(record["epoch"]))
 
     def on_fit_end(self, state: Any) -> None:
+        """Nothing to add: every epoch is already recorded."""
         return None

@@ -286,6 +286,7 @@ class LanczosResult:
 
     @property
     def all_converged(self) -> bool:
+        """True when every wanted Ritz value met the tolerance."""
         return bool(self.converged.all())
 
 
@@ -461,6 +462,7 @@ class SpectrumSummary:
     zero: bool
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-able dict (None where undefined)."""
         return asdict(self)
 
 

@@ -49,6 +49,7 @@ class ClosedGate(nn.Module):
         object.__setattr__(self, "closed", closed)
 
     def value(self) -> torch.Tensor:
+        """g = 0: the closed gate's value, as a 0-d tensor."""
         reference = next(iter(self.closed.parameters()), None)
         if reference is None:
             return torch.zeros(())

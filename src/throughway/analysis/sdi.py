@@ -94,6 +94,7 @@ class SDIResult:
 
     @property
     def tsdi(self) -> float:
+        """TSDI = the sum of M and B over every entry (gated-residual-v1 eq. 5)."""
         return float(self.M.sum() + self.B.sum())
 
     def m_diagonal(self) -> float:
@@ -108,6 +109,7 @@ class SDIResult:
             if self.width > 1 else float("nan")
 
     def b_value(self) -> float:
+        """The per-entry bias term B (the same for every bias)."""
         return float(self.B.reshape(-1)[0]) if self.B.numel() else 0.0
 
     def _centre(self) -> int:
@@ -115,6 +117,7 @@ class SDIResult:
         return (k // 2) * k + k // 2
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-able dict."""
         return {"layer": self.layer, "width": self.width, "kernel_size": self.kernel_size, "init": asdict(self.init),
                 "target": self.target, "M_identity_position": self.m_diagonal(),
                 "M_other_position": self.m_off_diagonal(), "B": self.b_value(), "tsdi": self.tsdi}

@@ -40,6 +40,7 @@ class DataSplits:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """The shape of one input (C, H, W), without the batch dimension."""
         return tuple(self.train.x.shape[1:])
 
 

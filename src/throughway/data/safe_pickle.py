@@ -33,6 +33,7 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
     """An Unpickler whose `find_class` resolves only the globals in ALLOWED_GLOBALS."""
 
     def find_class(self, module: str, name: str) -> Any:
+        """Admit only the numpy globals that arrays need; refuse every other global."""
         try:
             return ALLOWED_GLOBALS[(module, name)]
         except KeyError:
@@ -43,6 +44,7 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
             ) from None
 
     def persistent_load(self, pid: Any) -> Any:
+        """Refuse persistent ids: a data pickle has no reason to hold any."""
         raise pickle.UnpicklingError("refused a persistent id: this unpickler admits numpy arrays only")
 
 

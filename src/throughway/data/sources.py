@@ -97,6 +97,7 @@ class ArraySplits:
     test_y: np.ndarray
 
     def arrays(self) -> dict[str, np.ndarray]:
+        """The six arrays (train, validation, test images and labels) by name."""
         return {k: getattr(self, k) for k in SPLIT_KEYS}
 
 

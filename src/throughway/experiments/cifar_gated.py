@@ -100,6 +100,7 @@ class Config:
 
 
 def run_name(arch: str, variant: str, seed: int) -> str:
+    """The folder name of one run of the comparison."""
     return f"{arch}-{variant}-s{seed}"
 
 

@@ -153,6 +153,7 @@ def sample_trial(arch: str, trial: int, search_seed: int = 0) -> dict[str, Any]:
 
 
 def run_name(arch: str, layers: int, trial: int) -> str:
+    """The folder name of one trial: <arch>-L<layers>-t<trial>."""
     return f"{arch}-L{layers}-t{trial:03d}"
 
 

@@ -95,6 +95,7 @@ def differences_from_paper(config: dict[str, Any]) -> list[str]:
 
 
 def run_name(arch: str, depth: int, seed: int) -> str:
+    """The folder name of one run: <arch>-d<depth>-s<seed>."""
     return f"{arch}-d{depth}-s{seed}"
 
 
@@ -258,6 +259,7 @@ def json_config(config: Config) -> dict[str, Any]:
 
 
 def read_back(value: Any) -> Any:
+    """`value` as it reads back from JSON: tuples become lists, recursively."""
     if isinstance(value, (list, tuple)):
         return [read_back(v) for v in value]
     if isinstance(value, dict):

@@ -177,6 +177,7 @@ class StackedModels:
 
     @property
     def n(self) -> int:
+        """The number of models in the stack."""
         return self.flat.shape[0]
 
     def _make_views(self) -> None:
@@ -390,6 +391,7 @@ class BatchedOptimizer:
                 setattr(self, name, value.index_select(0, index).contiguous())
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The optimiser's state as named tensors (for the batch's safetensors checkpoint)."""
         out = {"mu_product": self.mu_product.clone()}
         for name in ("buf", "exp_avg", "exp_avg_sq"):
             value = getattr(self, name)
@@ -398,6 +400,7 @@ class BatchedOptimizer:
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        """Restore the state written by `state_tensors`."""
         self.step_count = step_count
         self.mu_product = tensors["mu_product"].clone()
         for name in ("buf", "exp_avg", "exp_avg_sq"):

@@ -57,13 +57,16 @@ class History:
     diverged_at: dict[str, Any] | None = None
 
     def last(self) -> dict[str, Any] | None:
+        """The last epoch's record, or None before the first epoch ends."""
         return self.epochs[-1] if self.epochs else None
 
     def to_dict(self) -> dict[str, Any]:
+        """The history as a JSON-able dict (for checkpoints and results files)."""
         return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "History":
+        """Rebuild a History from `to_dict`'s output."""
         return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
 
 
@@ -83,13 +86,16 @@ class TrainState:
 
 
 class Callback(Protocol):
-    """Hooks called by `fit`; every method is optional (see `BaseCallback`)."""
+    """Hooks called by `fit`; every method is optional (`fit` calls only those a callback has)."""
 
-    def on_fit_start(self, state: TrainState) -> None: ...
+    def on_fit_start(self, state: TrainState) -> None:
+        """Called once before training; may restore a checkpoint into `state`."""
 
-    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None: ...
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Called after each finished epoch with its record."""
 
-    def on_fit_end(self, state: TrainState) -> None: ...
+    def on_fit_end(self, state: TrainState) -> None:
+        """Called once when training ends (finished, diverged or stopped)."""
 
 
 @torch.no_grad()

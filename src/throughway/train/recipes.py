@@ -99,6 +99,7 @@ class Recipe:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as a JSON-able dict (tuples as lists)."""
         return dataclasses.asdict(self)
 
 

@@ -73,6 +73,7 @@ class RunConfig:
     eval_batch_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as a JSON-able dict (results.json's `config`)."""
         return dataclasses.asdict(self)
 
 
@@ -159,6 +160,7 @@ class _RunFiles:
         atomic_write_json(self.out_dir / RESULTS_FILE, self.results)
 
     def on_fit_start(self, state: TrainState) -> None:
+        """Restore the checkpoint when resuming, then write results.json."""
         if self.resume and has_checkpoint(self.out_dir):
             meta = load_checkpoint(self.out_dir, model=state.model, optimizer=state.optimizer,
                                    generator=state.generator)
@@ -170,6 +172,7 @@ class _RunFiles:
         self._write(state, final=False)
 
     def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Checkpoint the epoch and rewrite results.json."""
         if not self.write:
             return
         save_checkpoint(self.out_dir, model=state.model, optimizer=state.optimizer, generator=state.generator,
@@ -177,6 +180,7 @@ class _RunFiles:
         self._write(state, final=False)
 
     def on_fit_end(self, state: TrainState) -> None:
+        """Write model.safetensors and the final results.json."""
         if self.write:
             save_model(self.out_dir / MODEL_FILE, state.model)
         self._write(state, final=True)
