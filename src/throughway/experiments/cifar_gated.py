@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import environment_info, read_json
 from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
-from .common import RunSpec, command_line, mean_std, remake_report, run_many
+from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "add_arguments", "config_from_args", "needs_data_message"]
@@ -210,17 +210,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if summary_path.is_file() and not resume:
         raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    command, environment = command_line(), environment_info(config.device)
-    errors: dict[str, str] = {}
-
-    def refresh(name: str | None = None, error: str | None = None) -> dict[str, Any]:
-        if name is not None and error:
-            errors[name] = error
-        summary = summarize(config, out)
-        summary.update(command=command, environment=environment, errors=dict(errors))
-        atomic_write_json(summary_path, summary)
-        write_report(out)
-        return summary
+    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
+                           environment_info(config.device))
 
     refresh()
     run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,

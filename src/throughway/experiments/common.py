@@ -13,16 +13,17 @@ import multiprocessing
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import atomic_write_text, read_json
+from .._io import atomic_write_json, atomic_write_text, read_json
 from ..train import RunConfig, run_training
 
-__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report"]
+__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report", "StudySummary"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +120,40 @@ def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[st
     for plot, name in figures:
         plot(summary, out / name)
     return table
+
+
+class StudySummary:
+    """Keeps a running study's results.json, table and figures current as its runs end.
+
+    Calling it (`refresh(name, error)`, the `on_done` hook of `run_many`/`run_batched`) records
+    `error` against run `name` if there is one, rebuilds the summary with `summarize()`, adds the
+    study's command line, environment and errors, writes `path` atomically and remakes the report
+    with `write_report()`; it returns the summary. With `min_interval_s` > 0 a call that is not
+    forced and comes sooner than that after the last write only records its error and returns None
+    (a search whose batches end every few seconds need not rewrite its figure each time); the final
+    call is forced, so nothing is lost, and `errors` always holds every failure."""
+
+    def __init__(self, path: str | os.PathLike[str], summarize: Callable[[], dict[str, Any]],
+                 write_report: Callable[[], Any], environment: dict[str, Any], *,
+                 min_interval_s: float = 0.0) -> None:
+        self.path = Path(path)
+        self.summarize = summarize
+        self.write_report = write_report
+        self.command = command_line()
+        self.environment = environment
+        self.errors: dict[str, str] = {}
+        self.min_interval_s = float(min_interval_s)
+        self._last = -float("inf")
+
+    def __call__(self, name: str | None = None, error: str | None = None, *,
+                 force: bool = True) -> dict[str, Any] | None:
+        if name is not None and error:
+            self.errors[name] = error
+        if not force and time.monotonic() - self._last < self.min_interval_s:
+            return None
+        self._last = time.monotonic()
+        summary = self.summarize()
+        summary.update(command=self.command, environment=self.environment, errors=dict(self.errors))
+        atomic_write_json(self.path, summary)
+        self.write_report()
+        return summary

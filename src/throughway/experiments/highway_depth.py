@@ -42,16 +42,15 @@ import math
 import os
 import random
 import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
 from .batching import group_specs, makespan, run_batched, time_batch
-from .common import RunSpec, command_line, remake_report
+from .common import RunSpec, StudySummary, remake_report
 
 __all__ = ["Config", "QUICK", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
            "write_report", "estimate", "estimate_text", "NAME", "parse_shard"]
@@ -356,22 +355,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         if differing:
             raise ValueError(f"{out} holds a {NAME} study with other settings ({differing}); choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    command, environment = command_line(), environment_info(config.device)
-    errors: dict[str, str] = {}
-    last = {"t": 0.0}
-
-    def refresh(name: str | None = None, error: str | None = None, force: bool = True) -> dict[str, Any] | None:
-        # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
-        if name is not None and error:
-            errors[name] = error
-        if not force and time.monotonic() - last["t"] < 60:
-            return None
-        last["t"] = time.monotonic()
-        summary = summarize(config, out)
-        summary.update(command=command, environment=environment, errors=dict(errors))
-        atomic_write_json(summary_path, summary)
-        write_report(out)
-        return summary
+    # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
+    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
+                           environment_info(config.device), min_interval_s=60)
 
     if not config.merge:
         mine = specs(config)
@@ -384,10 +370,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                     on_done=lambda n, e: refresh(n, e, force=False))
     summary = refresh()
     assert summary is not None
-    if errors:
+    if refresh.errors:
         # One failed batch does not stop the search; say so loudly at its end (also in results.json).
-        first = next(iter(errors.items()))
-        print(f"{len(errors)} trial(s) failed, e.g. {first[0]}: {first[1]}", file=sys.stderr, flush=True)
+        first = next(iter(refresh.errors.items()))
+        print(f"{len(refresh.errors)} trial(s) failed, e.g. {first[0]}: {first[1]}", file=sys.stderr, flush=True)
     return summary
 
 

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import environment_info, read_json
 from ..train import RESULTS_FILE, RunConfig
 from .batching import run_batched
-from .common import RunSpec, command_line, mean_std, remake_report, run_many
+from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME"]
@@ -230,18 +230,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped
     out.mkdir(parents=True, exist_ok=True)
-    command, environment = command_line(), environment_info(config.device)
-    errors: dict[str, str] = {}
-
-    def refresh(name: str | None = None, error: str | None = None) -> dict[str, Any]:
-        # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
-        if name is not None and error:
-            errors[name] = error
-        summary = summarize(config, out)
-        summary.update(command=command, environment=environment, errors=dict(errors))
-        atomic_write_json(summary_path, summary)
-        write_report(out)
-        return summary
+    # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
+    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
+                           environment_info(config.device))
 
     refresh()
     if config.seeds > 1:

@@ -1,0 +1,46 @@
+"""StudySummary: the running summary every study rewrites as its runs end."""
+
+from __future__ import annotations
+
+import json
+
+from throughway.experiments.common import StudySummary
+
+
+def test_study_summary_records_errors_throttles_and_forces(tmp_path):
+    calls = {"summarize": 0, "report": 0}
+
+    def summarize():
+        calls["summarize"] += 1
+        return {"cells": [calls["summarize"]]}
+
+    def report():
+        calls["report"] += 1
+
+    path = tmp_path / "results.json"
+    refresh = StudySummary(path, summarize, report, {"host": "test"}, min_interval_s=3600)
+    first = refresh()
+    assert first is not None and first["cells"] == [1] and first["errors"] == {}
+    assert first["environment"] == {"host": "test"} and isinstance(first["command"], str)
+    # Within the interval an unforced call only records its error: nothing is rewritten.
+    assert refresh("run-a", "boom", force=False) is None
+    assert calls == {"summarize": 1, "report": 1}
+    assert json.loads(path.read_text())["errors"] == {}
+    # The forced final call writes everything recorded so far.
+    final = refresh()
+    assert final["errors"] == {"run-a": "boom"} and final["cells"] == [2]
+    assert json.loads(path.read_text())["errors"] == {"run-a": "boom"}
+    assert calls == {"summarize": 2, "report": 2}
+
+
+def test_study_summary_without_interval_writes_every_call(tmp_path):
+    n = {"k": 0}
+
+    def summarize():
+        n["k"] += 1
+        return {"k": n["k"]}
+
+    refresh = StudySummary(tmp_path / "s.json", summarize, lambda: None, {})
+    assert refresh("x", None, force=False)["k"] == 1
+    assert refresh("y", "", force=False)["k"] == 2
+    assert refresh.errors == {}  # a run that ended without error records nothing
