@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -15,7 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from .plots import save_figure  # noqa: E402
 
@@ -48,8 +49,10 @@ def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLik
         drawn += 1
     ax.set_yscale("log")
     # Plain numbers on the log axis: error percentages read better as 8, 10, 20 than as 10^1.
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    # Labels at the decades and at 2 and 5 times them; the other minor ticks stay unlabelled.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(
+        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v)), 6) in (2.0, 5.0) else ""))
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xlabel("epoch")
     ax.set_ylabel("error (%) — solid: test, dashed: training")
