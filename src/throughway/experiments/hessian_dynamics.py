@@ -28,8 +28,8 @@ import torch
 
 from .._io import atomic_write_json, environment_info
 from ..analysis.hessian import exact_hessian, spectrum_summary, squared_error_loss
-from .common import command_line
-from .shortcut_common import BatchedGD, network_kwargs, remake_report, stored_study, whitened_data
+from .common import command_line, remake_report
+from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "hessian_epochs"]
 

@@ -30,8 +30,8 @@ import torch
 from .._io import atomic_write_json, environment_info
 from ..analysis.hessian import exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
-from .common import command_line, mean_std
-from .shortcut_common import network_kwargs, remake_report, stored_study, whitened_data
+from .common import command_line, mean_std, remake_report
+from .shortcut_common import network_kwargs, stored_study, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args",
            "theorem2_check"]

@@ -32,8 +32,8 @@ from ..data import load_dataset
 from ..models import create_model
 from ..train import get_recipe
 from ..train.loop import fit
-from .common import command_line
-from .shortcut_common import remake_report, stored_study
+from .common import command_line, remake_report
+from .shortcut_common import stored_study
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
 

@@ -23,13 +23,11 @@ import torch
 from torch import nn
 
 from .._io import read_json
-from .common import remake_report
-
 from ..data.whiten import load_whitened_mnist, second_moment_dataset
 from ..models import create_model
 
 __all__ = ["NETWORKS", "network_kwargs", "whitened_data", "WhitenedSet", "BatchedGD", "optimal_linear_loss",
-           "check_same_settings", "stored_study", "remake_report"]
+           "check_same_settings", "stored_study"]
 
 # name -> (shortcut_depth, init); labels as in the paper's legends.
 NETWORKS: dict[str, tuple[int, str]] = {

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from .._io import atomic_write_json, environment_info, read_json
-from .common import command_line
-from .shortcut_common import (NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, remake_report,
-                              stored_study, whitened_data)
+from .common import command_line, remake_report
+from .shortcut_common import (NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, stored_study,
+                              whitened_data)
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "LINEAR", "RELU"]
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from .._io import atomic_write_json, environment_info
-from .common import command_line
-from .shortcut_common import BatchedGD, network_kwargs, remake_report, stored_study, whitened_data
+from .common import command_line, remake_report
+from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
 

@@ -36,14 +36,14 @@ class ConvNet(nn.Module):
         self.head = head
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Map images (N, C, H, W) to the pooled features (N, channels) that enter the classifier."""
+        """Map images (N, C, H, W) to the last block's feature maps (N, channels, H', W')."""
         h = self.stem(x)
         for block in self.blocks:
             h = block(h)
         return h
 
     def forward_head(self, h: torch.Tensor) -> torch.Tensor:
-        """Map features (N, channels) to logits (N, num_classes)."""
+        """Map the last block's feature maps to logits (N, num_classes) through the head."""
         return self.head(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
