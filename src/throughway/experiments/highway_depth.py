@@ -60,7 +60,7 @@ DESCRIPTION = "highway §3.1 figure 1: random search, plain vs highway MLPs of 1
 
 # arch -> (registered model, fixed model kwargs): highway §3.1's thin nets.
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
-    "plain": ("mlp_plain", {"width": 71, "norm": "none"}),
+    "plain": ("mlp_plain", {"width": 71, "norm": "none", "stem": "dense"}),
     "highway": ("mlp_highway", {"width": 50}),
 }
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import environment_info, read_json
+from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from .batching import run_batched
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
@@ -53,8 +54,9 @@ class Config:
     depths: tuple[int, ...] = (2, 10, 20, 50, 100)
     archs: tuple[str, ...] = ("plain", "residual", "gated", "highway")
     epochs: int = 100
-    seeds: int = 1
+    seeds: int = 5
     recipe: str = "gresnet-mnist"
+    stem: str = "linear"
     train_on_full: bool = False
     width: int = 50
     limit: int | None = None
@@ -69,6 +71,8 @@ class Config:
         bad = [d for d in self.depths if d < 0 or d % 2]
         if bad:
             raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        if self.stem not in STEMS:
+            raise ValueError(f"stem: {self.stem!r} not known; accepted values: {list(STEMS)}")
         if self.seeds < 1 or self.epochs < 1:
             raise ValueError("seeds and epochs must be ≥ 1")
 
@@ -105,6 +109,8 @@ def specs(config: Config) -> list[RunSpec]:
     for depth in sorted(config.depths, reverse=True):
         for arch in config.archs:
             model, kwargs = ARCHITECTURES[arch]
+            if arch in PAPER_TEST_ERROR:  # the gated residual paper's three nets take the study's first layer
+                kwargs = {**kwargs, "stem": config.stem}
             for seed in range(config.seeds):
                 out.append(RunSpec(run_name(arch, depth, seed), RunConfig(
                     model=model, depth=depth, dataset="mnist", recipe=config.recipe, epochs=config.epochs,

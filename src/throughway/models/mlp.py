@@ -11,13 +11,26 @@ linear classifier whose logits feed a softmax cross-entropy. The middle layers s
 * mlp_augmented: d plain layers each augmented, u = g(k)·f(x) + (1 − g(k))·x;
 * mlp_highway: d highway layers y = H(x)·T(x) + x·(1 − T(x)).
 
-The gated residual paper's stem is "a linear layer with 50 neurons"; here it is the same
-Dot-BN-ReLU as every other plain layer (Dot-activation for the highway family, as in the highway
-paper), so that the middle blocks receive a normalised, rectified input. Weights default to Glorot
-uniform with zero biases, the Keras default that the gated residual MNIST experiments ran with.
+The first layer is the `stem` argument of every family:
+
+* ``stem="linear"``: a single Dot (nn.Linear, no BatchNorm, no activation). gated-residual-v2 §3.1:
+  "The networks consist of a linear layer with 50 neurons, followed by d layers with 50 neurons
+  each, and lastly a softmax layer." It is the default of the gated residual paper's families
+  (mlp_plain, mlp_residual, mlp_gated_residual, mlp_augmented).
+* ``stem="dense"``: Dot-BN-activation like every other plain layer (Dot-activation when norm="none";
+  for mlp_highway, Dot-activation with BatchNorm only when stem_norm="batch"). It is mlp_highway's
+  default: the highway paper's §3.1 nets start with "a regular fully-connected layer". It was this
+  toolkit's only stem for the gated residual families before issue 12; saved models and results
+  that do not record a stem were built with it and load as ``stem="dense"``
+  (`LEGACY_STEM`). results/mnist-depth keeps that study as the ablation row "first layer Dot-BN-ReLU".
+
+Weights default to Glorot uniform with zero biases, the Keras default that the gated residual
+MNIST experiments ran with.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,11 +38,17 @@ from torch import nn
 from ..layers import PlainBlock, ResidualBlock, augment, dense_highway_layer, dense_unit, init_weights_
 from .registry import register_model
 
-__all__ = ["MLP", "HIGHWAY_PAPER_WIDTHS"]
+__all__ = ["MLP", "HIGHWAY_PAPER_WIDTHS", "STEMS", "LEGACY_STEM", "MLP_FAMILIES", "make_stem", "with_legacy_stem"]
 
 # Highway paper section 3.1: "each layer has 50 blocks for highway networks and 71 units for plain
 # networks, yielding roughly identical numbers of parameters (≈ 5000) per layer".
 HIGHWAY_PAPER_WIDTHS = {"mlp_plain": 71, "mlp_highway": 50}
+
+# The first layer's kinds (module docstring). A saved MLP whose config has no "stem" was built
+# before the argument existed, with the dense stem.
+STEMS = ("linear", "dense")
+LEGACY_STEM = "dense"
+MLP_FAMILIES = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmented", "mlp_highway")
 
 
 class MLP(nn.Module):
@@ -71,6 +90,25 @@ def _check_even(depth: int, name: str) -> None:
         )
 
 
+def with_legacy_stem(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (a model.config, {"name": ..., **arguments}) with ``stem="dense"`` added when it names
+    an MLP family and records no stem: files written before the argument existed were built so."""
+    if config.get("name") in MLP_FAMILIES and "stem" not in config:
+        return {**config, "stem": LEGACY_STEM}
+    return dict(config)
+
+
+def make_stem(stem: str, in_features: int, width: int, norm: str, activation: str,
+              bn_momentum: float = 0.1) -> nn.Module:
+    """The first layer: a single nn.Linear for stem="linear" (gated-residual-v2 §3.1), else
+    `dense_unit` (Dot-BN-activation, or Dot-activation when norm="none")."""
+    if stem == "linear":
+        return nn.Linear(in_features, width)
+    if stem == "dense":
+        return dense_unit(in_features, width, norm, activation, bn_momentum)
+    raise ValueError(f"stem={stem!r} is not known; accepted values: {list(STEMS)}")
+
+
 def _finish(model: MLP, init: str) -> MLP:
     return init_weights_(model, init)  # type: ignore[return-value]
 
@@ -85,19 +123,22 @@ def mlp_plain(
     activation: str = "relu",
     init: str = "glorot_uniform",
     bn_momentum: float = 0.1,
+    stem: str = "linear",
 ) -> MLP:
-    """Plain net with `depth` middle Dot-BN-activation layers (norm="none": Dot-activation)."""
+    """Plain net with `depth` middle Dot-BN-activation layers (norm="none": Dot-activation) after
+    the first layer `stem` ("linear": a single Dot, the paper's; "dense": Dot-BN-activation)."""
     _check_common(depth, width, in_features, num_classes)
-    stem = dense_unit(in_features, width, norm, activation, bn_momentum)
+    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum)
     blocks = [PlainBlock(dense_unit(width, width, norm, activation, bn_momentum)) for _ in range(depth)]
-    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: str, activation: str,
-              init: str, bn_momentum: float, gated: bool, k_init: float, gate_function: str, name: str) -> MLP:
+              init: str, bn_momentum: float, gated: bool, k_init: float, gate_function: str, name: str,
+              stem: str) -> MLP:
     _check_common(depth, width, in_features, num_classes)
     _check_even(depth, name)
-    stem = dense_unit(in_features, width, norm, activation, bn_momentum)
+    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum)
     blocks = [
         ResidualBlock(
             nn.Sequential(dense_unit(width, width, norm, activation, bn_momentum),
@@ -106,7 +147,7 @@ def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: 
         )
         for _ in range(depth // 2)
     ]
-    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 @register_model("mlp_residual", "fully connected ResNet: d/2 blocks u = f_r(x) + x of two Dot-BN-ReLU layers (gated-residual-v2 §3.1)")
@@ -119,10 +160,11 @@ def mlp_residual(
     activation: str = "relu",
     init: str = "glorot_uniform",
     bn_momentum: float = 0.1,
+    stem: str = "linear",
 ) -> MLP:
-    """Residual net with depth/2 ungated blocks (depth even)."""
+    """Residual net with depth/2 ungated blocks (depth even) after the first layer `stem`."""
     return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum,
-                     gated=False, k_init=1.0, gate_function="relu", name="mlp_residual")
+                     gated=False, k_init=1.0, gate_function="relu", name="mlp_residual", stem=stem)
 
 
 @register_model("mlp_gated_residual", "fully connected gated ResNet: d/2 blocks u = g(k)·f_r(x) + x, one scalar k per block (gated-residual-v2 §2.2)")
@@ -137,10 +179,13 @@ def mlp_gated_residual(
     bn_momentum: float = 0.1,
     k_init: float = 1.0,
     gate_function: str = "relu",
+    stem: str = "linear",
 ) -> MLP:
-    """Gated residual net with depth/2 gated blocks: exactly depth/2 parameters more than mlp_residual."""
+    """Gated residual net with depth/2 gated blocks after the first layer `stem`: exactly depth/2
+    parameters more than mlp_residual."""
     return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum,
-                     gated=True, k_init=k_init, gate_function=gate_function, name="mlp_gated_residual")
+                     gated=True, k_init=k_init, gate_function=gate_function, name="mlp_gated_residual",
+                     stem=stem)
 
 
 @register_model("mlp_augmented", "fully connected plain net with every layer augmented: u = g(k)·f(x) + (1−g(k))·x (gated-residual-v1 §3)")
@@ -155,13 +200,15 @@ def mlp_augmented(
     bn_momentum: float = 0.1,
     k_init: float = 1.0,
     gate_function: str = "relu",
+    stem: str = "linear",
 ) -> MLP:
-    """Plain net whose `depth` middle layers are each wrapped by `augment` (depth parameters more)."""
+    """Plain net whose `depth` middle layers are each wrapped by `augment` (depth parameters more),
+    after the first layer `stem`."""
     _check_common(depth, width, in_features, num_classes)
-    stem = dense_unit(in_features, width, norm, activation, bn_momentum)
+    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum)
     blocks = [augment(dense_unit(width, width, norm, activation, bn_momentum), k_init, gate_function)
               for _ in range(depth)]
-    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 @register_model("mlp_highway", "fully connected highway net: stem, d layers y = H(x)·T(x) + x·(1−T(x)), classifier (highway §3.1)")
@@ -174,11 +221,13 @@ def mlp_highway(
     gate_bias: float = -2.0,
     stem_norm: str = "none",
     init: str = "glorot_uniform",
+    stem: str = "dense",
 ) -> MLP:
-    """Highway net: a plain stem (Dot-activation, as in the highway paper; stem_norm="batch" adds BN),
-    `depth` highway layers of `width` blocks with transform-gate bias `gate_bias`, a linear classifier.
+    """Highway net: a plain first layer (stem="dense": Dot-activation, as in the highway paper;
+    stem_norm="batch" adds BN; stem="linear": a single Dot), `depth` highway layers of `width`
+    blocks with transform-gate bias `gate_bias`, a linear classifier.
     The highway paper's "10-layer" net is depth=9 (1 plain + 9 highway layers)."""
     _check_common(depth, width, in_features, num_classes)
-    stem = dense_unit(in_features, width, stem_norm, activation)
+    stem_layer = make_stem(stem, in_features, width, stem_norm, activation)
     blocks = [dense_highway_layer(width, activation, gate_bias) for _ in range(depth)]
-    return _finish(MLP(stem, blocks, nn.Linear(width, num_classes)), init)
+    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)

@@ -65,7 +65,7 @@ from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from ..data import DataSplits, Split, load_dataset
 from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
 from ..layers.gates import GATE_FUNCTIONS
-from ..models import create_model
+from ..models import create_model, with_legacy_stem
 from .checkpoint import MODEL_FILE, save_model
 from .loop import History
 from .recipes import Recipe, learning_rate_at, parameter_groups
@@ -659,7 +659,7 @@ def _write_results(member: _Member, final: bool) -> None:
 
 
 def _save_member_model(member: _Member, state: dict[str, torch.Tensor]) -> None:
-    cfg = dict(member.model_config)
+    cfg = with_legacy_stem(member.model_config)
     name = cfg.pop("name")
     model = create_model(name, **cfg)
     model.load_state_dict(state)

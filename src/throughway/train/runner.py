@@ -30,7 +30,7 @@ import torch
 from .._io import atomic_write_json, environment_info, read_json
 from ..data import DataSplits, load_dataset
 from ..data.augment import RandomCropFlip, normalize_splits
-from ..models import create_model, model_entry
+from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from . import distributed
 from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, save_model, MODEL_FILE
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
@@ -194,6 +194,12 @@ def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) 
     defaults = RunConfig(model=config.model, depth=config.depth).to_dict()
     old = {**defaults, **existing.get("config", {})}
     new = config.to_dict()
+    if config.model in MLP_FAMILIES and isinstance(old.get("model_kwargs"), dict):
+        # The first layer an MLP was built with: recorded in the model's config since issue 12,
+        # else the dense stem of every earlier run; compared as built, not as spelled.
+        built = (existing.get("model") or {}).get("config") or {}
+        old["model_kwargs"] = {"stem": built.get("stem", LEGACY_STEM), **old["model_kwargs"]}
+        new["model_kwargs"] = {"stem": model_entry(config.model).parameters()["stem"], **new["model_kwargs"]}
     differing = sorted(k for k in set(old) | set(new) if k not in _RESUMABLE_DIFFERENCES and old.get(k) != new.get(k))
     if differing:
         details = ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in differing)
