@@ -33,8 +33,8 @@ def test_train_smoke(tmp_path, fake_mnist_root, capsys):
 
 def test_reproduce_mnist_depth_smoke_and_report(tmp_path, fake_mnist_root, capsys):
     out = tmp_path / "study"
-    args = ["reproduce", "mnist-depth", "--depths", "2", "4", "--epochs", "1", "--out", str(out), "--jobs", "1",
-            "--quiet"]
+    args = ["reproduce", "mnist-depth", "--depths", "2", "4", "--epochs", "1", "--seeds", "2", "--out", str(out),
+            "--jobs", "1", "--quiet"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     # the paper's numbers are printed beside ours
@@ -42,8 +42,13 @@ def test_reproduce_mnist_depth_smoke_and_report(tmp_path, fake_mnist_root, capsy
     summary = json.loads((out / "results.json").read_text())
     assert {(c["arch"], c["depth"]) for c in summary["cells"]} == {(a, d) for a in ("plain", "residual", "gated", "highway")
                                                                    for d in (2, 4)}
-    assert all(c["test_error_pct"]["n"] == 1 for c in summary["cells"])
+    assert all(c["test_error_pct"]["n"] == 2 for c in summary["cells"])
+    # the paired gated − residual test over the two seeds, per depth
+    assert [row["depth"] for row in summary["comparisons"]] == [2, 4]
+    assert all(row["seeds"] == [0, 1] and row["test_error_pct"]["df"] == 1 for row in summary["comparisons"])
+    assert "paired t-test" in printed
     assert (out / "figure4_train_loss.png").stat().st_size > 10_000
+    assert (out / "figure5_k_by_block.png").stat().st_size > 10_000
     assert summary["command"].startswith("throughway ")
     # a finished study is re-reported, not retrained; `report` remakes table and figure from the file
     assert main(args) == 0

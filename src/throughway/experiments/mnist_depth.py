@@ -22,10 +22,11 @@ from .._io import environment_info, read_json
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from .batching import run_batched
+from ..report.stats import SIGNIFICANCE, paired_t_test
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
-           "write_report", "NAME"]
+           "write_report", "NAME", "paired_comparisons", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
 
 NAME = "mnist-depth"
 DESCRIPTION = "gated-residual-v2 Table 1 and 2, figure 4: plain / residual / gated (and highway) MLPs on MNIST, d = 2..100"
@@ -77,10 +78,10 @@ class Config:
             raise ValueError("seeds and epochs must be ≥ 1")
 
 
-# What --quick runs: every depth and architecture for 2 epochs, so that the whole main job fits
-# in 10 minutes on 2 cores with room to spare. Measured on a fresh clone, set-up included: 3 epochs
+# What --quick runs: every depth and architecture for 2 epochs and 2 seeds (the fewest that give a
+# spread), so that the whole main job fits in 10 minutes on 2 cores with room to spare. Measured on a fresh clone, set-up included: 3 epochs
 # took 11.5 minutes with torch's per-tensor optimiser; see the README for the 2-epoch figure.
-QUICK = Config(epochs=2, quick=True)
+QUICK = Config(epochs=2, seeds=2, quick=True)
 
 
 def differences_from_paper(config: dict[str, Any]) -> list[str]:
@@ -120,14 +121,45 @@ def specs(config: Config) -> list[RunSpec]:
     return out
 
 
+LAST_EPOCHS = 10  # "the mean of the last 10 epochs" (issue 12): less sensitive to one epoch's noise
+
+
+def _run_record(result: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One finished run's numbers: last-epoch and last-10-epoch test error, its k's."""
+    history = result["history"]
+    final = result["final"]
+    tail = [h["test_error_pct"] for h in history[-LAST_EPOCHS:] if h.get("test_error_pct") is not None]
+    ks = final.get("k")
+    return {"seed": seed, "test_error_pct": final["test_error_pct"],
+            "test_error_last10_pct": sum(tail) / len(tail) if tail else None,
+            "k_mean": final.get("k_mean"), "k": ks,
+            "dead_gates": sum(1 for k in ks if k <= 0.0) if ks else None,
+            "k_middle_minus_ends": middle_minus_ends(ks) if ks and len(ks) >= 3 else None}
+
+
+def middle_minus_ends(values: list[float]) -> float:
+    """Mean of the middle third of `values` minus the mean of the first and last thirds: negative
+    when the middle blocks have smaller k, the dip gated-residual-v2 figure 5 (left) describes."""
+    third = len(values) // 3
+    middle = values[third:len(values) - third]
+    ends = values[:third] + values[len(values) - third:]
+    return sum(middle) / len(middle) - sum(ends) / len(ends)
+
+
 def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Collect every run's results.json under `out`/runs into the study summary (finished or not)."""
+    """Collect every run's results.json under `out`/runs into the study summary (finished or not).
+
+    Per cell (architecture, depth): last-epoch test error as mean ± std and best over seeds, the
+    mean of the last `LAST_EPOCHS` epochs (mean ± std over seeds), mean k (mean ± std), and each
+    finished seed's numbers (`per_seed`). `comparisons` holds, per depth, the paired t-test of
+    gated − residual over the seeds both finished (`paired_comparisons`).
+    """
     out = Path(out)
     cells = []
     curves: dict[str, dict[str, list[Any]]] = {}
     for depth in config.depths:
         for arch in config.archs:
-            errors, ks, status = [], [], []
+            per_seed, status = [], []
             for seed in range(config.seeds):
                 name = run_name(arch, depth, seed)
                 path = out / "runs" / name / RESULTS_FILE
@@ -145,16 +177,48 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                 status.append({"run": name, "state": state, "epochs": len(history),
                                "diverged_at": result.get("diverged_at")})
                 if final is not None:
-                    errors.append(final["test_error_pct"])
-                    if final.get("k_mean") is not None:
-                        ks.append(final["k_mean"])
+                    per_seed.append(_run_record(result, seed))
+            errors = [r["test_error_pct"] for r in per_seed]
             cells.append({
                 "arch": arch, "model": ARCHITECTURES[arch][0], "depth": depth,
-                "test_error_pct": mean_std(errors), "k_mean": mean_std(ks), "runs": status,
+                "test_error_pct": mean_std(errors),
+                "test_error_best_pct": min(errors) if errors else None,
+                "test_error_last10_pct": mean_std([r["test_error_last10_pct"] for r in per_seed]),
+                "k_mean": mean_std([r["k_mean"] for r in per_seed if r["k_mean"] is not None]),
+                "k_middle_minus_ends": mean_std([r["k_middle_minus_ends"] for r in per_seed
+                                                 if r["k_middle_minus_ends"] is not None]),
+                "per_seed": per_seed, "runs": status,
                 "paper_test_error_pct": PAPER_TEST_ERROR.get(arch, {}).get(depth),
                 "paper_k_mean": PAPER_MEAN_K.get(depth) if arch == "gated" else None,
             })
-    return {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
+    summary = {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
+    summary["comparisons"] = paired_comparisons(summary)
+    return summary
+
+
+def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "residual") -> list[dict[str, Any]]:
+    """Per depth, the paired t-test (report.stats.paired_t_test) of `a` − `b` test error over the seeds
+    both finished, for the last-epoch error and for the mean of the last 10 epochs, with a verdict:
+    "<a> better" or "<b> better" where p < SIGNIFICANCE, else "no significant difference"."""
+    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    out = []
+    for depth in summary["config"]["depths"]:
+        if (a, depth) not in by or (b, depth) not in by:
+            continue
+        first = {r["seed"]: r for r in by[(a, depth)]["per_seed"]}
+        second = {r["seed"]: r for r in by[(b, depth)]["per_seed"]}
+        seeds = sorted(set(first) & set(second))
+        row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
+        for key in ("test_error_pct", "test_error_last10_pct"):
+            test = paired_t_test([first[s][key] for s in seeds], [second[s][key] for s in seeds])
+            verdict = "no significant difference"
+            if test.p_value is not None and test.p_value < SIGNIFICANCE and test.mean_difference:
+                verdict = f"{a} better" if test.mean_difference < 0 else f"{b} better"
+            elif test.p_value is None:
+                verdict = "too few seeds"
+            row[key] = {**test.to_dict(), "verdict": verdict}
+        out.append(row)
+    return out
 
 
 def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
@@ -163,7 +227,7 @@ def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
     if stat["mean"] is None:
         if not unfinished:
             return "—"
-        r = unfinished[0]
+        r = max(unfinished, key=lambda r: r["epochs"])
         return "not run" if r["state"] == "not started" else f"(unfinished: epoch {r['epochs']}/{epochs})"
     text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
     if any(r["state"] == "diverged" for r in cell["runs"]):
@@ -174,17 +238,26 @@ def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
     return text
 
 
+def _format_p(p: float | None) -> str:
+    if p is None:
+        return "—"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
 def table_markdown(summary: dict[str, Any]) -> str:
-    """Markdown tables: measured test error beside Table 1, measured mean k beside Table 2."""
+    """Markdown tables: test error beside Table 1 (mean ± std and best over seeds, last epoch; mean of
+    the last 10 epochs), mean k beside Table 2, and the paired gated − residual test per depth."""
     config = summary["config"]
     epochs = config["epochs"]
     archs = config["archs"]
+    seeds = config["seeds"]
     by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    lines = [f"Test error (%) at the last epoch — gated-residual-v2 Table 1 (paper) beside ours "
+             f"(mean ± std over {seeds} seed{'s' if seeds > 1 else ''}; best seed)", ""]
     header = ["d"]
     for arch in archs:
-        header += [f"{arch} (paper)", f"{arch} (ours)"] if arch in PAPER_TEST_ERROR else [f"{arch} (ours)"]
-    lines = ["Test error (%) — gated-residual-v2 Table 1 (paper) beside ours", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        header += ([f"{arch} (paper)"] if arch in PAPER_TEST_ERROR else []) + [f"{arch} (ours)", "best"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for depth in config["depths"]:
         row = [str(depth)]
         for arch in archs:
@@ -193,31 +266,92 @@ def table_markdown(summary: dict[str, Any]) -> str:
                 paper = cell["paper_test_error_pct"]
                 row.append(f"{paper:.2f}" if paper is not None else "—")
             row.append(_format_cell(cell, "test_error_pct", epochs))
+            best = cell.get("test_error_best_pct")
+            row.append(f"{best:.2f}" if best is not None else "—")
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
+              "| d | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
+    for depth in config["depths"]:
+        lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
+                                                 for arch in archs) + " |")
     if "gated" in archs:
-        lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours", "",
-                  "| d | mean k (paper) | mean k (ours) |", "|---|---|---|"]
+        lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours "
+                  "(mean ± std over seeds)", "",
+                  "| d | mean k (paper) | mean k (ours) | dead gates (k ≤ 0) per seed | k: middle third − outer thirds |",
+                  "|---|---|---|---|---|"]
         for depth in config["depths"]:
             cell = by[("gated", depth)]
             paper = cell["paper_k_mean"]
-            lines.append(f"| {depth} | {paper:.2f} | {_format_cell(cell, 'k_mean', epochs)} |" if paper is not None
-                         else f"| {depth} | — | {_format_cell(cell, 'k_mean', epochs)} |")
-    notes = [f"{epochs} epochs, recipe {config['recipe']}, {config['seeds']} seed(s), trained on "
+            dead = ", ".join(str(r["dead_gates"]) for r in cell.get("per_seed", []) if r.get("dead_gates") is not None)
+            lines.append(f"| {depth} | {f'{paper:.2f}' if paper is not None else '—'} | "
+                         f"{_format_cell(cell, 'k_mean', epochs)} | {dead or '—'} of {max(depth // 2, 0)} | "
+                         f"{_format_cell(cell, 'k_middle_minus_ends', epochs) if depth >= 6 else '—'} |")
+    comparisons = summary.get("comparisons") or []
+    if comparisons:
+        lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test; "
+                  f"\"better\" only where p < {SIGNIFICANCE})", "",
+                  "| d | seeds | last epoch: difference ± s.e. | p | verdict | last 10 epochs: difference ± s.e. | p | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in comparisons:
+            cols = [str(row["depth"]), str(len(row["seeds"]))]
+            for key in ("test_error_pct", "test_error_last10_pct"):
+                t = row[key]
+                diff = "—" if t["mean_difference"] is None else (
+                    f"{t['mean_difference']:+.3f}" + (f" ± {t['standard_error']:.3f}" if t["standard_error"] is not None else ""))
+                cols += [diff, _format_p(t["p_value"]), t["verdict"]]
+            lines.append("| " + " | ".join(cols) + " |")
+    notes = [f"{epochs} epochs, recipe {config['recipe']}, {seeds} seed(s), first layer "
+             f"{_STEM_WORDS.get(config.get('stem', 'dense'), config.get('stem'))}, trained on "
              f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."]
     cuts = differences_from_paper(config)
     if cuts:
         notes.append(("--quick cut: " if config.get("quick") else "Differences from the paper: ") + "; ".join(cuts) + ".")
     if "highway" in archs:
-        notes.append("highway: not in the paper's table; tanh H, gate bias −2, same recipe.")
+        notes.append("highway: not in the paper's table; tanh H, gate bias −2, dense first layer, same recipe.")
     return "\n".join(lines + [""] + notes) + "\n"
 
 
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+_STEM_WORDS = {"linear": "linear (a single Dot, the paper's)", "dense": "Dot-BN-ReLU (not the paper's)"}
+
+
+def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) -> str:
+    """A table of this study's cells (the paper's linear first layer) beside `ablation`, a study run
+    with the Dot-BN-ReLU first layer: test error and mean k per depth, with the paper's numbers."""
+    ours = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    other = {(c["arch"], c["depth"]): c for c in ablation["cells"]}
+
+    def fmt(cell: dict[str, Any] | None, key: str) -> str:
+        if cell is None or cell[key]["mean"] is None:
+            return "—"
+        stat = cell[key]
+        return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
+
+    lines = ["| d | arch | paper | first layer linear (paper's) | first layer Dot-BN-ReLU | k: paper | k: linear | k: Dot-BN-ReLU |",
+             "|---|---|---|---|---|---|---|---|"]
+    for depth in summary["config"]["depths"]:
+        for arch in ("residual", "gated"):
+            a, b = ours.get((arch, depth)), other.get((arch, depth))
+            if a is None:
+                continue
+            paper = PAPER_TEST_ERROR[arch].get(depth)
+            k_paper = PAPER_MEAN_K.get(depth) if arch == "gated" else None
+            lines.append(f"| {depth} | {arch} | {_num(paper)} | {fmt(a, 'test_error_pct')} | "
+                         f"{fmt(b, 'test_error_pct')} | {_num(k_paper)} | "
+                         f"{fmt(a, 'k_mean') if arch == 'gated' else '—'} | {fmt(b, 'k_mean') if arch == 'gated' else '—'} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figure from `out`/results.json alone; return the table text."""
-    from ..report.plots import plot_error_by_depth, plot_training_curves
+    """Remake table.md and the figures from `out`/results.json alone; return the table text."""
+    from ..report.depth_study_plots import plot_error_by_depth, plot_k_by_block, plot_training_curves
 
     return remake_report(out, table_markdown, [(plot_training_curves, "figure4_train_loss.png"),
-                                               (plot_error_by_depth, "table1_test_error_by_depth.png")])
+                                               (plot_error_by_depth, "table1_test_error_by_depth.png"),
+                                               (plot_k_by_block, "figure5_k_by_block.png")])
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -272,6 +406,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depths", type=int, nargs="+", help="values of d (paper: 2 10 20 50 100)")
     parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures to train")
     parser.add_argument("--train-on-full", action="store_true", help="train on all 60,000 images as the paper did")
+    parser.add_argument("--stem", choices=list(STEMS),
+                        help="first layer of the plain/residual/gated nets: linear (the paper's, default) or dense "
+                             "(Dot-BN-ReLU, the stem ablation)")
     parser.add_argument("--limit", type=int, help="keep only the first N samples of each split (smoke tests)")
 
 
@@ -289,6 +426,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         changes["archs"] = tuple(args.archs)
     if args.train_on_full:
         changes["train_on_full"] = True
+    if args.stem is not None:
+        changes["stem"] = args.stem
     if args.limit is not None:
         changes["limit"] = args.limit
     return replace(config, **changes)

@@ -1,0 +1,62 @@
+"""report.stats: Student's t tail and the paired t-test behind every "A beats B" in the reports."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from throughway.report.stats import paired_t_test, regularized_incomplete_beta, student_t_sf
+
+
+@pytest.mark.parametrize("t,df,two_sided", [(2.776445105, 4, 0.05), (12.7062047, 1, 0.05), (2.228138852, 10, 0.05),
+                                            (4.604094871, 4, 0.01), (1.0, 1, 0.5)])
+def test_two_sided_p_matches_t_tables(t, df, two_sided):
+    assert 2 * student_t_sf(t, df) == pytest.approx(two_sided, rel=1e-7)
+
+
+def test_t_tail_matches_a_monte_carlo_estimate():
+    rng = random.Random(0)
+    df, t, n = 3, 1.5, 200_000
+    hits = 0
+    for _ in range(n):
+        z = rng.gauss(0, 1)
+        chi2 = sum(rng.gauss(0, 1) ** 2 for _ in range(df))
+        hits += z / math.sqrt(chi2 / df) > t
+    assert student_t_sf(t, df) == pytest.approx(hits / n, abs=0.003)
+
+
+def test_incomplete_beta_symmetry_and_edges():
+    assert regularized_incomplete_beta(0.3, 2.0, 5.0) + regularized_incomplete_beta(0.7, 5.0, 2.0) == pytest.approx(1.0)
+    assert regularized_incomplete_beta(0.5, 1.0, 1.0) == pytest.approx(0.5)  # uniform
+    assert regularized_incomplete_beta(0.0, 2, 3) == 0.0 and regularized_incomplete_beta(1.0, 2, 3) == 1.0
+
+
+def test_paired_test_by_hand():
+    a, b = [1.2, 1.3, 1.1, 1.25, 1.4], [1.5, 1.4, 1.3, 1.6, 1.45]
+    test = paired_t_test(a, b)
+    diffs = [-0.3, -0.1, -0.2, -0.35, -0.05]
+    mean = sum(diffs) / 5
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4) / math.sqrt(5)
+    assert test.mean_difference == pytest.approx(mean) and test.standard_error == pytest.approx(se)
+    assert test.t == pytest.approx(mean / se) and test.df == 4
+    assert test.p_value == pytest.approx(2 * student_t_sf(abs(mean / se), 4))
+    assert test.p_value < 0.05
+
+
+def test_paired_test_is_the_pairing_not_the_groups():
+    # Large shared seed-to-seed spread, a small constant shift: the pairs see it, the groups would not.
+    a = [1.0, 2.0, 3.0, 4.0, 5.0]
+    b = [x + 0.1 + 0.01 * (-1) ** i for i, x in enumerate(a)]
+    assert paired_t_test(a, b).p_value < 1e-4
+
+
+def test_paired_test_edge_cases():
+    assert paired_t_test([], []).p_value is None
+    assert paired_t_test([1.0], [2.0]).p_value is None
+    assert paired_t_test([1.0, 2.0], [1.0, 2.0]).p_value is None  # every difference 0
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_t_test([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        paired_t_test([1.0, float("nan")], [1.0, 2.0])
