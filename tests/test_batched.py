@@ -289,3 +289,37 @@ def test_search_cost_estimate_pieces(fake_mnist_root):
     assert len(e["batches"]) == len(group_specs(study.specs(config)))
     assert e["train_images"] == 300 and e["wall_s"] <= e["serial_s"] + 1e-9
     assert all(r["total_s"] == pytest.approx(2 * r["epoch_s"]) for r in e["batches"])
+
+
+def test_plain_residual_and_gated_nets_of_one_depth_share_a_batch(tmp_path, fake_mnist_root):
+    # Issue 16: the three architectures of one depth x 2 seeds train as one batch of 6, and each
+    # model ends as if trained alone (NAdam with eps 1e-3 so that BatchNorm's noisy pre-BN biases
+    # do not blur the comparison, see NOISY_EVAL).
+    configs = [RunConfig(model=model, depth=4, recipe="gresnet-mnist", epochs=2, seed=seed, model_kwargs={"width": 8},
+                         recipe_overrides={"batch_size": 64, "eps": 1e-3})
+               for model in ("mlp_plain", "mlp_residual", "mlp_gated_residual") for seed in (0, 1)]
+    assert len({batch_key(c) for c in configs}) == 1
+    data = load_dataset("mnist")
+    alone = _alone(configs, tmp_path, data)
+    dirs = [tmp_path / f"batched-{i}" for i in range(len(configs))]
+    train_batched(configs, dirs, progress=False, data=data)
+    for i, c in enumerate(configs):
+        on_disk = read_results(dirs[i])
+        _assert_same_run(on_disk, alone[i])
+        _assert_same_weights(dirs[i] / "model.safetensors", tmp_path / f"alone-{i}" / "model.safetensors")
+        assert on_disk["model"] == alone[i]["model"]  # the model's own config and parameter count
+        assert ("k" in on_disk["history"][-1]) == (c.model == "mlp_gated_residual")
+    # The architectures really differ: a plain net's loss is not a residual net's.
+    losses = {read_results(d)["history"][-1]["train_loss"] for d in dirs}
+    assert len(losses) == 6
+
+
+def test_a_mixed_batch_refuses_models_of_another_shape():
+    from throughway.models import create_model
+    from throughway.train.batched import StackedModels
+
+    plain = create_model("mlp_plain", depth=4, width=6, in_features=5, num_classes=3, activation="tanh")
+    residual = create_model("mlp_residual", depth=4, width=6, in_features=5, num_classes=3)
+    with pytest.raises(ValueError, match="gated residual layout"):
+        StackedModels([plain, residual])
+    assert batch_key(RunConfig(model="mlp_plain", depth=4)) != batch_key(RunConfig(model="mlp_highway", depth=4))

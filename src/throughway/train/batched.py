@@ -74,9 +74,15 @@ from .runner import (RESULTS_FILE, RunConfig, RunExistsError, build_model, check
 
 __all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
            "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
-           "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
+           "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS", "MIXABLE_MODELS", "batch_family"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented")
+# The gated residual paper's three MLPs of one depth share every Linear and BatchNorm shape and differ
+# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one batch can hold all three
+# (issue 16). Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
+MIXABLE_MODELS: dict[str, tuple[bool, bool]] = {"mlp_plain": (False, False), "mlp_residual": (True, False),
+                                               "mlp_gated_residual": (True, True)}
+_MIXED_FAMILY = "mlp_plain|mlp_residual|mlp_gated_residual"
 # Model arguments that change only initial values, so models of one batch may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
 # Recipe fields that may differ between the models of one batch.
@@ -102,15 +108,22 @@ def backward(loss: torch.Tensor) -> None:
         loss.backward()
 
 
+def batch_family(model: str) -> str:
+    """The name under which models can share a batch: the model's own, or one name for the three
+    MIXABLE_MODELS (plain, residual and gated residual MLPs of one depth train together)."""
+    return _MIXED_FAMILY if model in MIXABLE_MODELS else model
+
+
 def batch_key(config: RunConfig) -> tuple[Any, ...]:
-    """Configs with equal keys can share one batch: same model, depth, shape arguments, data and device.
+    """Configs with equal keys can share one batch: same model family (`batch_family`), depth, shape
+    arguments, data and device.
 
     Seeds, initial values (INIT_ONLY_KWARGS) and the per-model recipe fields may differ; the
     recipe's shared fields are checked by `train_batched` once the recipes are resolved.
     """
     shape = {k: v for k, v in config.model_kwargs.items() if k not in INIT_ONLY_KWARGS}
-    return (*(getattr(config, f) for f in _SHARED_CONFIG_FIELDS), config.recipe, config.epochs,
-            json.dumps(shape, sort_keys=True))
+    shared = [batch_family(config.model) if f == "model" else getattr(config, f) for f in _SHARED_CONFIG_FIELDS]
+    return (*shared, config.recipe, config.epochs, json.dumps(shape, sort_keys=True))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,6 +143,60 @@ def _structure(module: nn.Module) -> list[str]:
     return out
 
 
+def canonical_name(kind: str, name: str) -> str:
+    """The name of a plain/residual/gated MLP's tensor in a mixed batch (the gated residual layout):
+    plain layer j's `blocks.j.branch.X` is `blocks.{j // 2}.branch.{j % 2}.X`; others are unchanged."""
+    if kind == "mlp_plain" and name.startswith("blocks.") and ".branch." in name:
+        _, layer, rest = name.split(".", 2)
+        j = int(layer)
+        return f"blocks.{j // 2}.branch.{j % 2}.{rest[len('branch.'):]}"
+    return name
+
+
+def own_name(kind: str, name: str) -> str:
+    """The inverse of `canonical_name`: a mixed batch's tensor name as model kind `kind` calls it."""
+    if kind == "mlp_plain" and name.startswith("blocks."):
+        _, block, _branch, half, rest = name.split(".", 4)
+        return f"blocks.{2 * int(block) + int(half)}.branch.{rest}"
+    return name
+
+
+def _mixed_template(models: Sequence[nn.Module]) -> nn.Module:
+    # The gated residual layout: a gated model of the batch, else one built with the batch's shape.
+    for m in models:
+        if m.config["name"] == "mlp_gated_residual":
+            return m
+    config = {k: v for k, v in models[0].config.items() if k != "name"}
+    if config.get("depth", 0) % 2:
+        raise ValueError(f"depth={config.get('depth')}: plain nets join residual ones in a batch only at even depth")
+    return create_model("mlp_gated_residual", **config)
+
+
+def _leaves(model: nn.Module, kind: str) -> dict[str, str]:
+    """Every leaf module (layer, norm, activation) under its canonical name, with what defines it."""
+    out = {}
+    for name, m in model.named_modules():
+        if next(m.children(), None) is not None or not name or name.endswith((".gate", ".shortcut")):
+            continue  # containers; gates and shortcuts are what the masks stand for
+        extra = f"{m.momentum},{m.eps}" if isinstance(m, nn.BatchNorm1d) else ""
+        if isinstance(m, nn.Linear):
+            extra = f"{m.in_features},{m.out_features},{m.bias is not None}"
+        out[canonical_name(kind, name)] = f"{type(m).__name__}({extra})"
+    return out
+
+
+def _check_mixable(template: nn.Module, model: nn.Module, i: int) -> None:
+    kind = model.config["name"]
+    want, have = _leaves(template, "mlp_gated_residual"), _leaves(model, kind)
+    gates = {m.function for m in model.modules() if isinstance(m, ScalarGate)}
+    template_gates = {m.function for m in template.modules() if isinstance(m, ScalarGate)}
+    differing = sorted(n for n in set(want) | set(have) if want.get(n) != have.get(n))
+    if differing or (gates and gates != template_gates):
+        raise ValueError(f"model {i} ({kind}) does not fit the batch's gated residual layout (differs at "
+                         f"{differing[:3] or sorted(gates)}); a mixed batch holds plain, residual and gated residual "
+                         f"MLPs of one depth, width, norm, activation, stem and gate function")
+
+
 class StackedModels:
     """N models of one shape held as stacked tensors; `forward` computes all N at once.
 
@@ -143,11 +210,19 @@ class StackedModels:
     def __init__(self, models: Sequence[nn.Module], device: str | torch.device = "cpu") -> None:
         if not models:
             raise ValueError("StackedModels needs at least one model")
-        template = models[0]
+        kinds = [getattr(m, "config", {}).get("name") for m in models]
+        # Plain, residual and gated residual MLPs in one batch: all are held in the gated residual
+        # layout (`canonical_name`), with a per-model shortcut and gate mask (module docstring).
+        self.mixed = len(set(kinds)) > 1 and all(k in MIXABLE_MODELS for k in kinds)
+        self.kinds = list(kinds)
+        template = _mixed_template(models) if self.mixed else models[0]
         structure = _structure(template)
-        for i, m in enumerate(models[1:], 1):
-            if _structure(m) != structure:
-                raise ValueError(f"model {i} differs in structure from model 0; a batch holds models of one shape")
+        for i, m in enumerate(models):
+            if self.mixed:
+                _check_mixable(template, m, i)
+            elif i and _structure(m) != structure:
+                raise ValueError(f"model {i} differs in structure from model 0; a batch holds models of one shape "
+                                 f"(or plain, residual and gated residual MLPs of one shape: {list(MIXABLE_MODELS)})")
         self.template = template
         self.device = torch.device(device)
         self.names = [n for n, _ in template.named_parameters()]
@@ -158,8 +233,9 @@ class StackedModels:
             self.offsets[n] = total
             total += math.prod(self.shapes[n]) if self.shapes[n] else 1
         self.size = total
+        states = [self._canonical_state(i, m) for i, m in enumerate(models)]
         with torch.no_grad():
-            self.flat = torch.stack([torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models]
+            self.flat = torch.stack([torch.cat([st[n].detach().reshape(-1) for n in self.names]) for st in states]
                                     ).to(self.device).contiguous()
         self.grad = torch.zeros_like(self.flat)
         self.bn_names = [n for n, m in template.named_modules()
@@ -170,10 +246,33 @@ class StackedModels:
         for n in self.bn_names:
             for key in ("running_mean", "running_var"):
                 self.running[f"{n}.{key}"] = torch.stack(
-                    [m.get_buffer(f"{n}.{key}").detach() for m in models]).to(self.device).contiguous()
-        self.steps = torch.tensor([int(m.get_buffer(f"{n}.num_batches_tracked")) for m in models
+                    [st[f"{n}.{key}"].detach() for st in states]).to(self.device).contiguous()
+        self.steps = torch.tensor([int(st[f"{n}.num_batches_tracked"]) for st in states
                                    for n in self.bn_names[:1]] or [0] * len(models), dtype=torch.long)
+        self._make_masks()
         self._make_views()
+
+    def _canonical_state(self, i: int, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Model i's parameters and buffers under the template's names (a k of 1 where it has no gate)."""
+        own = dict(model.state_dict())
+        if not self.mixed:
+            return own
+        out = {canonical_name(self.kinds[i], name): value for name, value in own.items()}
+        for name in self.names:
+            if name not in out:  # the k of a block without a gate: held, masked, never trained
+                out[name] = torch.ones(self.shapes[name])
+        return out
+
+    def _make_masks(self) -> None:
+        # (N, 1, 1): 1 where model i's blocks add their input (residual, gated), 0 for plain; True
+        # where its blocks scale the branch by g(k) (gated), False where by 1.
+        flags = [MIXABLE_MODELS[k] if self.mixed else (True, True) for k in self.kinds]
+        self.shortcut_mask = torch.tensor([float(f[0]) for f in flags], device=self.device).view(-1, 1, 1)
+        self.gate_mask = torch.tensor([f[1] for f in flags], device=self.device).view(-1, 1, 1)
+
+    def has_gates(self, position: int) -> bool:
+        """Whether the model at `position` has scalar gates k of its own (records k, saves k)."""
+        return bool(self.scalar_gate_names()) and (not self.mixed or MIXABLE_MODELS[self.kinds[position]][1])
 
     @property
     def n(self) -> int:
@@ -197,6 +296,8 @@ class StackedModels:
         self.grad = torch.zeros_like(self.flat)
         self.running = {k: v.index_select(0, index).contiguous() for k, v in self.running.items()}
         self.steps = self.steps.index_select(0, index.cpu())
+        self.kinds = [self.kinds[i] for i in keep]
+        self._make_masks()
         self._make_views()
 
     # -- per-model state ------------------------------------------------------------------------
@@ -216,10 +317,19 @@ class StackedModels:
             out[f"{n}.running_mean"] = running[f"{n}.running_mean"][i].detach().to("cpu").clone()
             out[f"{n}.running_var"] = running[f"{n}.running_var"][i].detach().to("cpu").clone()
             out[f"{n}.num_batches_tracked"] = steps[i].clone()
+        if self.mixed:  # back to the model's own names; a k it does not have is dropped
+            kind = self.kinds[i]
+            out = {own_name(kind, n): v for n, v in out.items()
+                   if MIXABLE_MODELS[kind][1] or not n.endswith(".gate.k")}
         return out
 
     def load_state_of(self, i: int, state: dict[str, torch.Tensor]) -> None:
         """Overwrite model i's parameters and buffers with `state` (from `state_dict_of`)."""
+        if self.mixed:
+            kind = self.kinds[i]
+            state = {canonical_name(kind, n): v for n, v in state.items()}
+            for name in self.names:
+                state.setdefault(name, torch.ones(self.shapes[name]))
         with torch.no_grad():
             for name in self.names:
                 o, shape = self.offsets[name], self.shapes[name]
@@ -317,6 +427,9 @@ class StackedModels:
             if not isinstance(m.shortcut, nn.Identity):
                 raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
             out = self._module(m.branch, f"{prefix}branch.", x)
+            if self.mixed:  # u = s·x + g·f_r(x): s = 0 for plain nets, g = 1 for ungated ones
+                g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", m.gate), 1.0)
+                return torch.addcmul(x * self.shortcut_mask, g, out)
             if isinstance(m.gate, ScalarGate):
                 return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate), out)  # x + g(k)·f_r(x), one pass
             return out + x
@@ -592,7 +705,7 @@ def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> Non
         if c.model not in SUPPORTED_MODELS:
             raise ValueError(f"configs[{i}].model={c.model!r}: batched training supports {list(SUPPORTED_MODELS)}")
     for f in _SHARED_CONFIG_FIELDS:
-        values = {json.dumps(getattr(c, f), default=str) for c in configs}
+        values = {json.dumps(batch_family(c.model) if f == "model" else getattr(c, f), default=str) for c in configs}
         if len(values) > 1:
             raise ValueError(f"config field {f!r} differs within the batch ({sorted(values)}); a batch shares it")
     shapes = {json.dumps({k: v for k, v in c.model_kwargs.items() if k not in INIT_ONLY_KWARGS}, sort_keys=True)
@@ -811,7 +924,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
                                           "train_error_pct": 100.0 * wrongs[pos] / seen}
                 record["val_loss"], record["val_error_pct"] = (val[0][pos], val[1][pos]) if val else (None, None)
                 record["test_loss"], record["test_error_pct"] = test[0][pos], test[1][pos]
-                if k_values is not None:
+                if k_values is not None and stack.has_gates(pos):
                     record["k"] = k_values[pos]
                     record["k_mean"] = sum(k_values[pos]) / len(k_values[pos])
                 record["epoch_time_s"] = epoch_time
