@@ -228,7 +228,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     config = module.config_from_args(args)
     out = Path(args.out or (f"runs/{module.NAME}-quick" if getattr(args, "quick", False) else f"runs/{module.NAME}"))
     jobs = args.jobs or (1 if args.device != "cpu" else max(1, os.cpu_count() or 1))
-    if getattr(args, "estimate", False):  # highway-depth: project the search's duration, train nothing
+    if getattr(args, "estimate", False):  # project the study's duration, train nothing
         print(module.estimate_text(config, jobs))
         return 0
     module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)

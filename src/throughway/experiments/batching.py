@@ -25,7 +25,7 @@ from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedS
 from ..train.runner import build_model, resolve_recipe
 from .common import RunSpec, prepare_data
 
-__all__ = ["group_specs", "run_batched", "time_batch", "makespan"]
+__all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches"]
 
 
 def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunSpec]]:
@@ -86,6 +86,43 @@ def makespan(durations: Sequence[float], workers: int) -> float:
     for d in durations:
         heapq.heappush(free, heapq.heappop(free) + d)
     return max(free)
+
+
+def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max_batch: int = 64) -> dict[str, Any]:
+    """Project how long `run_batched(specs, jobs=jobs)` takes on this machine without training: time
+    `steps` training steps and one evaluation pass of every batch (`time_batch`, with the threads a
+    worker of `jobs` gets), scale them to the configs' epochs and data sizes, and hand the batches,
+    in run_batched's order, to `jobs` workers (`makespan`). Assumes the machine is otherwise quiet and
+    that no model diverges (a diverged model leaves its batch: the projection is an upper bound).
+
+    Returns {"jobs", "threads_per_job", "train_images", "eval_images", "batches": [{"batch": the
+    specs, "models", "step_s", "epoch_s", "total_s"}], "serial_s", "wall_s", "load_average"}.
+    """
+    from ..train.batched import epoch_starts
+
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: must be ≥ 1")
+    first = specs[0].config
+    data = load_dataset(first.dataset, first.data_dir, train_on_full=first.train_on_full, device="cpu",
+                        limit=first.limit)
+    n_train, n_eval = len(data.train), len(data.test) + (len(data.val) if data.val is not None else 0)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rows = []
+    try:
+        for batch in group_specs(specs, max_batch):
+            config = batch[0].config
+            recipe = resolve_recipe(config)
+            step_s, eval_s = time_batch(batch, steps, input_shape=tuple(data.input_shape), num_classes=data.num_classes)
+            epoch_s = step_s * len(epoch_starts(n_train, recipe.batch_size)) + eval_s * n_eval
+            rows.append({"batch": batch, "models": len(batch), "step_s": step_s, "epoch_s": epoch_s,
+                         "total_s": epoch_s * recipe.epochs})
+    finally:
+        torch.set_num_threads(previous)
+    return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
+            "batches": rows, "serial_s": sum(r["total_s"] for r in rows),
+            "wall_s": makespan([r["total_s"] for r in rows], jobs), "load_average": os.getloadavg()[0]}
 
 
 _DATA_CACHE: dict[tuple[Any, ...], Any] = {}

@@ -49,7 +49,7 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
-from .batching import group_specs, makespan, run_batched, time_batch
+from .batching import project_batches, run_batched
 from .common import RunSpec, StudySummary, remake_report
 
 __all__ = ["Config", "QUICK", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
@@ -378,37 +378,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
-    """Project this shard's search's duration on this machine without training it: time `steps`
-    training steps and one evaluation pass of every batch (`time_batch`, with the threads a worker of
-    `jobs` gets), scale them to the epochs and data sizes of `config`, and hand the batches, in
-    run_batched's order, to `jobs` workers (`makespan`). Assumes the machine is otherwise quiet and
-    that no trial diverges (a diverged trial leaves its batch, so the projection is an upper bound)."""
-    import torch
-
-    from ..data import load_dataset
-    from ..train.batched import epoch_starts
-    from ..train.runner import resolve_recipe
-
-    data = load_dataset("mnist", config.data_dir, train_on_full=config.train_on_full, device="cpu", limit=config.limit)
-    n_train, n_eval = len(data.train), len(data.test) + (len(data.val) if data.val is not None else 0)
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    rows = []
-    try:
-        for batch in group_specs(specs(config), config.max_batch):
-            first = batch[0].config
-            batch_size = resolve_recipe(first).batch_size
-            step_s, eval_s = time_batch(batch, steps, input_shape=tuple(data.input_shape), num_classes=data.num_classes)
-            epoch_s = step_s * len(epoch_starts(n_train, batch_size)) + eval_s * n_eval
-            rows.append({"arch": batch[0].name.split("-")[0], "layers": first.depth + 1,
-                         "activation": first.model_kwargs["activation"], "models": len(batch),
-                         "step_s": step_s, "epoch_s": epoch_s, "total_s": epoch_s * config.epochs})
-    finally:
-        torch.set_num_threads(previous)
-    return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
-            "epochs": config.epochs, "batches": rows, "serial_s": sum(r["total_s"] for r in rows),
-            "wall_s": makespan([r["total_s"] for r in rows], jobs), "load_average": os.getloadavg()[0]}
+    """Project this shard's search's duration on this machine without training it
+    (`batching.project_batches`: timed steps of every batch, scaled, handed to `jobs` workers)."""
+    e = project_batches(specs(config), jobs, steps, config.max_batch)
+    rows = [{"arch": r["batch"][0].name.split("-")[0], "layers": r["batch"][0].config.depth + 1,
+             "activation": r["batch"][0].config.model_kwargs["activation"], "models": r["models"],
+             "step_s": r["step_s"], "epoch_s": r["epoch_s"], "total_s": r["total_s"]} for r in e["batches"]]
+    return {**e, "epochs": config.epochs, "batches": rows}
 
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:

@@ -21,12 +21,12 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
-from .batching import run_batched
+from .batching import project_batches, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
-           "write_report", "NAME", "paired_comparisons", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
+           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
 
 NAME = "mnist-depth"
 DESCRIPTION = "gated-residual-v2 Table 1 and 2, figure 4: plain / residual / gated (and highway) MLPs on MNIST, d = 2..100"
@@ -87,6 +87,8 @@ QUICK = Config(epochs=2, seeds=2, quick=True)
 def differences_from_paper(config: dict[str, Any]) -> list[str]:
     """What this study's settings change from the paper's protocol (printed with every table)."""
     out = []
+    if config.get("stem", "dense") != "linear":
+        out.append("first layer Dot-BN-ReLU instead of the paper's linear layer")
     if config["epochs"] != 100:
         out.append(f"{config['epochs']} epochs instead of the paper's 100 (errors are not converged)")
     if not config["train_on_full"]:
@@ -384,6 +386,29 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     return refresh()
 
 
+def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
+    """Project the study's training time on this machine without training it: with seeds > 1 the
+    batches `run` would train (plain, residual and gated nets of one depth together), timed and
+    handed to `jobs` workers (`batching.project_batches`); with one seed each run is its own batch."""
+    return project_batches(specs(config), jobs, steps)
+
+
+def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
+    """`estimate` as a table and a projected wall time."""
+    e = estimate(config, jobs, steps)
+    lines = [f"Projected cost of the {NAME} study: {len(config.archs)} architectures x {len(config.depths)} depths x "
+             f"{config.seeds} seeds, {config.epochs} epochs, {e['train_images']} training images (+ {e['eval_images']} "
+             f"evaluated per epoch); {e['jobs']} worker(s) of {e['threads_per_job']} thread(s); measured with load "
+             f"average {e['load_average']:.2f}", "",
+             "| d | models in batch | s per step | s per epoch | s for all epochs |", "|---|---|---|---|---|"]
+    for r in e["batches"]:
+        lines.append(f"| {r['batch'][0].config.depth} | {r['models']} | {r['step_s']:.3f} | {r['epoch_s']:.1f} | "
+                     f"{r['total_s']:.0f} |")
+    lines += ["", f"serial sum {e['serial_s'] / 3600:.2f} h; projected wall time with {e['jobs']} worker(s): "
+                  f"{e['wall_s'] / 3600:.2f} h"]
+    return "\n".join(lines) + "\n"
+
+
 def json_config(config: Config) -> dict[str, Any]:
     """The config as it reads back from results.json (tuples become lists)."""
     return read_back(asdict(config))
@@ -410,6 +435,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first layer of the plain/residual/gated nets: linear (the paper's, default) or dense "
                              "(Dot-BN-ReLU, the stem ablation)")
     parser.add_argument("--limit", type=int, help="keep only the first N samples of each split (smoke tests)")
+    parser.add_argument("--estimate", action="store_true",
+                        help="train nothing: time a few steps of every batch and print the projected duration "
+                             "for --jobs workers")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

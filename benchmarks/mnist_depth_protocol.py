@@ -1,0 +1,136 @@
+"""Projected wall time of the 5-seed MNIST depth protocol (gated-residual-v2 Table 1) on this machine.
+
+    python benchmarks/mnist_depth_protocol.py [--seeds 5] [--depths 2 10 20 50 100] [--samples 6400]
+                                              [--rounds 3] [--jobs 2]
+
+The protocol: plain, residual and gated residual MLPs (width 50, the paper's linear first layer),
+d in {2, 10, 20, 50, 100}, `--seeds` seeds each, 100 epochs of 60,000 images (batch 128, NAdam)
+and one evaluation of the 10,000 test images per epoch. Both contenders are timed in the same run,
+on random data of MNIST's shape held in memory, with `--jobs` single-thread worker processes'
+thread setting (one thread each):
+
+* baseline: one model at a time, each by `throughway.train.fit` (the ordinary loop), as
+  `reproduce mnist-depth --seeds 1 --jobs 2` trains them: the per-model seconds per epoch of each
+  (architecture, depth), scaled to 60,000 images, times the runs, handed to `--jobs` workers;
+* batched: what `reproduce mnist-depth --seeds N` trains: per depth one batch of 3·N models (plain,
+  residual and gated together, `train.batched`), one epoch of `train_epoch` on `--samples` images,
+  scaled to 60,000 images, plus one evaluation pass; the depth batches handed to `--jobs` workers
+  (`makespan`, deepest first, as run_batched hands them).
+
+Prints per depth the seconds per epoch of each, the projected hours of the whole protocol for each,
+and the ratio baseline / batched. The rounds are interleaved and the median round kept, so that a
+change of load hits both alike; the load average is printed at the start and the end: run it on a
+quiet machine. `--depths 2 --seeds 2 --samples 640 --rounds 1` checks that it works in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from throughway.data import DataSplits, Split
+from throughway.experiments.batching import makespan
+from throughway.models import create_model
+from throughway.train import fit, get_recipe
+from throughway.train.batched import BatchedOptimizer, BatchedStep, StackedModels, train_epoch
+
+ARCHS = {"plain": "mlp_plain", "residual": "mlp_residual", "gated": "mlp_gated_residual"}
+RECIPE = get_recipe("gresnet-mnist")
+TRAIN, TEST, EPOCHS = 60_000, 10_000, 100
+
+
+def random_data(samples: int) -> DataSplits:
+    """`samples` random MNIST-shaped training images and 100 test images (speed does not depend on values)."""
+    g = torch.Generator().manual_seed(0)
+    train = Split(torch.rand(samples, 1, 28, 28, generator=g), torch.randint(0, 10, (samples,), generator=g))
+    test = Split(torch.rand(100, 1, 28, 28, generator=g), torch.randint(0, 10, (100,), generator=g))
+    return DataSplits("random", 10, train, None, test)
+
+
+def fit_epoch_s(model_name: str, depth: int, data: DataSplits) -> tuple[float, float]:
+    """Seconds of one `fit` training epoch of one model over `data`'s training images (the second of
+    two, as fit records it), and its seconds per evaluated sample (one forward pass, evaluation mode)."""
+    torch.manual_seed(0)
+    model = create_model(model_name, depth=depth)
+    history = fit(model, data, RECIPE.replace(epochs=2), progress=False)
+    with torch.no_grad():
+        model.eval()
+        probe = torch.rand(2500, 784)
+        model(probe)
+        start = time.perf_counter()
+        model(probe)
+        eval_per_sample = (time.perf_counter() - start) / 2500
+    return history.epochs[-1]["epoch_time_s"], eval_per_sample
+
+
+def batched_epoch_s(depth: int, seeds: int, data: DataSplits) -> tuple[float, float]:
+    """Seconds of one `train_epoch` of the mixed batch of 3·seeds models over `data`, and seconds per
+    evaluated sample of the batch (one forward pass in evaluation mode)."""
+    models = []
+    for name in ARCHS.values():
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            models.append(create_model(name, depth=depth))
+    stack = StackedModels(models)
+    step = BatchedStep(stack, BatchedOptimizer(stack, [RECIPE] * len(models)))
+    n = len(data.train)
+    x, y = data.train.x.flatten(1), data.train.y
+    orders = torch.stack([torch.randperm(n) for _ in models])
+    lr = torch.full((len(models), 1), RECIPE.lr)
+    start = time.perf_counter()
+    train_epoch(step, x, y, orders, RECIPE.batch_size, lr)
+    train_s = time.perf_counter() - start
+    with torch.no_grad():
+        probe = torch.rand(2500, 784)
+        stack.forward_logits(probe, training=False)
+        start = time.perf_counter()
+        stack.forward_logits(probe, training=False)
+        eval_per_sample = (time.perf_counter() - start) / 2500
+    return train_s, eval_per_sample
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 10, 20, 50, 100])
+    parser.add_argument("--samples", type=int, default=6400, help="training images per timed epoch")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes of one thread each")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    data = random_data(args.samples)
+    scale = TRAIN / args.samples
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; threads per worker: 1; workers: {args.jobs}; "
+          f"timed on {args.samples} images, scaled to {TRAIN}")
+    fit_per_model: dict[int, float] = {}
+    batch_epoch: dict[int, float] = {}
+    print("| d | fit: s/epoch per model (mean of 3 archs) | batched: s/epoch per batch of "
+          f"{3 * args.seeds} | per-model speed-up |")
+    print("|---|---|---|---|")
+    for depth in args.depths:
+        fit_rounds, batch_rounds = [], []
+        for _ in range(args.rounds):  # interleaved: a change of load hits both
+            per_arch = [fit_epoch_s(m, depth, data) for m in ARCHS.values()]
+            fit_rounds.append(statistics.mean(train * scale + per * TEST for train, per in per_arch))
+            train_s, eval_per = batched_epoch_s(depth, args.seeds, data)
+            batch_rounds.append(train_s * scale + eval_per * TEST)
+        fit_per_model[depth] = statistics.median(fit_rounds)
+        batch_epoch[depth] = statistics.median(batch_rounds)
+        speedup = fit_per_model[depth] * 3 * args.seeds / batch_epoch[depth]
+        print(f"| {depth} | {fit_per_model[depth]:.2f} | {batch_epoch[depth]:.2f} | {speedup:.2f}x |")
+    baseline = makespan([fit_per_model[d] * EPOCHS for d in sorted(args.depths, reverse=True)
+                         for _ in range(3 * args.seeds)], args.jobs)
+    batched = makespan([batch_epoch[d] * EPOCHS for d in sorted(args.depths, reverse=True)], args.jobs)
+    print()
+    print(f"projected protocol ({3 * args.seeds * len(args.depths)} models x {EPOCHS} epochs, {args.jobs} workers): "
+          f"one model at a time by fit {baseline / 3600:.2f} h; batched per depth {batched / 3600:.2f} h; "
+          f"ratio {baseline / batched:.2f}x")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
