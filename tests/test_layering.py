@@ -15,7 +15,8 @@ ALLOWED = {
     "train": {"models", "data", "layers"},
     "analysis": {"models", "layers", "data", "train"},
     "report": set(),
-    "experiments": {"layers", "models", "data", "train", "analysis", "report"},
+    "study": {"layers", "models", "data", "train", "analysis", "report"},
+    "experiments": {"layers", "models", "data", "train", "analysis", "report", "study"},
 }
 
 

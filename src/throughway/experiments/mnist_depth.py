@@ -21,6 +21,8 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
+from ..study.options import add_options, option, quick_config
+from ..study.options import config_from_args as study_config_from_args
 from .batching import project_batches, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
@@ -52,18 +54,24 @@ PAPER_MEAN_K: dict[int, float] = {2: 5.58, 10: 2.54, 20: 1.73, 50: 1.04, 100: 0.
 class Config:
     """The study's settings; the defaults are the paper's (except `train_on_full`, see the README)."""
 
-    depths: tuple[int, ...] = (2, 10, 20, 50, 100)
-    archs: tuple[str, ...] = ("plain", "residual", "gated", "highway")
-    epochs: int = 100
-    seeds: int = 5
-    recipe: str = "gresnet-mnist"
-    stem: str = "linear"
-    train_on_full: bool = False
-    width: int = 50
-    limit: int | None = None
+    depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (paper: 2 10 20 50 100)",
+                                     minimum=0)
+    archs: tuple[str, ...] = option(("plain", "residual", "gated", "highway"), "architectures to train",
+                                    choices=tuple(ARCHITECTURES))
+    epochs: int = option(100, "epochs per run (paper: 100)", quick=2, minimum=1)
+    # 2 seeds under --quick: the fewest that give a spread and a paired test.
+    seeds: int = option(5, "seeds per configuration: mean ± std, best, and the paired gated − residual test",
+                        quick=2, minimum=1)
+    recipe: str = option("gresnet-mnist", "training recipe (paper: Nadam, lr 0.002, batch 128)", cli=False)
+    stem: str = option("linear", "first layer of the plain/residual/gated nets: linear (a single Dot, the paper's) "
+                                 "or dense (Dot-BN-ReLU, the stem ablation)", choices=STEMS)
+    train_on_full: bool = option(False, "train on all 60,000 images as the paper did (default: 50,000, 10,000 "
+                                        "held out)")
+    width: int = option(50, "units per layer (paper: 50)", minimum=1)
+    limit: int | None = option(None, "keep only the first N samples of each split (smoke tests)", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
-    quick: bool = False
+    quick: bool = option(False, "made by --quick", quick=True, cli=False)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.archs) - set(ARCHITECTURES))
@@ -78,10 +86,9 @@ class Config:
             raise ValueError("seeds and epochs must be ≥ 1")
 
 
-# What --quick runs: every depth and architecture for 2 epochs and 2 seeds (the fewest that give a
-# spread), so that the whole main job fits in 10 minutes on 2 cores with room to spare. Measured on a fresh clone, set-up included: 3 epochs
-# took 11.5 minutes with torch's per-tensor optimiser; see the README for the 2-epoch figure.
-QUICK = Config(epochs=2, seeds=2, quick=True)
+# What --quick runs (the fields' quick values): every depth and architecture for 2 epochs and 2
+# seeds, so that the whole main job fits in 10 minutes on 2 cores; the README gives its time.
+QUICK = quick_config(Config)
 
 
 def differences_from_paper(config: dict[str, Any]) -> list[str]:
@@ -424,38 +431,13 @@ def read_back(value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options."""
-    parser.add_argument("--quick", action="store_true", help="what fits 10 minutes: every depth and architecture, 2 epochs")
-    parser.add_argument("--epochs", type=int, help="epochs per run (paper: 100)")
-    parser.add_argument("--seeds", type=int, help="seeds per configuration (mean ± std when > 1)")
-    parser.add_argument("--depths", type=int, nargs="+", help="values of d (paper: 2 10 20 50 100)")
-    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures to train")
-    parser.add_argument("--train-on-full", action="store_true", help="train on all 60,000 images as the paper did")
-    parser.add_argument("--stem", choices=list(STEMS),
-                        help="first layer of the plain/residual/gated nets: linear (the paper's, default) or dense "
-                             "(Dot-BN-ReLU, the stem ablation)")
-    parser.add_argument("--limit", type=int, help="keep only the first N samples of each split (smoke tests)")
+    """The study's command-line options: one per Config field (study.options), and --estimate."""
+    add_options(parser, Config)
     parser.add_argument("--estimate", action="store_true",
                         help="train nothing: time a few steps of every batch and print the projected duration "
                              "for --jobs workers")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Build the Config from parsed options: --quick's settings, then every explicit option."""
-    config = QUICK if args.quick else Config()
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    if args.epochs is not None:
-        changes["epochs"] = args.epochs
-    if args.seeds is not None:
-        changes["seeds"] = args.seeds
-    if args.depths:
-        changes["depths"] = tuple(args.depths)
-    if args.archs:
-        changes["archs"] = tuple(args.archs)
-    if args.train_on_full:
-        changes["train_on_full"] = True
-    if args.stem is not None:
-        changes["stem"] = args.stem
-    if args.limit is not None:
-        changes["limit"] = args.limit
-    return replace(config, **changes)
+    """The Config the command line asks for: --quick's values, then every explicit option."""
+    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)
