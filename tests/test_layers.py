@@ -101,3 +101,15 @@ def test_highway_formula_and_gate_bias_init():
     t = torch.sigmoid(layer.gate.linear(x))
     assert torch.allclose(layer(x), layer.branch(x) * t + x * (1 - t), atol=1e-6)
     assert isinstance(layer, HighwayLayer) and isinstance(layer.gate, TransformGate)
+
+
+def test_the_old_module_name_still_imports_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    import throughway.layers.gated as gated
+
+    sys.modules.pop("throughway.layers.augment", None)
+    with pytest.warns(DeprecationWarning, match="renamed throughway.layers.gated"):
+        old = importlib.import_module("throughway.layers.augment")
+    assert old.AugmentedLayer is gated.AugmentedLayer and old.augment is gated.augment

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..layers import HighwayLayer, PlainBlock, PreActBlock, PreActUnit, ResidualBlock, ScalarGate, TransformGate
-from ..layers.augment import AugmentedLayer
+from ..layers.gated import AugmentedLayer
 
 __all__ = [
     "FAMILIES",

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..layers import HighwayLayer, PreActBlock, PreActUnit, ResidualBlock, TransformGate
-from ..layers.augment import AugmentedLayer
+from ..layers.gated import AugmentedLayer
 from ..models import create_model
 from .gates import block_scalar_gates
 

@@ -3,7 +3,7 @@
 Imports only torch (DESIGN.md: layers know nothing of models).
 """
 
-from .augment import AugmentedLayer, augment
+from .gated import AugmentedLayer, augment
 from .conv import PreActBlock, PreActUnit, WideBlock, ZeroPadShortcut, conv_highway_layer
 from .dense import ACTIVATIONS, NORMS, PlainBlock, ResidualBlock, dense_unit, make_activation
 from .gates import GATE_FUNCTIONS, ScalarGate, TransformGate, scalar_gate_values, scalar_gates
