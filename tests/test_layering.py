@@ -52,3 +52,71 @@ def test_layering_check_sees_relative_imports():
     # The checker itself must notice a two-dot import, or the test above could never fail.
     assert "layers" in _imports(PACKAGE / "models" / "mlp.py")
     assert "models" in _imports(PACKAGE / "train" / "checkpoint.py")
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Modules of the package that `path` imports at module level (not inside functions)."""
+    tree = ast.parse(path.read_text())
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if package[-1] == "__init__":
+        package = package[:-1]
+        here = package
+    else:
+        here = package[:-1]
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                target = ".".join(base + tuple((node.module or "").split("."))).strip(".")
+            else:
+                target = node.module or ""
+            if target.startswith("throughway"):
+                out.add(target)
+                out.update(f"{target}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("throughway"))
+    return out
+
+
+def test_no_module_level_import_circle():
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {name: {m for m in _module_imports(path) if m in modules and m != name} for name, path in modules.items()}
+    # A package's __init__ importing its own submodules is how it exposes them, not a circle.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+def test_the_model_registry_is_a_leaf():
+    assert not {m for m in _module_imports(PACKAGE / "models" / "registry.py") if m.startswith("throughway.models")}
+    # and the families register themselves when the package is imported
+    from throughway.models import list_models
+
+    assert {"mlp_gated_residual", "preact_resnet", "wide_resnet", "highway_conv", "shortcut_net"} <= {
+        e.name for e in list_models()}
+
+
+def test_the_circle_check_sees_relative_module_imports():
+    # The graph above must contain real edges, or the circle test could never fail.
+    assert "throughway.models.registry" in _module_imports(PACKAGE / "models" / "mlp.py")
+    assert "throughway.models.base" in _module_imports(PACKAGE / "models" / "__init__.py")

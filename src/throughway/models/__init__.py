@@ -1,7 +1,11 @@
 """Models, one family per file, each registered by name; build them with `create_model`."""
 
-from .mlp import LEGACY_STEM, MLP_FAMILIES, STEMS, with_legacy_stem
 from .registry import ModelEntry, create_model, list_models, model_entry, register_model
 
+# Importing the families runs their @register_model decorators (registry.py imports none of them).
+from . import highway_conv, mlp, preact_resnet, shortcut, wide_resnet  # noqa: E402,F401  isort: skip
+from .base import MLP, ConvNet, StemBlocksHead  # noqa: E402
+from .mlp import LEGACY_STEM, MLP_FAMILIES, STEMS, with_legacy_stem  # noqa: E402
+
 __all__ = ["ModelEntry", "create_model", "list_models", "model_entry", "register_model", "STEMS", "LEGACY_STEM",
-           "MLP_FAMILIES", "with_legacy_stem"]
+           "MLP_FAMILIES", "with_legacy_stem", "StemBlocksHead", "MLP", "ConvNet"]

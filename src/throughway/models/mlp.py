@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..layers import PlainBlock, ResidualBlock, augment, dense_highway_layer, dense_unit, init_weights_
+from .base import MLP, check_positive_int
 from .registry import register_model
 
 __all__ = ["MLP", "HIGHWAY_PAPER_WIDTHS", "STEMS", "LEGACY_STEM", "MLP_FAMILIES", "make_stem", "with_legacy_stem"]
@@ -51,35 +51,10 @@ LEGACY_STEM = "dense"
 MLP_FAMILIES = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmented", "mlp_highway")
 
 
-class MLP(nn.Module):
-    """stem → blocks → head on flattened inputs; `forward` returns logits (N, num_classes)."""
-
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], head: nn.Module) -> None:
-        super().__init__()
-        self.stem = stem
-        self.blocks = nn.ModuleList(blocks)
-        self.head = head
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Map inputs (N, ...) to the features (N, width) that enter the classifier."""
-        h = self.stem(x.flatten(1))
-        for block in self.blocks:
-            h = block(h)
-        return h
-
-    def forward_head(self, h: torch.Tensor) -> torch.Tensor:
-        """Map features (N, width) to logits (N, num_classes)."""
-        return self.head(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-
 def _check_common(depth: int, width: int, in_features: int, num_classes: int) -> None:
     for field, value, low in (("depth", depth, 0), ("width", width, 1), ("in_features", in_features, 1),
                               ("num_classes", num_classes, 2)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{field}={value!r}: must be an integer ≥ {low}")
+        check_positive_int(field, value, low)
 
 
 def _check_even(depth: int, name: str) -> None:

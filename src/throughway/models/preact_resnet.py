@@ -8,71 +8,19 @@ is depth 32 (15 blocks, so the gated variant has exactly 15 parameters more); Re
 `preact_shortcut_depth` (Demystifying ResNet §5.3.2, figure 9) varies the number of convolutions a
 shortcut spans (1, 2, 3, 4) at a fixed number of convolutions, hence a fixed parameter count.
 
-`ConvNet` is the shared container of the toolkit's convolutional models (stem → blocks → head).
+The container (`ConvNet`) and the init and head helpers live in `models.base`, shared with the
+other convolutional families (re-exported here for code that imported them from this module).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..layers.conv import SHORTCUTS, PreActBlock, PreActUnit
+from .base import ConvNet, check_positive_int, conv_init_, resnet_head
 from .registry import register_model
 
-__all__ = ["ConvNet", "conv_init_", "preact_resnet", "preact_shortcut_depth"]
-
-
-class ConvNet(nn.Module):
-    """stem → blocks → head; `forward` returns logits (N, num_classes).
-
-    `forward_features` maps images (N, C, H, W) to the last block's feature maps; `forward_head`
-    maps those to logits (for the ResNets: BN-ReLU, global average pooling, linear).
-    """
-
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], head: nn.Module) -> None:
-        super().__init__()
-        self.stem = stem
-        self.blocks = nn.ModuleList(blocks)
-        self.head = head
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Map images (N, C, H, W) to the last block's feature maps (N, channels, H', W')."""
-        h = self.stem(x)
-        for block in self.blocks:
-            h = block(h)
-        return h
-
-    def forward_head(self, h: torch.Tensor) -> torch.Tensor:
-        """Map the last block's feature maps to logits (N, num_classes) through the head."""
-        return self.head(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-
-def conv_init_(model: nn.Module) -> nn.Module:
-    """He normal (fan_out) convolutions, zero biases, linear bias zero: the init of the ResNet and WRN
-    reference implementations. BatchNorm keeps weight 1, bias 0; scalar gates keep k."""
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d):
-            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear):
-            nn.init.zeros_(module.bias)
-    return model
-
-
-def resnet_head(channels: int, num_classes: int, bn_momentum: float) -> nn.Sequential:
-    """BN-ReLU (the last pre-activation), global average pooling, linear classifier."""
-    return nn.Sequential(nn.BatchNorm2d(channels, momentum=bn_momentum), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(channels, num_classes))
-
-
-def check_positive_int(field: str, value: object, low: int = 1) -> None:
-    """Raise a ValueError naming `field` unless `value` is an integer ≥ `low`."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{field}={value!r}: must be an integer ≥ {low}")
+__all__ = ["ConvNet", "conv_init_", "resnet_head", "check_positive_int", "preact_resnet", "preact_shortcut_depth"]
 
 
 @register_model("preact_resnet", "pre-activation ResNet for CIFAR, depth 6n+2, optionally gated u = g(k)·f_r(x) + x (He et al. 2016; gated-residual-v2 §3.2)")

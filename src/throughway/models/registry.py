@@ -1,4 +1,9 @@
-"""The model registry: every model is built by `create_model(name, **kwargs)` (DESIGN.md)."""
+"""The model registry: every model is built by `create_model(name, **kwargs)` (DESIGN.md).
+
+A leaf (the timm pattern): the family modules import `register_model` from here, and the package
+`throughway.models` imports every family, so the registry is full once the package is imported and
+this module imports none of them.
+"""
 
 from __future__ import annotations
 
@@ -43,16 +48,8 @@ def register_model(name: str, description: str) -> Callable[[Callable[..., nn.Mo
     return decorator
 
 
-def _ensure_loaded() -> None:
-    # Importing the family modules runs their @register_model decorators.
-    from . import mlp  # noqa: F401
-    from . import shortcut  # noqa: F401
-    from . import highway_conv, preact_resnet, wide_resnet  # noqa: F401
-
-
 def model_entry(name: str) -> ModelEntry:
     """Return the registry entry for `name`, or raise a KeyError listing the registered names."""
-    _ensure_loaded()
     if name not in _REGISTRY:
         raise KeyError(f"model={name!r} is not registered; registered models: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
@@ -78,5 +75,4 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
 
 def list_models() -> list[ModelEntry]:
     """Every registered model, sorted by name."""
-    _ensure_loaded()
     return [_REGISTRY[n] for n in sorted(_REGISTRY)]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..layers.shortcut import ACTIVATION_POSITIONS, ShortcutUnit
+from .base import MLP
 from .registry import register_model
 
 __all__ = ["ShortcutNet", "SHORTCUT_INITS", "init_shortcut_net_"]
@@ -28,7 +29,7 @@ __all__ = ["ShortcutNet", "SHORTCUT_INITS", "init_shortcut_net_"]
 SHORTCUT_INITS = ("xavier", "orthogonal", "zero")
 
 
-class ShortcutNet(nn.Module):
+class ShortcutNet(MLP):
     """A stack of `ShortcutUnit`s in `blocks`; `forward(x)` = forward_head(forward_features(x)).
 
     `stem` and `head` are nn.Identity() in the paper's networks; they are bias-free linear maps
@@ -36,24 +37,8 @@ class ShortcutNet(nn.Module):
     """
 
     def __init__(self, blocks: list[ShortcutUnit], stem: nn.Module | None = None, head: nn.Module | None = None) -> None:
-        super().__init__()
-        self.stem = stem if stem is not None else nn.Identity()
-        self.blocks = nn.ModuleList(blocks)
-        self.head = head if head is not None else nn.Identity()
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Map inputs (N, width), or (N, ...) flattened when there is a stem, through every unit."""
-        h = self.stem(x.flatten(1)) if not isinstance(self.stem, nn.Identity) else x
-        for block in self.blocks:
-            h = block(h)
-        return h
-
-    def forward_head(self, h: torch.Tensor) -> torch.Tensor:
-        """The identity for the paper's networks, which end with their last weight matrix."""
-        return self.head(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        super().__init__(stem if stem is not None else nn.Identity(), list(blocks),
+                         head if head is not None else nn.Identity())
 
     def weight_matrices(self) -> list[torch.Tensor]:
         """All L weight matrices in forward order."""

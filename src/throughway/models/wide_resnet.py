@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..layers.conv import WideBlock
-from .preact_resnet import ConvNet, check_positive_int, conv_init_, resnet_head
+from .base import ConvNet, check_positive_int, conv_init_, resnet_head
 from .registry import register_model
 
 __all__ = ["wide_resnet"]
