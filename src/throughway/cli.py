@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     from .data import DATASETS
     from .experiments import EXPERIMENTS
+    from .study.options import add_options
 
     parser = argparse.ArgumentParser(prog="throughway", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module in EXPERIMENTS.items():
         exp = exp_sub.add_parser(name, help=module.DESCRIPTION, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(exp)
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(exp)
+        else:  # the Config dataclass declares every option (study.options)
+            add_options(exp, module.Config)
         exp.add_argument("--out", help=f"output folder (default runs/{name}, or runs/{name}-quick with --quick)")
         exp.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
         exp.add_argument("--jobs", type=_positive_int,
@@ -223,9 +227,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from .experiments import get_experiment
+    from .study.options import config_from_args
 
     module = get_experiment(args.experiment)
-    config = module.config_from_args(args)
+    if hasattr(module, "config_from_args"):
+        config = module.config_from_args(args)
+    else:
+        config = config_from_args(module.Config, args, device=args.device, data_dir=args.data_dir)
     out = Path(args.out or (f"runs/{module.NAME}-quick" if getattr(args, "quick", False) else f"runs/{module.NAME}"))
     jobs = args.jobs or (1 if args.device != "cpu" else max(1, os.cpu_count() or 1))
     if getattr(args, "estimate", False):  # project the study's duration, train nothing

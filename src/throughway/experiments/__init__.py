@@ -1,7 +1,10 @@
 """Experiments: one module per paper table or figure, with the paper's numbers beside ours.
 
-Each experiment module provides NAME, DESCRIPTION, Config, add_arguments(parser),
-config_from_args(args), run(config, out, resume=..., jobs=...) and write_report(out).
+Each experiment module provides NAME, DESCRIPTION, Config (a frozen dataclass whose fields are
+declared with `study.options.option`, so that each option is declared once), run(config, out,
+resume=..., jobs=...) and write_report(out). `add_arguments(parser)` and `config_from_args(args)`
+are optional: without them the command line is generated from Config (`study.options`); a module
+defines them only to add a mode (e.g. --estimate) or to start from a preset.
 """
 
 from __future__ import annotations

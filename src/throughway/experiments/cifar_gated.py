@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import environment_info, read_json
 from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
+from ..study.options import config_from_args as study_config_from_args
+from ..study.options import option
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
@@ -72,17 +74,18 @@ PAPER_SOURCE: dict[str, dict[str, str]] = {
 class Config:
     """The comparison's settings; defaults are the paper's CIFAR-10 Table 3."""
 
-    dataset: str = "cifar10"
-    archs: tuple[str, ...] = ("resnet-5", "wrn-4-10")
-    variants: tuple[str, ...] = ("original", "gated", "gated-k-decay")
-    epochs: int | None = None  # None: the recipe's (200)
-    seeds: int = 1
-    limit: int | None = None
+    dataset: str = option("cifar10", "cifar10 (Table 3) or cifar100 (Table 4: wrn-4-10, original and gated, "
+                                     "unless --archs / --variants say otherwise)", choices=tuple(sorted(PAPER)))
+    archs: tuple[str, ...] = option(("resnet-5", "wrn-4-10"), "models", choices=tuple(ARCHITECTURES))
+    variants: tuple[str, ...] = option(("original", "gated", "gated-k-decay"), "variants", choices=tuple(VARIANTS))
+    epochs: int | None = option(None, "epochs per run (None: the recipe's 200)", minimum=1)
+    seeds: int = option(1, "seeds per configuration", minimum=1)
+    limit: int | None = option(None, "keep only the first N images of each split (smoke tests)", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
-    amp: bool = False
-    channels_last: bool = False
-    compile: bool = False
+    amp: bool = option(False, "bf16 autocast (GPU)")
+    channels_last: bool = option(False, "NHWC memory format")
+    compile: bool = option(False, "torch.compile the training forward")
     # Evaluation in chunks of 1,000 images: for WRN-28-10, one 160-channel 32×32 feature map of 10,000
     # images is 6.5 GB in float32, and a block holds several at once.
     eval_batch_size: int = 1000
@@ -236,34 +239,10 @@ def needs_data_message(dataset: str = "cifar10") -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The comparison's command-line options."""
-    parser.add_argument("--dataset", choices=sorted(PAPER), help="cifar10 (Table 3, default) or cifar100 (Table 4)")
-    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="models (default resnet-5 wrn-4-10)")
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="default: all three")
-    parser.add_argument("--epochs", type=int, help="epochs per run (default: the recipe's 200)")
-    parser.add_argument("--seeds", type=int, help="seeds per configuration")
-    parser.add_argument("--limit", type=int, help="keep only the first N images of each split (smoke tests)")
-    parser.add_argument("--amp", action="store_true", help="bf16 autocast (GPU)")
-    parser.add_argument("--channels-last", action="store_true", help="NHWC memory format")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the training forward")
-
-
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Build the Config from parsed options; without --data-dir, say what is needed."""
+    """Build the Config from parsed options (CIFAR-100 defaults to Table 4's models); without
+    --data-dir, say what is needed."""
     if not args.data_dir:
         raise ValueError(needs_data_message(args.dataset or "cifar10"))
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir, "amp": args.amp,
-                               "channels_last": args.channels_last, "compile": args.compile}
-    for field in ("dataset", "epochs", "seeds", "limit"):
-        if getattr(args, field) is not None:
-            changes[field] = getattr(args, field)
-    if args.archs:
-        changes["archs"] = tuple(args.archs)
-    elif args.dataset == "cifar100":
-        changes["archs"] = ("wrn-4-10",)
-    if args.variants:
-        changes["variants"] = tuple(args.variants)
-    elif args.dataset == "cifar100":
-        changes["variants"] = ("original", "gated")
-    return replace(Config(), **changes)
+    base = Config(archs=("wrn-4-10",), variants=("original", "gated")) if args.dataset == "cifar100" else Config()
+    return study_config_from_args(Config, args, base=base, device=args.device, data_dir=args.data_dir)

@@ -20,13 +20,15 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._io import atomic_write_json, environment_info, read_json
+from ..study.options import config_from_args as study_config_from_args
+from ..study.options import option
 from .common import command_line, remake_report
 from .shortcut_common import (NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, stored_study,
                               whitened_data)
@@ -50,15 +52,18 @@ PAPER_STATEMENT = {
 class Config:
     """Settings; `activation` "linear" reproduces figure 7, "relu" figure 8."""
 
-    activation: str = "linear"
-    depths: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
-    networks: tuple[str, ...] = ("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero")
-    lr_exponents: tuple[float, ...] = (-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0)
-    epochs: int = 1000
-    seeds: int = 1
-    subset: int | None = None
-    zero_scale: float = 1e-4
-    threads: int = 1
+    activation: str = option("linear", "linear networks (figure 7) or ReLUs at mid positions (figure 8); relu "
+                                       "starts from figure 8's settings (RELU)", choices=("linear", "relu"))
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L", minimum=1)
+    networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"), "networks",
+                                       choices=tuple(NETWORKS))
+    lr_exponents: tuple[float, ...] = option((-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0),
+                                             "learning rates as powers of 10")
+    epochs: int = option(1000, "full-batch GD epochs (paper: 1000)", minimum=1)
+    seeds: int = option(1, "initialisations per point (final losses averaged)", minimum=1)
+    subset: int | None = option(None, "ReLU networks: train on the first N whitened images", minimum=1)
+    zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
+    threads: int = option(1, "torch threads", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -202,30 +207,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     return summary
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line options."""
-    parser.add_argument("--activation", choices=["linear", "relu"], default="linear",
-                        help="linear networks (figure 7) or ReLUs at mid positions (figure 8)")
-    parser.add_argument("--depths", type=int, nargs="+", help="network depths L")
-    parser.add_argument("--networks", nargs="+", choices=list(NETWORKS))
-    parser.add_argument("--lr-exponents", type=float, nargs="+", help="learning rates as powers of 10")
-    parser.add_argument("--epochs", type=int, help="full-batch GD epochs (paper: 1000)")
-    parser.add_argument("--seeds", type=int, help="initialisations per point (final losses averaged)")
-    parser.add_argument("--subset", type=int, help="ReLU networks: train on the first N whitened images")
-    parser.add_argument("--zero-scale", type=float, help="multiple of Xavier of the zero init (default 1e-4)")
-    parser.add_argument("--threads", type=int, help="torch threads (default 1)")
-
-
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Config from parsed options, starting from the linear (figure 7) or ReLU (figure 8) defaults."""
-    config = RELU if args.activation == "relu" else LINEAR
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    for option in ("epochs", "seeds", "subset", "zero_scale", "threads"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = value
-    for option in ("depths", "networks", "lr_exponents"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = tuple(value)
-    return replace(config, **changes)
+    """Config from parsed options, starting from the linear (figure 7) or ReLU (figure 8) preset."""
+    base = RELU if args.activation == "relu" else LINEAR
+    return study_config_from_args(Config, args, base=base, device=args.device, data_dir=args.data_dir)

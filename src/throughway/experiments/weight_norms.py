@@ -11,18 +11,18 @@ Writes results.json, table.md and figure3_weight_norms.png.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._io import atomic_write_json, environment_info
+from ..study.options import option
 from .common import command_line, remake_report
 from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
 
@@ -39,15 +39,15 @@ PAPER_STATEMENT = ("Figures 2 and 3: the deeper a residual network is, the small
 class Config:
     """Settings (see the module docstring)."""
 
-    depths: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
-    activations: tuple[str, ...] = ("linear", "relu")
-    lr: float = 0.1
-    epochs: int = 1000
-    relu_epochs: int = 500
-    relu_subset: int | None = 1000
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", minimum=2)
+    activations: tuple[str, ...] = option(("linear", "relu"), "networks to train", choices=("linear", "relu"))
+    lr: float = option(0.1, "learning rate", minimum=0)
+    epochs: int = option(1000, "epochs of the linear networks", minimum=1)
+    relu_epochs: int = option(500, "epochs of the ReLU networks", minimum=1)
+    relu_subset: int | None = option(1000, "ReLU networks train on the first N whitened images", minimum=1)
     seed: int = 0
     zero_scale: float = 1e-4
-    threads: int = 1
+    threads: int = option(1, "torch threads", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -138,27 +138,3 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     write_report(out)
     return summary
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line options."""
-    parser.add_argument("--depths", type=int, nargs="+", help="network depths L (even)")
-    parser.add_argument("--activations", nargs="+", choices=["linear", "relu"])
-    parser.add_argument("--lr", type=float, help="learning rate (default 0.1)")
-    parser.add_argument("--epochs", type=int, help="epochs of the linear networks (default 1000)")
-    parser.add_argument("--relu-epochs", type=int, help="epochs of the ReLU networks (default 500)")
-    parser.add_argument("--relu-subset", type=int, help="ReLU networks train on the first N whitened images")
-    parser.add_argument("--threads", type=int, help="torch threads (default 1)")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Config from parsed options."""
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    for option in ("lr", "epochs", "relu_epochs", "relu_subset", "threads"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = value
-    for option in ("depths", "activations"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = tuple(value)
-    return replace(Config(), **changes)

@@ -116,10 +116,12 @@ def quick_config(config_cls: type[T], **changes: Any) -> T:
     return config_cls(**{**values, **changes})
 
 
-def config_from_args(config_cls: type[T], args: argparse.Namespace, **changes: Any) -> T:
-    """The config the command line asks for: the quick values when `args.quick`, then every option
-    the user set (tuples for sequence fields), then `changes` (e.g. device and data_dir)."""
-    base = quick_config(config_cls) if getattr(args, "quick", False) else config_cls()
+def config_from_args(config_cls: type[T], args: argparse.Namespace, base: T | None = None, **changes: Any) -> T:
+    """The config the command line asks for: `base` (a preset; default the quick values when
+    `args.quick`, else the defaults), then every option the user set (tuples for sequence fields),
+    then `changes` (e.g. device and data_dir)."""
+    if base is None:
+        base = quick_config(config_cls) if getattr(args, "quick", False) else config_cls()
     values: dict[str, Any] = {}
     for f, meta in option_fields(config_cls):
         given = getattr(args, f.name, None) if meta["cli"] else None
