@@ -96,8 +96,8 @@ def _hessian_theorem2(root: Path) -> str:
 def _fmt_condition(point: dict[str, Any]) -> str:
     stat = point["condition"]
     undefined = point.get("undefined_condition", 0)
-    if stat["mean"] is None:
-        return f"undefined ({undefined} of {point['runs']} singular to tolerance)"
+    if undefined:
+        return f"undefined in {undefined} of {point['runs']} runs (singular to tolerance)"
     mean, std = stat["mean"], stat["std"]
     if std is not None and std < 1e-6 * abs(mean):
         text = f"{mean:.4g}"
@@ -105,8 +105,8 @@ def _fmt_condition(point: dict[str, Any]) -> str:
         text = f"{mean:.1e} ± {std:.1e}"
     else:
         text = f"{mean:.3g} ± {std:.1g}" if std < 1 else f"{mean:.3g} ± {std:.2g}"
-    if undefined:
-        text += f" ({stat['n']} runs; {undefined} of {point['runs']} undefined: singular to tolerance)"
+    if point.get("singular"):
+        text += " (singular to tolerance; P10 resolved)"
     return text
 
 
@@ -162,6 +162,7 @@ def _hessian_figures56(root: Path) -> str:
     starts = sorted({round(t["hessian"][0]["index"], 3) for t in summary["traces"] if t["network"] == "shortcut2-zero"})
     ends = [t["hessian"][-1]["index"] for t in summary["traces"] if t["network"] == "shortcut2-zero"]
     singular = sum(1 for t in summary["traces"] for p in t["hessian"] if p.get("singular"))
+    singular_networks = sorted({t["network"] for t in summary["traces"] if any(p.get("singular") for p in t["hessian"])})
     points = sum(len(t["hessian"]) for t in summary["traces"])
     share = 100.0 * pairs["contrary"] / pairs["pairs"] if pairs["pairs"] else math.nan
     return (
@@ -174,8 +175,9 @@ def _hessian_figures56(root: Path) -> str:
         f"Its index starts at {' / '.join(f'{s:.2f}' for s in starts)} and drops to "
         f"{min(ends):.3f}–{max(ends):.3f}; at the end orthogonal and 2-shortcut reach similar losses "
         f"({min(orth + short):.2f}–{max(orth + short):.2f} against the least squares optimum "
-        f"{summary['optimal_linear_loss']:.3f}). {singular} of the {points} Hessians are singular to tolerance "
-        f"(the Xavier networks'); their index is undefined and left out of figure 6."
+        f"{summary['optimal_linear_loss']:.3f}). {singular} of the {points} Hessians are singular to tolerance"
+        + (f" (all {', '.join(singular_networks)})" if singular_networks else "")
+        + "; their index is undefined and left out of figure 6."
     )
 
 
