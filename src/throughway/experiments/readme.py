@@ -33,7 +33,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["RENDERERS", "BLOCK", "block_names", "render_text", "differing_blocks", "update_readme"]
+__all__ = ["RENDERERS", "BLOCK", "block_names", "render_text", "differing_blocks", "update_readme",
+           "figures56_contrary_pairs"]
 
 # <!-- generated:NAME -->BODY<!-- /generated:NAME -->, NAME of letters, digits, '.', '_', '-'.
 BLOCK = re.compile(r"<!-- generated:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /generated:(?P=name) -->", re.DOTALL)
@@ -432,7 +433,8 @@ def _hessian_figure3(root: Path) -> str:
 def _highway_depth_table(root: Path) -> str:
     from . import highway_depth
 
-    return highway_depth.table_markdown(_json(root, "highway-depth/results.json")).split("\n\n40 epochs")[0].strip()
+    # The title, the loss table and the verdict table; the settings notes under them stay in table.md.
+    return "\n\n".join(highway_depth.table_markdown(_json(root, "highway-depth/results.json")).split("\n\n")[:3])
 
 
 def _highway_depth_text(root: Path) -> str:
