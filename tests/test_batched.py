@@ -263,6 +263,10 @@ def test_highway_observations_verdicts():
     flat = {("plain", 10): 1e-3, ("plain", 20): 1e-3, ("plain", 50): 5e-4, ("plain", 100): 1e-3,
             ("highway", 10): 1e-5, ("highway", 20): 1e-5, ("highway", 50): 1e-3, ("highway", 100): 1e-3}
     assert [v for _, _, v in study.observations(_fake_summary(flat))] == ["does not hold"] * 4
+    # The same numbers from a search smaller than the paper's 100 trials: observation 1 is inconclusive.
+    small = {**_fake_summary(flat), "config": {"trials": 40, "epochs": 40}}
+    first = study.observations(small)[0][2]
+    assert first.startswith("inconclusive") and "40 trials of 40 epochs" in first
     # Every 100-layer plain trial diverged: an infinite loss, which still counts as degrading.
     summary = _fake_summary(paper)
     cell = next(c for c in summary["cells"] if (c["arch"], c["layers"]) == ("plain", 100))

@@ -14,6 +14,9 @@ from throughway.analysis.hessian import (
     index,
     lanczos,
     plain_condition_number,
+    SingularHessianWarning,
+    default_rtol,
+    singular_to_tolerance,
     spectrum_summary,
     squared_error_loss,
 )
@@ -152,11 +155,38 @@ def test_condition_number_and_index_edge_cases():
     assert summary.zero and summary.condition is None and summary.plain_condition is None
     singular = torch.tensor([0.0] * 5 + [1.0] * 5)
     assert condition_number(singular) is None and plain_condition_number(singular) is None
-    assert not spectrum_summary(singular).zero
+    with pytest.warns(SingularHessianWarning):
+        assert not spectrum_summary(singular).zero
     with pytest.raises(ValueError, match="NaN"):
         condition_number(torch.tensor([1.0, float("nan")]))
     with pytest.raises(ValueError, match="low_percentile"):
         condition_number(values, low_percentile=120)
+
+
+def test_singular_to_tolerance_on_constructed_matrices():
+    # A symmetric 40 × 40 matrix with eigenvalues ±1..±10 (nonsingular), and the same with four
+    # eigenvalues replaced by rounding-level values of both signs (rank 36: singular to tolerance).
+    torch.manual_seed(0)
+    q, _ = torch.linalg.qr(torch.randn(40, 40, dtype=torch.float64))
+    spectrum = torch.cat([torch.linspace(1, 10, 20), -torch.linspace(1, 10, 20)]).double()
+    nonsingular = q @ torch.diag(spectrum) @ q.T
+    eig = torch.linalg.eigvalsh(nonsingular)
+    assert default_rtol(40) == pytest.approx(40 * 2.220446049250313e-16)
+    summary = spectrum_summary(eig)
+    assert not summary.singular and summary.index == pytest.approx(0.5)
+    assert summary.plain_condition == pytest.approx(10.0) and summary.condition is not None
+    tiny = spectrum.clone()
+    tiny[[0, 1, 20, 21]] = torch.tensor([1e-17, -3e-17, 2e-17, -1e-18], dtype=torch.float64)
+    singular = torch.linalg.eigvalsh(q @ torch.diag(tiny) @ q.T)  # eigvalsh's own error ~1e-15
+    assert float(singular.abs().min()) < 1e-13
+    with pytest.warns(SingularHessianWarning, match="singular to tolerance"):
+        summary = spectrum_summary(singular)
+    assert summary.singular and not summary.zero
+    assert summary.index is None and summary.plain_condition is None  # signs of the zeros are noise
+    assert summary.condition is not None  # the P10 measure ignores the smallest tenth on purpose
+    assert singular_to_tolerance(1e-14, 1.0, 100) and not singular_to_tolerance(1e-12, 1.0, 100)
+    # at least a tenth of the spectrum zero to tolerance: the paper's measure is undefined too
+    assert condition_number(torch.tensor([1e-18] * 5 + [1.0] * 35, dtype=torch.float64)) is None
 
 
 def _assert_unchanged(model, x, y, frozen):
@@ -186,7 +216,7 @@ def test_model_is_left_unchanged():
     assert all(p.grad is None for p in model.parameters() if p is not last)
     # BatchNorm in eval mode: running statistics are read, never written. (Training-mode BatchNorm
     # is supported too, through batch statistics, but its first torch.func call costs ~20 s here.)
-    bn_model = create_model("mlp_residual", depth=2, width=4, in_features=3, num_classes=3).eval()
+    bn_model = create_model("mlp_residual", depth=2, width=4, in_features=3, num_classes=3, stem="dense").eval()
     bn_model.stem[0].weight.requires_grad_(False)
     _assert_unchanged(bn_model, torch.randn(8, 3), torch.randn(8, 3), "stem.0.weight")
     assert not bn_model.training

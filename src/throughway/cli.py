@@ -4,6 +4,7 @@
     throughway train --model NAME --depth D  one training run into --out
     throughway reproduce EXPERIMENT          a paper's table or figure, with the paper's numbers beside ours
     throughway report DIR                    remake an experiment's table and figures from DIR/results.json
+    throughway report --readme README.md [--check]   rewrite (check) the README's generated result blocks
     throughway data fetch DATASET            fetch, verify and cache a dataset
     throughway analyze gates|prune|highway|lesion RUN_DIR   what a finished run's gates learned
 """
@@ -94,8 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: the number of CPU cores on a CPU device, 1 on a GPU)")
         _add_common(exp)
 
-    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json")
-    report.add_argument("dir", help="an experiment's output folder")
+    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "
+                                           "or (--readme) the README's generated blocks from results/")
+    report.add_argument("dir", nargs="?", help="an experiment's output folder")
+    report.add_argument("--readme", metavar="README", help="rewrite every <!-- generated:NAME --> block of this "
+                                                           "file from the JSON under results/ beside it")
+    report.add_argument("--results", metavar="DIR", help="with --readme: the results folder (default: results/ "
+                                                         "beside the README)")
+    report.add_argument("--check", action="store_true", help="with --readme: change nothing; exit 1 naming the "
+                                                             "blocks that differ from what the results give")
 
     analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
     analyze_sub = analyze.add_subparsers(dest="analysis", required=True)
@@ -249,6 +257,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from ._io import read_json
     from .experiments import get_experiment
 
+    if args.readme is not None:
+        from .experiments.readme import update_readme
+
+        if args.dir is not None:
+            raise ValueError("report: give either DIR or --readme README, not both")
+        names = update_readme(args.readme, args.results, check=args.check)
+        if args.check:
+            if names:
+                print(f"{args.readme}: generated blocks differ from the results files: {', '.join(names)}; "
+                      f"run `throughway report --readme {args.readme}`")
+                return 1
+            print(f"{args.readme}: every generated block matches the results files")
+            return 0
+        print(f"{args.readme}: rewrote {len(names)} block(s)" + (f": {', '.join(names)}" if names else ""))
+        return 0
+    if args.dir is None:
+        raise ValueError("report: give an experiment's output folder DIR, or --readme README")
     path = Path(args.dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_json, environment_info
-from ..analysis.hessian import exact_hessian, spectrum_summary, squared_error_loss
+from .._io import atomic_write_json, environment_info, read_json
+from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
 from .common import command_line, remake_report
 from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
 
@@ -80,18 +80,44 @@ def table_markdown(summary: dict[str, Any]) -> str:
         peak = int(np.argmax(grads)) if grads else 0
         for p in (t["hessian"][0], t["hessian"][-1]):
             cond = p["condition"]
+            index = "undefined (singular)" if p["index"] is None else f"{p['index']:.3f}"
             lines.append(f"| {t['network']} | {t['seed']} | {p['epoch']} | {p['loss']:.4f} | {p['max_abs']:.4g} | "
-                         f"{p['low_abs']:.4g} | {'—' if cond is None else f'{cond:.4g}'} | {p['index']:.3f} | "
+                         f"{p['low_abs']:.4g} | {'undefined' if cond is None else f'{cond:.4g}'} | {index} | "
                          f"{grads[peak]:.3g} ({peak}) |")
+    singular = {}
+    for t in summary["traces"]:
+        count = sum(bool(p.get("singular")) for p in t["hessian"])
+        if count:
+            singular[t["network"]] = singular.get(t["network"], 0) + count
+    if singular:
+        total = {n: sum(len(t["hessian"]) for t in summary["traces"] if t["network"] == n) for n in singular}
+        lines += ["", "Singular to tolerance (min |λ| ≤ P · eps · max |λ|): " + ", ".join(
+            f"{n}: {c} of {total[n]} Hessians" for n, c in singular.items()) + ". Their index is undefined (the "
+            "signs of their zero eigenvalues are rounding noise) and left out of figure 6; their condition number "
+            "max|λ| / P10(|λ|) is kept where the 10th percentile exceeds the tolerance, since the measure leaves "
+            "out the smallest tenth of |λ| on purpose."]
     lines += ["", f"Paper: {PAPER_STATEMENT}", "", f"Data: {summary['data']}. Hessian at epochs "
               f"{summary['hessian_epochs']}. Best linear loss (least squares): {summary['optimal_linear_loss']:.4f}."]
     return "\n".join(lines) + "\n"
 
 
+def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Mark every stored Hessian point of `out`/results.json singular to tolerance or not
+    (`apply_tolerance`; no Hessian is recomputed) and rewrite the file when that changed something."""
+    path = Path(out) / "results.json"
+    summary = read_json(path)
+    traces = [{**t, "hessian": [apply_tolerance(p) for p in t["hessian"]]} for t in summary["traces"]]
+    updated = {**summary, "traces": traces}
+    if updated != summary:
+        atomic_write_json(path, updated)
+    return updated
+
+
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures from `out`/results.json."""
+    """Remake table.md and the figures from `out`/results.json (marking singular Hessians first)."""
     from ..report.hessian_plots import plot_gradient_and_index, plot_index_vs_loss, plot_spectrum_vs_loss
 
+    refresh_summary(out)
     return remake_report(out, table_markdown, [(plot_spectrum_vs_loss, "figure5_spectrum_vs_loss.png"),
                                                (plot_index_vs_loss, "figure6_index_vs_loss.png"),
                                                (plot_gradient_and_index, "figure6_gradient_and_index.png")])

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, environment_info
-from ..analysis.hessian import exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
+from .._io import atomic_write_json, environment_info, read_json
+from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from .common import command_line, mean_std, remake_report
 from .shortcut_common import network_kwargs, stored_study, whitened_data
@@ -135,10 +135,11 @@ def summarize(config: Config, cells: dict[str, Any]) -> list[dict[str, Any]]:
             conds = [c["condition"] for c in found if c["condition"] is not None]
             points.append({"network": network, "depth": depth, "runs": len(found),
                            "undefined_condition": sum(c["condition"] is None for c in found),
+                           "singular": sum(bool(c.get("singular")) for c in found),
                            "condition": mean_std(conds),
                            "max_abs": mean_std([c["max_abs"] for c in found]),
                            "low_abs": mean_std([c["low_abs"] for c in found]),
-                           "index": mean_std([c["index"] for c in found])})
+                           "index": mean_std([c["index"] for c in found if c["index"] is not None])})
     return points
 
 
@@ -163,21 +164,26 @@ def table_markdown(summary: dict[str, Any]) -> str:
         for network in networks:
             p = by[(network, depth)]
             text = _fmt(p["condition"]) + (f" ({p['runs']} runs)" if p["runs"] != config["runs"] else "")
-            if p["undefined_condition"]:
-                text += f" [{p['undefined_condition']} undefined]"
+            if p["undefined_condition"]:  # a mean over the defined runs only would be biased
+                text = f"undefined in {p['undefined_condition']} of {p['runs']} runs" + (
+                    f" (the other {p['condition']['n']}: {_fmt(p['condition'])})" if p["condition"]["n"] else "")
+            if p.get("singular"):
+                text += f" [singular: {p['singular']} of {p['runs']}]"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", f"Paper: {PAPER_STATEMENT}", "",
               f"Data: {summary['data']}. Zero init = {config['zero_scale']:g} × Xavier Gaussian. "
               f"Index (fraction of negative eigenvalues) at init: " + "; ".join(
-                  f"{p['network']} L={p['depth']}: {_fmt(p['index'])}" for p in summary["points"]
+                  f"{p['network']} L={p['depth']}: {_fmt(p['index']) if p['index']['mean'] is not None else 'undefined (singular)'}" for p in summary["points"]
                   if p["depth"] == config["depths"][-1] or p["depth"] == config["depths"][0]) + "."]
-    huge = sorted({f"{p['network']} L={p['depth']}" for p in summary["points"]
-                   if p["condition"]["mean"] is not None and p["condition"]["mean"] > 1e13})
-    if huge:
-        lines += ["", "Condition numbers above ~1e13 (" + ", ".join(huge) + ") are at float64's resolution: their "
-                  "P10 |λ| is within a few hundred rounding units (2.2e-16 · max|λ|) of zero, so they are lower bounds "
-                  "of the exact condition number, which is larger still."]
+    singular = [f"{p['network']} L={p['depth']} ({p['singular']} of {p['runs']})" for p in summary["points"]
+                if p.get("singular")]
+    if singular:
+        lines += ["", "Singular to tolerance (min |λ| ≤ P · eps · max |λ|, P the number of parameters): "
+                  + ", ".join(singular) + ". Their index is undefined (the signs of their zero eigenvalues are "
+                  "rounding noise) and left out of the means; their condition number max|λ| / P10(|λ|) is "
+                  "undefined where the 10th percentile itself is within the tolerance ('undefined' above), and is "
+                  "otherwise kept, since the measure leaves out the smallest tenth of |λ| on purpose."]
     rows = summary.get("theorem2", [])
     if rows:
         lines += ["", "Theorem 2 at the exact zero point (zero_scale = 0)", "",
@@ -188,10 +194,12 @@ def table_markdown(summary: dict[str, Any]) -> str:
                  3: "zero gradient and zero Hessian ((n−1)-th order stationary point)"}
         for r in rows:
             cond = r["spectrum_condition"]
+            undefined = "undefined (zero Hessian)" if r["spectrum_zero"] else "undefined (singular)"
             lines.append(f"| {r['shortcut_depth']} | {r['depth']} | {r['units']} | {r['gradient_norm']:.3g} | "
                          f"{r['hessian_max_abs_entry']:.3g} | {r['spectrum_max_abs']:.4g} | {r['spectrum_low_abs']:.4g} | "
-                         f"{'undefined (zero Hessian)' if r['spectrum_zero'] else ('undefined' if cond is None else f'{cond:.4g}')} | "
-                         f"{r['spectrum_index']:.3f} | {paper[r['shortcut_depth']]} |")
+                         f"{undefined if cond is None else f'{cond:.4g}'} | "
+                         f"{undefined if r['spectrum_index'] is None else format(r['spectrum_index'], '.3f')} | "
+                         f"{paper[r['shortcut_depth']]} |")
         ones = [r for r in rows if r["shortcut_depth"] == 1 and "block_toeplitz_max_difference" in r]
         if ones:
             lines += ["", "n = 1 structure check: largest difference between Hessian blocks H_(i,j) that a block "
@@ -207,10 +215,26 @@ def table_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Bring `out`/results.json up to date without recomputing a Hessian: mark every stored cell and
+    Theorem 2 row singular to tolerance or not (`apply_tolerance`), recompute the points; rewrite
+    the file only when this changed something. Returns the summary."""
+    path = Path(out) / "results.json"
+    summary = read_json(path)
+    cells = {k: apply_tolerance(c) for k, c in summary.get("cells", {}).items()}
+    theorem2 = [apply_tolerance(r, prefix="spectrum_") for r in summary.get("theorem2", [])]
+    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})
+    updated = {**summary, "cells": cells, "theorem2": theorem2, "points": summarize(config, cells)}
+    if updated != summary:
+        atomic_write_json(path, updated)
+    return updated
+
+
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figure from `out`/results.json."""
+    """Remake table.md and the figure from `out`/results.json (marking singular Hessians first)."""
     from ..report.hessian_plots import plot_condition_vs_depth
 
+    refresh_summary(out)
     return remake_report(out, table_markdown, [(plot_condition_vs_depth, "figure4_condition_vs_depth.png")])
 
 

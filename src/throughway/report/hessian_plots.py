@@ -38,7 +38,14 @@ def plot_condition_vs_depth(summary: dict[str, Any], path: str | os.PathLike[str
     fig, axes = plt.subplots(1, 2 if theorem2 else 1, figsize=(11 if theorem2 else 6, 4.2), squeeze=False)
     ax = axes[0][0]
     for network in summary["config"]["networks"]:
-        pts = [p for p in summary["points"] if p["network"] == network and p["condition"]["mean"] is not None]
+        # A mean over the runs whose condition number is defined would be biased: such depths show
+        # their defined runs as dots only.
+        pts = [p for p in summary["points"] if p["network"] == network and p["condition"]["mean"] is not None
+               and not p.get("undefined_condition")]
+        partial = [p for p in summary["points"] if p["network"] == network and p.get("undefined_condition")]
+        ax.scatter([p["depth"] for p in partial for _ in p["condition"].get("values", [])],
+                   [v for p in partial for v in p["condition"].get("values", [])], s=6, alpha=0.35,
+                   color=NETWORK_COLORS.get(network))
         if not pts:
             continue
         depths = [p["depth"] for p in pts]
@@ -51,11 +58,11 @@ def plot_condition_vs_depth(summary: dict[str, Any], path: str | os.PathLike[str
         ax.scatter([p["depth"] for p in pts for _ in p["condition"].get("values", [])],
                    [v for p in pts for v in p["condition"].get("values", [])], s=6, alpha=0.35,
                    color=NETWORK_COLORS.get(network))
-    top = max((v for p in summary["points"] for v in (p["condition"].get("values") or [])), default=0.0)
-    resolution = 1e13  # P10 |λ| within a few hundred rounding units of 0 (see hessian_init.table_markdown)
-    if top > resolution:
-        ax.axhspan(resolution, top * 10, color="0.85", alpha=0.5, lw=0,
-                   label="P10 |λ| at float64 rounding level:\nvalues are lower bounds")
+    undefined = [f"{NETWORK_LABELS.get(p['network'], p['network'])} L={p['depth']}: {p['undefined_condition']} of "
+                 f"{p['runs']}" for p in summary["points"] if p.get("undefined_condition")]
+    if undefined:
+        ax.text(0.02, 0.98, "undefined (P10 |λ| within tolerance), no mean drawn:\n" + "\n".join(undefined),
+                transform=ax.transAxes, fontsize=7, va="top")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("depth L (number of 10×10 layers)")
@@ -110,11 +117,17 @@ def plot_spectrum_vs_loss(summary: dict[str, Any], path: str | os.PathLike[str])
 
 
 def plot_index_vs_loss(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Figure 6 left: index (fraction of negative eigenvalues) against the training loss."""
+    """Figure 6 left: index (fraction of negative eigenvalues) against the training loss; points
+    whose Hessian is singular to tolerance (index None: undefined) are left out, and the networks
+    that have only such points are named in the figure."""
     fig, ax = plt.subplots(figsize=(6, 4.2))
+    left_out = set()
     for trace in summary["traces"]:
         network = trace["network"]
-        points = trace["hessian"]
+        points = [p for p in trace["hessian"] if p["index"] is not None]
+        if not points:
+            left_out.add(NETWORK_LABELS.get(network, network))
+            continue
         first = trace["seed"] == summary["config"]["seeds"][0]
         ax.plot([p["loss"] for p in points], [p["index"] for p in points], marker=".",
                 color=NETWORK_COLORS.get(network), alpha=0.9 if first else 0.45,
@@ -124,6 +137,9 @@ def plot_index_vs_loss(summary: dict[str, Any], path: str | os.PathLike[str]) ->
     ax.set_xlabel("training loss (decreasing →)")
     ax.set_ylabel("index (fraction of negative eigenvalues)")
     ax.set_title(f"Index along training, depth {summary['config']['depth']} (figure 6, left)")
+    if left_out:
+        ax.text(0.02, 0.02, "index undefined (Hessian singular to tolerance): " + ", ".join(sorted(left_out)),
+                transform=ax.transAxes, fontsize=7, va="bottom")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -141,7 +157,8 @@ def plot_gradient_and_index(summary: dict[str, Any], path: str | os.PathLike[str
     ax.set_xscale("symlog", linthresh=10)
     ax.grid(True, which="both", alpha=0.3)
     ax2 = ax.twinx()
-    ax2.plot([p["epoch"] for p in trace["hessian"]], [p["index"] for p in trace["hessian"]], color="#d62728",
+    defined = [p for p in trace["hessian"] if p["index"] is not None]
+    ax2.plot([p["epoch"] for p in defined], [p["index"] for p in defined], color="#d62728",
              marker="o", markersize=3, label="index")
     ax2.set_ylabel("index (fraction of negative eigenvalues)")
     lines = ax.get_legend_handles_labels()

@@ -1,0 +1,72 @@
+"""The README's generated blocks (throughway.experiments.readme): CI fails when they differ from results/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from throughway.cli import main
+from throughway.experiments import readme
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_repository_readme_matches_the_results_files(capsys):
+    # The check CI runs: every generated block of README.md is what results/ gives.
+    status = main(["report", "--readme", str(ROOT / "README.md"), "--check"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    names = readme.block_names((ROOT / "README.md").read_text())
+    assert len(names) >= 6 and set(names) <= set(readme.RENDERERS)
+
+
+def _fake(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "x.json").write_text(json.dumps({"value": 1.5}))
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    return path, results
+
+
+@pytest.fixture
+def fake_renderer(monkeypatch):
+    monkeypatch.setitem(readme.RENDERERS, "test-value", lambda root: f"{readme._json(root, 'x.json')['value']:.2f}")
+    monkeypatch.setitem(readme.RENDERERS, "test-table",
+                        lambda root: f"| a |\n|---|\n| {readme._json(root, 'x.json')['value']} |")
+
+
+def test_check_names_differing_blocks_and_rewrite_fixes_them(tmp_path, capsys, fake_renderer):
+    text = ("intro <!-- generated:test-value -->9.99<!-- /generated:test-value --> end\n\n"
+            "<!-- generated:test-table -->\n| a |\n|---|\n| 1.5 |\n<!-- /generated:test-table -->\n")
+    path, results = _fake(tmp_path, text)
+    assert main(["report", "--readme", str(path), "--check"]) == 1
+    assert "test-value" in capsys.readouterr().out
+    assert path.read_text() == text  # --check changes nothing
+    assert main(["report", "--readme", str(path)]) == 0
+    assert "<!-- generated:test-value -->1.50<!-- /generated:test-value --> end" in path.read_text()
+    assert path.read_text().endswith(text.split("end\n\n")[1])  # the matching block is untouched
+    assert main(["report", "--readme", str(path), "--check", "--results", str(results)]) == 0
+
+
+def test_unknown_block_or_missing_file_exits_2_naming_it(tmp_path, capsys, fake_renderer):
+    path, _ = _fake(tmp_path, "<!-- generated:no-such-block -->x<!-- /generated:no-such-block -->\n")
+    assert main(["report", "--readme", str(path), "--check"]) == 2
+    assert "no-such-block" in capsys.readouterr().err
+    path.write_text("<!-- generated:test-value -->x<!-- /generated:test-value -->\n")
+    (tmp_path / "results" / "x.json").unlink()
+    assert main(["report", "--readme", str(path), "--check"]) == 2
+    assert "x.json" in capsys.readouterr().err
+
+
+def test_figures56_contrary_pairs_counts_pairs_at_equal_loss():
+    def trace(network, points):
+        return {"network": network, "hessian": [{"loss": l, "condition": c} for l, c in points]}
+
+    summary = {"traces": [trace("shortcut2-zero", [(1.0, 2.0), (0.5, 50.0)]),
+                          trace("orthogonal", [(1.02, 10.0), (0.51, 20.0), (3.0, 1.0)]),
+                          trace("xavier", [(1.0, None)])]}
+    result = readme.figures56_contrary_pairs(summary)
+    assert result["pairs"] == 2 and result["contrary"] == 1  # (1.0 vs 1.02): fine; (0.5 vs 0.51): contrary
