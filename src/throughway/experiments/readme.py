@@ -78,10 +78,10 @@ def _ranges(blocks: list[int]) -> str:
 
 
 def _gates_table(root: Path) -> str:
-    gates = _json(root, "gates/gated-d100-s0/gates.json")
-    gated = _json(root, "gates/gated-d100-s0/prune.json")["summary"]
-    residual = _json(root, "gates/residual-d100-s0/prune.json")["summary"]
-    prune = _text(root, "gates/benchmark_prune_speed.txt")
+    gates = _json(root, "gates-stem-dense/gated-d100-s0/gates.json")
+    gated = _json(root, "gates-stem-dense/gated-d100-s0/prune.json")["summary"]
+    residual = _json(root, "gates-stem-dense/residual-d100-s0/prune.json")["summary"]
+    prune = _text(root, "gates-stem-dense/benchmark_prune_speed.txt")
     ratios = _match(r"time ratio pruned/full: ([\d.]+)\s+parameter ratio pruned/full: ([\d.]+)", prune, "prune speed")
     difference = float(_match(r"max \|pruned − full\| over the batch's logits: ([\d.e+-]+)", prune, "prune speed").group(1))
     outputs = "outputs identical" if difference == 0 else f"outputs differ by up to {difference:.1e}"
@@ -113,10 +113,10 @@ def _gates_table(root: Path) -> str:
 
 
 def _gates_text(root: Path) -> str:
-    gates = _json(root, "gates/gated-d100-s0/gates.json")
-    gated = _json(root, "gates/gated-d100-s0/prune.json")["summary"]
-    residual = _json(root, "gates/residual-d100-s0/prune.json")["summary"]
-    history = _json(root, "mnist-depth/runs/gated-d100-s0/results.json")["history"]
+    gates = _json(root, "gates-stem-dense/gated-d100-s0/gates.json")
+    gated = _json(root, "gates-stem-dense/gated-d100-s0/prune.json")["summary"]
+    residual = _json(root, "gates-stem-dense/residual-d100-s0/prune.json")["summary"]
+    history = _json(root, "mnist-depth-stem-dense/runs/gated-d100-s0/results.json")["history"]
     dead = [b + 1 for b in gates["dead_blocks"]]
     drops = residual["random_drop_after_few_removals_pct_points"]
     most = max(int(k) for k in drops)
@@ -524,7 +524,7 @@ def _benchmarks(root: Path) -> str:
     plain = _match(r"RATIO plain / toolkit time at depth \d+ = ([\d.]+)x", hessian, "hessian speed").group(1)
     lanczos = _match(r"RATIO full spectrum / Lanczos top eigenvalue = ([\d.]+)x", hessian, "hessian speed").group(1)
     params = _match(r"toolkit, depth \d+ \((\d+) parameters\)", hessian, "hessian speed").group(1)
-    prune = _text(root, "gates/benchmark_prune_speed.txt")
+    prune = _text(root, "gates-stem-dense/benchmark_prune_speed.txt")
     ratios = _match(r"time ratio pruned/full: ([\d.]+)\s+parameter ratio pruned/full: ([\d.]+)", prune, "prune speed")
     wrn = _match(r"ratio toolkit / plain: ([\d.]+)", _text(root, "conv/benchmark_wrn_step_throughput.txt"), "wrn").group(1)
     return "\n".join([
