@@ -64,6 +64,24 @@ def _match(pattern: str, text: str, source: str) -> re.Match[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Section 1: the MNIST depth study
+
+def _mnist_depth_stem_dense_table(root: Path) -> str:
+    """The one-seed study with the Dot-BN-ReLU first layer (the stem ablation), as its table.md."""
+    from . import mnist_depth
+
+    return mnist_depth.table_markdown(_json(root, "mnist-depth-stem-dense/results.json"))
+
+
+def _mnist_depth_stem_dense_k_ratio(root: Path) -> str:
+    """The range over depths of paper's mean k / our mean k in the stem ablation, e.g. "3.0–6.7"."""
+    summary = _json(root, "mnist-depth-stem-dense/results.json")
+    ratios = [c["paper_k_mean"] / c["k_mean"]["mean"] for c in summary["cells"]
+              if c["arch"] == "gated" and c["paper_k_mean"] and c["k_mean"]["mean"]]
+    return f"{min(ratios):.1f}–{max(ratios):.1f}"
+
+
+# ---------------------------------------------------------------------------------------------
 # Section 2: what the gates learned
 
 def _ranges(blocks: list[int]) -> str:
@@ -604,6 +622,8 @@ def _batched_step(root: Path) -> str:
 
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
+    "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,
     "gates-text": _gates_text,
     "highway-analysis-table": _highway_analysis_table,
