@@ -53,7 +53,9 @@ class ScalarGate(nn.Module):
         return self.value() * h
 
     def extra_repr(self) -> str:
-        return f"function={self.function}, k={self.k.item():.4g}"
+        # a model built on the meta device has no value to show; repr() must not fail on it
+        k = "?" if self.k.is_meta else f"{self.k.item():.4g}"
+        return f"function={self.function}, k={k}"
 
 
 class TransformGate(nn.Module):

@@ -53,7 +53,9 @@ def plot_k_by_block(result: dict[str, Any], path: str | os.PathLike[str]) -> Pat
                label=f"mean k = {result['k_mean']:.3f}")
     paper = result.get("paper", {}).get("k_mean")
     if paper is not None:
-        ax.axhline(paper, color="grey", linestyle=":", linewidth=1.2, label=f"paper's mean k = {paper}")
+        differs = " (this run differs: " + ", ".join(d.split(" (")[0] for d in result["paper"]["setting_differences"]) + ")" \
+            if result.get("paper", {}).get("setting_differences") else ""
+        ax.axhline(paper, color="grey", linestyle=":", linewidth=1.2, label=f"paper's mean k = {paper}{differs}")
     ax.axhline(0, color="black", linewidth=0.6)
     handles, _ = ax.get_legend_handles_labels()
     if dead:  # an empty bar() gets the colour cycle's, not the red of the dead bars: draw the key itself
