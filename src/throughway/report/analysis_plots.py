@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
-from .plots import save_figure  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
 __all__ = ["plot_k_by_block", "plot_removal_curves", "plot_highway_maps", "plot_class_differences", "plot_lesion"]
 

@@ -12,21 +12,11 @@ matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .._io import atomic_write_bytes  # noqa: E402
+from .figures import save_figure  # noqa: E402  (re-exported: it used to live here)
 
 __all__ = ["plot_training_curves", "plot_error_by_depth", "save_figure", "ARCH_COLORS"]
 
 ARCH_COLORS = {"plain": "#d62728", "residual": "#1f77b4", "gated": "#2ca02c", "highway": "#9467bd"}
-
-
-def save_figure(fig: "plt.Figure", path: str | os.PathLike[str], dpi: int = 130) -> Path:
-    """Save `fig` as PNG atomically and close it."""
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
