@@ -15,7 +15,7 @@ that measures both during training, per middle block of the model, after every e
   parameters are left out (the paper's layers have none) but counted in the travelled distance.
 * nearest identity (`nearest_identity_distance`): the squared distance to the nearest of the
   configurations that silence the block's residual branch unit by unit, or close its gate. A
-  residual branch ending in Linear [BatchNorm] [ReLU] outputs 0 for every input when, for each
+  residual branch ending in `Linear [BatchNorm] [ReLU]` outputs 0 for every input when, for each
   output unit j, the normalised pre-activation vanishes (row W_j = 0, or γ_j = 0 under BatchNorm)
   and the constant left over is 0 (β_j, or b_j without BatchNorm; ≤ 0 is enough before a ReLU):
   Σ_j min(‖W_j‖², γ_j²) + max(β_j, 0)². This is usually far below the paper's target, which zeroes
@@ -77,7 +77,7 @@ _TRANSPARENT = (nn.Dropout, nn.Identity)
 
 def _silencing_distance(branch: nn.Module) -> float | None:
     """Σ_j min(‖W_j‖², γ_j²) + (β_j or b_j)² [clipped at 0 before a ReLU] for a branch whose leaf
-    modules end with Linear/Conv [BatchNorm] [ReLU] (dropout ignored); None for any other ending."""
+    modules end with `Linear/Conv [BatchNorm] [ReLU]` (dropout ignored); None for any other ending."""
     leaves = [m for m in branch.modules() if not list(m.children())]
     last = max((i for i, m in enumerate(leaves) if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))), default=None)
     if last is None:
@@ -107,7 +107,7 @@ def _silencing_distance(branch: nn.Module) -> float | None:
 def nearest_identity_distance(block: nn.Module) -> float | None:
     """Squared distance to the nearest identity configuration that silences the block's residual
     branch unit by unit or closes its gate (see the module docstring); None for a block without a
-    shortcut, or whose branch ending is not Linear/Conv [BatchNorm] [ReLU]."""
+    shortcut, or whose branch ending is not `Linear/Conv [BatchNorm] [ReLU]`."""
     gate = getattr(block, "gate", None)
     shortcut = getattr(block, "shortcut", None)
     if shortcut is None:

@@ -42,7 +42,7 @@ FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
 def _blocks(model: nn.Module) -> nn.ModuleList:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise ValueError(f"{type(model).__name__} has no `blocks` ModuleList; the gate analyses need one (DESIGN.md)")
+        raise ValueError(f"{type(model).__name__} has no `blocks` ModuleList; the gate analyses need one (docs/design.md)")
     return blocks
 
 

@@ -29,7 +29,7 @@ class ShortcutUnit(nn.Module):
         positions: where the activation sits, any subset of ("pre", "mid", "post").
         shortcut: True for x + f(x); False for the plain f(x) (shortcut attribute then None).
 
-    Block contract (DESIGN.md): `branch` is the transformation path (an nn.Sequential whose
+    Block contract (docs/design.md): `branch` is the transformation path (an nn.Sequential whose
     Linear layers are the W_i in order), `shortcut` is nn.Identity() or None, `gate` nn.Identity().
     """
 

@@ -1,4 +1,4 @@
-"""The model registry: every model is built by `create_model(name, **kwargs)` (DESIGN.md)."""
+"""The model registry: every model is built by `create_model(name, **kwargs)` (docs/design.md)."""
 
 from __future__ import annotations
 

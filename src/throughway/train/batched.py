@@ -3,7 +3,7 @@
 The MNIST studies train many tiny networks (width 50): the gated residual paper reports means over
 seeds, the highway paper's section 3.1 runs a random search of 100 trials per depth and
 architecture. One such model leaves the machine idle between operations: per-operation overhead,
-not arithmetic, sets its speed (DESIGN.md "Speed on this platform"). `train_batched` stacks N
+not arithmetic, sets its speed (docs/design.md "Speed on this platform"). `train_batched` stacks N
 models of one architecture shape into tensors with a leading model dimension and trains them
 together: activations are held feature-major, (N models, C channels, B samples), so that every
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
