@@ -27,7 +27,7 @@ that measures both during training, per middle block of the model, after every e
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,7 +37,10 @@ from ..layers import ScalarGate
 __all__ = ["block_identity_distance", "nearest_identity_distance", "IdentityDistance"]
 
 
-def _linear_layers(module: nn.Module) -> list[nn.Module]:
+_Weighted = nn.Linear | nn.Conv1d | nn.Conv2d
+
+
+def _linear_layers(module: nn.Module) -> list[_Weighted]:
     return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
 
 
@@ -90,7 +93,7 @@ def _silencing_distance(branch: nn.Module) -> float | None:
             relu = True
         elif not isinstance(module, _TRANSPARENT):
             return None
-    layer = leaves[last]
+    layer = cast(_Weighted, leaves[last])
     rows = layer.weight.detach().double().flatten(1).pow(2).sum(dim=1)  # ‖W_j‖² per output unit
     if norm is not None and norm.affine:
         silence = torch.minimum(rows, norm.weight.detach().double() ** 2)
@@ -127,7 +130,7 @@ def nearest_identity_distance(block: nn.Module) -> float | None:
 def _block_vectors(model: nn.Module) -> list[torch.Tensor]:
     return [torch.cat([p.detach().double().reshape(-1) for p in block.parameters()])
             if any(True for _ in block.parameters()) else torch.zeros(0, dtype=torch.float64)
-            for block in model.blocks]
+            for block in cast(nn.ModuleList, model.blocks)]
 
 
 class IdentityDistance:
@@ -154,8 +157,9 @@ class IdentityDistance:
         travelled = [float((c - s).pow(2).sum()) for c, s in zip(current, self._start)]
         self._path += sum(float((c - p).pow(2).sum()) for c, p in zip(current, self._previous)) ** 0.5
         self._previous = [v.clone() for v in current]
-        identity = [block_identity_distance(b) for b in model.blocks]
-        nearest = [nearest_identity_distance(b) for b in model.blocks]
+        blocks = cast(nn.ModuleList, model.blocks)
+        identity = [block_identity_distance(b) for b in blocks]
+        nearest = [nearest_identity_distance(b) for b in blocks]
         self.kinds = [k for k, _ in identity]
         self.records.append({"epoch": epoch, "travelled_sq": sum(travelled), "path_length": self._path,
                              "identity_sq": sum(d for _, d in identity), "block_travelled_sq": travelled,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from safetensors.torch import load_file
@@ -60,6 +60,14 @@ PAPER_HIGHWAY_CLAIMS = {
                "within the first 15 layers (figure 3)",
     "lesion": "lesioning early layers hurts; many later layers (about 15 to 45) barely matter on MNIST",
 }
+
+
+def _config(model: torch.nn.Module) -> dict[str, Any]:
+    return cast(dict, model.config)  # every registered model carries its config (create_model)
+
+
+def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    return cast(torch.nn.ModuleList, model.blocks)
 
 
 def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
@@ -108,7 +116,7 @@ def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
                                     (" (this one has finished: drop --checkpoint)" if model_path.is_file() else ""))
         model, epoch = _checkpoint_model(run_dir, results, device)
         history = results.get("history") or []
-        record = next((r for r in history if r.get("epoch") == epoch), {})
+        record: dict[str, Any] = next((r for r in history if r.get("epoch") == epoch), {})
         results = {**results, "final": {"snapshot": True, "epochs_completed": epoch,
                                         "test_error_pct": record.get("test_error_pct")}}
         return results, model
@@ -203,7 +211,7 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     family = _require_family(model, run_dir, ("gated", "augmented"), "gates")
     stats = k_statistics(model)
     depth = int(results["config"]["depth"])
-    name = model.config.get("name")
+    name = _config(model).get("name")
     # Table 2's mean k belongs to the fully connected MNIST nets, indexed by d; other models (a CIFAR
     # preact_resnet of depth 20, say) must not pick up the d = 20 entry.
     mnist_table = name == "mlp_gated_residual" and results["config"].get("dataset") == "mnist"
@@ -304,7 +312,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
                          f"use --strategy random")
     data = _load_data(results, device, data_dir)
     metric = _accuracy(data.test)
-    count = len(model.blocks)
+    count = len(_blocks(model))
     result = {**_header(run_dir, results, family, model), "num_blocks": count,
               "layers_per_block": layers_per_block(model), "split": "test", "removal": "physical (analysis.prune)",
               "paper": {"claims": PAPER_PRUNE_CLAIMS,
@@ -342,7 +350,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
         mean = result["random"]["mean"]
         ratios = [_half_removed_ratio(c, half) for c in result["random"]["accuracy_pct"]]
         summary["random_half_removed_accuracy_pct"] = mean[half]
-        summary["random_half_removed_ratio"] = mean_std(ratios)
+        summary["random_half_removed_ratio"] = mean_std([r for r in ratios if r is not None])
         summary["random_removals_until_below_90pct"] = _removals_until(mean, 0.9)
         summary["random_accuracy_after_removals"] = {str(r): mean[r] for r in (1, 2, 3, 5, 10, half) if r <= count}
         summary["random_drop_after_few_removals_pct_points"] = {str(r): mean[0] - mean[r] for r in (1, 2, 3, 5)
@@ -417,7 +425,7 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
     stats = transform_gate_statistics(model, x, y, data.num_classes)
     gates, outputs = highway_sample_activations(model, x[sample])
     change = highway_layer_change(model, x)
-    bias_init = model.config.get("gate_bias")
+    bias_init = _config(model).get("gate_bias")
     share = (change.cumsum(0) / change.sum()).tolist()
     result = {
         **_header(run_dir, results, family, model),
@@ -493,18 +501,18 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
                          f"use split 'train' or 'test'")
     _, base = evaluate(model, part)
     errors = []
-    for index in range(len(model.blocks)):
+    for index in range(len(_blocks(model))):
         with lesion(model, index):
             errors.append(evaluate(model, part)[1])
         if progress and (index + 1) % 10 == 0:
-            print(f"  lesioned {index + 1}/{len(model.blocks)}", file=sys.stderr, flush=True)
+            print(f"  lesioned {index + 1}/{len(_blocks(model))}", file=sys.stderr, flush=True)
     increase = [e - base for e in errors]
     barely = [i for i, d in enumerate(increase) if d < tolerance_pct_points]
     count = len(errors)
     # The paper's "15 to 45" counts the network's layers; the plain first layer is layer 1, so highway
     # layer i (1-based) is network layer i + 1. Reported for highway runs only.
     window = [i for i in range(count) if 15 <= i + 2 <= 45] if family == "highway" else []
-    summary = {
+    summary: dict[str, Any] = {
         "unlesioned_error_pct": base,
         "max_increase_pct_points": max(increase),
         "most_harmful_blocks": sorted(range(count), key=lambda i: -increase[i])[:5],

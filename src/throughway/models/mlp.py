@@ -30,7 +30,7 @@ MNIST experiments ran with.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -54,7 +54,7 @@ MLP_FAMILIES = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmente
 class MLP(nn.Module):
     """stem → blocks → head on flattened inputs; `forward` returns logits (N, num_classes)."""
 
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], head: nn.Module) -> None:
+    def __init__(self, stem: nn.Module, blocks: Sequence[nn.Module], head: nn.Module) -> None:
         super().__init__()
         self.stem = stem
         self.blocks = nn.ModuleList(blocks)

@@ -72,7 +72,7 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     model = entry.factory(**kwargs)
     config = {k: v for k, v in accepted.items() if v is not inspect.Parameter.empty}
     config.update(kwargs)
-    model.config = {"name": name, **config}
+    model.config = {"name": name, **config}  # type: ignore[assignment]  # nn.Module types attributes as tensors
     return model
 
 

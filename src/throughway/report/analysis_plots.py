@@ -79,7 +79,7 @@ def plot_removal_curves(results: Sequence[dict[str, Any]], path: str | os.PathLi
     fig, ax = plt.subplots(figsize=(7.0, 4.4))
     lowest = 100.0
     for result in results:
-        color = _FAMILY_COLORS.get(result.get("family"), None)
+        color = _FAMILY_COLORS.get(str(result.get("family")), None)
         per = int(result.get("layers_per_block", 1))
         label = _run_label(result)
         random = result.get("random")
@@ -170,7 +170,7 @@ def plot_lesion(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     result (keys lesioned_error_pct, unlesioned_error_pct, family, split)."""
     errors = np.asarray(result["lesioned_error_pct"], float)
     index = np.arange(1, len(errors) + 1)
-    color = _FAMILY_COLORS.get(result.get("family"), "#9467bd")
+    color = _FAMILY_COLORS.get(str(result.get("family")), "#9467bd")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.13 * len(errors) + 2), 4.0))
     unit = "highway layer" if result.get("family") == "highway" else "residual block"
     ax.plot(index, errors, marker="o", markersize=3.5, color=color, label=f"one {unit} lesioned")
