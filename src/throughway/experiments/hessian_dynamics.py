@@ -131,8 +131,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         kwargs = network_kwargs(network, config.depth, zero_scale=config.zero_scale)
         gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds))
         gd.weights.data = gd.weights.data.to(config.device)
-        new: dict[int, dict[str, Any]] = {s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
-                   "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}
+        new: dict[int, dict[str, Any]] = {
+            s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
+                "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}
         for epoch in range(config.epochs + 1):
             if epoch in marks:
                 for r, seed in enumerate(config.seeds):

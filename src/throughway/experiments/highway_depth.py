@@ -275,7 +275,8 @@ def observations(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     shallow = [(n, best("plain", n), top("plain", n)) for n in (10, 20) if n in layers]
     values = [b for _, b, _ in shallow]
     out.append(("; ".join(f"plain {n} layers: best {_fmt(b)}, top-10 mean {_fmt(t)}" for n, b, t in shallow)
-                or "not run", verdict(None if not values or None in values else all(v is not None and v < 1e-4 for v in values))))
+                or "not run", verdict(None if not values or None in values
+                                      else all(v is not None and v < 1e-4 for v in values))))
     plain = [(n, best("plain", n)) for n in layers]
     known = [v for _, v in plain if v is not None]
     out.append(("plain best by depth: " + ", ".join(f"{n}: {_fmt(v)}" for n, v in plain),
