@@ -16,6 +16,6 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing into .venv (torch 2.13.0 first, so that nothing pulls another build)" >&2
   .venv/bin/python -m pip install --quiet torch==2.13.0
-  .venv/bin/python -m pip install --quiet -e ".[test]"
+  .venv/bin/python -m pip install --quiet -e ".[dev]"  # tests, docs build, ruff and mypy (.ci/run)
   echo "$want" > "$stamp"
 fi

@@ -44,6 +44,9 @@ def test_analyze_gates_and_prune(fake_mnist_root, tmp_path, capsys):
     assert result["greedy"]["order"] == sorted(range(3), key=lambda i: (gates["k"][i], i))
     assert result["greedy"]["accuracy_pct"][0] == pytest.approx(result["full_accuracy_pct"])
     assert (out_gated / "prune_accuracy.png").is_file()
+    # the compared run's curves are stored, so `analyze redraw` draws them again without --compare
+    assert result["compare"][0]["family"] == "residual"
+    assert result["compare"][0]["random"]["mean"] == res["random"]["mean"]
     assert "paper:" in capsys.readouterr().out
 
     assert main(["analyze", "lesion", gated, "--out", str(tmp_path / "lesion-gated"), "--quiet"]) == 0

@@ -101,7 +101,7 @@ def _assert_same_weights(path_a, path_b, noisy=False):
 def test_batched_equals_each_model_alone(tmp_path, fake_mnist_root, case):
     configs = CASES[case]
     data = load_dataset("mnist")
-    alone = _alone(configs, tmp_path, data)
+    _alone(configs, tmp_path, data)  # written to tmp_path/alone-<i>, read back below
     dirs = [tmp_path / f"batched-{i}" for i in range(len(configs))]
     together = train_batched(configs, dirs, progress=False, data=data)
     assert len({batch_key(c) for c in configs}) == 1

@@ -8,7 +8,6 @@ import pickle
 import struct
 
 import numpy as np
-import pytest
 import torch
 
 from throughway.cli import main

@@ -285,7 +285,7 @@ def test_theorem2_one_shortcut_condition_number_grows_with_depth():
         _, h = _zero_hessian(depth, 1, x=x, y=y)
         conditions.append(condition_number(torch.linalg.eigvalsh(h)))
         # block Toeplitz: block (i, j) depends only on j − i (at zero, only on its sign)
-        block = lambda i, j: h[p * i:p * (i + 1), p * j:p * (j + 1)]  # noqa: E731
+        block = lambda i, j: h[p * i:p * (i + 1), p * j:p * (j + 1)]  # noqa: E731, B023 (used within the iteration)
         for i in range(depth):
             for j in range(depth):
                 reference = block(0, 0) if i == j else (block(0, 1) if i < j else block(1, 0))

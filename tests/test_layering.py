@@ -1,4 +1,4 @@
-"""DESIGN.md: imports flow downwards only."""
+"""docs/design.md: imports flow downwards only."""
 
 from __future__ import annotations
 

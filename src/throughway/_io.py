@@ -127,7 +127,7 @@ def git_revision(start: str | os.PathLike[str] | None = None) -> str:
 def environment_info(device: str | None = None) -> dict[str, Any]:
     """Describe where a result was measured: torch version, device, threads, git revision, host.
 
-    Written into every results file (DESIGN.md, "A results file is JSON with ... the environment").
+    Written into every results file (docs/design.md, "A results file is JSON with ... the environment").
     """
     info: dict[str, Any] = {
         "python": sys.version.split()[0],

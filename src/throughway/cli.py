@@ -34,6 +34,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    from .report.figures import FIGURE_FORMATS
+
+    parser.add_argument("--format", choices=list(FIGURE_FORMATS), default="png",
+                        help="file format of the figures: png (default), or svg / pdf (vector, for papers)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     from .data import DATASETS
@@ -94,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="runs trained at once, in separate single-threaded processes "
                               "(default: the number of CPU cores on a CPU device, 1 on a GPU)")
         _add_common(exp)
+        _add_format(exp)
 
     report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "
                                            "or (--readme) the README's generated blocks from results/")
@@ -104,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "beside the README)")
     report.add_argument("--check", action="store_true", help="with --readme: change nothing; exit 1 naming the "
                                                              "blocks that differ from what the results give")
+    _add_format(report)
 
     analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
     analyze_sub = analyze.add_subparsers(dest="analysis", required=True)
@@ -132,10 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
                              help="analyse the latest checkpoint of a run that has not finished (figures say "
                                   "'after epoch N')")
         _add_common(command)
+        _add_format(command)
     redraw = analyze_sub.add_parser("redraw", help="redraw an analysis folder's figures from its JSON files")
     redraw.add_argument("dir", help="a folder written by `analyze ...` (e.g. RUN_DIR/analysis)")
     redraw.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
-                        help="other runs' prune.json to draw beside this folder's")
+                        help="other runs' prune.json to draw instead of the ones stored in its prune.json")
+    _add_format(redraw)
 
     sdi_cmd = sub.add_parser("sdi", help="squared distance to identity (SDI/TSDI) of layers at initialisation "
                                           "(gated-residual-v1 section 2)")
@@ -347,8 +358,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `throughway` console script; returns the exit status."""
+    from .report.figures import figure_format
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    with figure_format(getattr(args, "format", "png")):  # `--format` of the commands that draw
+        return _run(parser, args)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.command == "list":
             return _cmd_list()

@@ -15,7 +15,7 @@ that measures both during training, per middle block of the model, after every e
   parameters are left out (the paper's layers have none) but counted in the travelled distance.
 * nearest identity (`nearest_identity_distance`): the squared distance to the nearest of the
   configurations that silence the block's residual branch unit by unit, or close its gate. A
-  residual branch ending in Linear [BatchNorm] [ReLU] outputs 0 for every input when, for each
+  residual branch ending in `Linear [BatchNorm] [ReLU]` outputs 0 for every input when, for each
   output unit j, the normalised pre-activation vanishes (row W_j = 0, or γ_j = 0 under BatchNorm)
   and the constant left over is 0 (β_j, or b_j without BatchNorm; ≤ 0 is enough before a ReLU):
   Σ_j min(‖W_j‖², γ_j²) + max(β_j, 0)². This is usually far below the paper's target, which zeroes
@@ -27,7 +27,7 @@ that measures both during training, per middle block of the model, after every e
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,7 +37,10 @@ from ..layers import ScalarGate
 __all__ = ["block_identity_distance", "nearest_identity_distance", "IdentityDistance"]
 
 
-def _linear_layers(module: nn.Module) -> list[nn.Module]:
+_Weighted = nn.Linear | nn.Conv1d | nn.Conv2d
+
+
+def _linear_layers(module: nn.Module) -> list[_Weighted]:
     return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
 
 
@@ -77,7 +80,7 @@ _TRANSPARENT = (nn.Dropout, nn.Identity)
 
 def _silencing_distance(branch: nn.Module) -> float | None:
     """Σ_j min(‖W_j‖², γ_j²) + (β_j or b_j)² [clipped at 0 before a ReLU] for a branch whose leaf
-    modules end with Linear/Conv [BatchNorm] [ReLU] (dropout ignored); None for any other ending."""
+    modules end with `Linear/Conv [BatchNorm] [ReLU]` (dropout ignored); None for any other ending."""
     leaves = [m for m in branch.modules() if not list(m.children())]
     last = max((i for i, m in enumerate(leaves) if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))), default=None)
     if last is None:
@@ -90,7 +93,7 @@ def _silencing_distance(branch: nn.Module) -> float | None:
             relu = True
         elif not isinstance(module, _TRANSPARENT):
             return None
-    layer = leaves[last]
+    layer = cast(_Weighted, leaves[last])
     rows = layer.weight.detach().double().flatten(1).pow(2).sum(dim=1)  # ‖W_j‖² per output unit
     if norm is not None and norm.affine:
         silence = torch.minimum(rows, norm.weight.detach().double() ** 2)
@@ -107,7 +110,7 @@ def _silencing_distance(branch: nn.Module) -> float | None:
 def nearest_identity_distance(block: nn.Module) -> float | None:
     """Squared distance to the nearest identity configuration that silences the block's residual
     branch unit by unit or closes its gate (see the module docstring); None for a block without a
-    shortcut, or whose branch ending is not Linear/Conv [BatchNorm] [ReLU]."""
+    shortcut, or whose branch ending is not `Linear/Conv [BatchNorm] [ReLU]`."""
     gate = getattr(block, "gate", None)
     shortcut = getattr(block, "shortcut", None)
     if shortcut is None:
@@ -127,7 +130,7 @@ def nearest_identity_distance(block: nn.Module) -> float | None:
 def _block_vectors(model: nn.Module) -> list[torch.Tensor]:
     return [torch.cat([p.detach().double().reshape(-1) for p in block.parameters()])
             if any(True for _ in block.parameters()) else torch.zeros(0, dtype=torch.float64)
-            for block in model.blocks]
+            for block in cast(nn.ModuleList, model.blocks)]
 
 
 class IdentityDistance:
@@ -154,8 +157,9 @@ class IdentityDistance:
         travelled = [float((c - s).pow(2).sum()) for c, s in zip(current, self._start)]
         self._path += sum(float((c - p).pow(2).sum()) for c, p in zip(current, self._previous)) ** 0.5
         self._previous = [v.clone() for v in current]
-        identity = [block_identity_distance(b) for b in model.blocks]
-        nearest = [nearest_identity_distance(b) for b in model.blocks]
+        blocks = cast(nn.ModuleList, model.blocks)
+        identity = [block_identity_distance(b) for b in blocks]
+        nearest = [nearest_identity_distance(b) for b in blocks]
         self.kinds = [k for k, _ in identity]
         self.records.append({"epoch": epoch, "travelled_sq": sum(travelled), "path_length": self._path,
                              "identity_sq": sum(d for _, d in identity), "block_travelled_sq": travelled,

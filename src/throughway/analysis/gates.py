@@ -14,7 +14,7 @@ figures is the job of experiments/ and report/.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
 def _blocks(model: nn.Module) -> nn.ModuleList:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise ValueError(f"{type(model).__name__} has no `blocks` ModuleList; the gate analyses need one (DESIGN.md)")
+        raise ValueError(f"{type(model).__name__} has no `blocks` ModuleList; the gate analyses need one (docs/design.md)")
     return blocks
 
 
@@ -128,12 +128,12 @@ def projection_blocks(model: nn.Module) -> list[int]:
 def _highway_gates(model: nn.Module) -> list[TransformGate]:
     if model_family(model) != "highway":
         raise ValueError(f"transform-gate statistics need a highway model; this one is {model_family(model)!r}")
-    return [block.gate for block in _blocks(model)]
+    return [cast(TransformGate, block.gate) for block in _blocks(model)]
 
 
 def transform_gate_biases(model: nn.Module) -> torch.Tensor:
     """b_T of every highway layer as a (layers, blocks) float tensor on the CPU (highway figure 2, column 1)."""
-    return torch.stack([g.linear.bias.detach().float().cpu() for g in _highway_gates(model)])
+    return torch.stack([cast(torch.Tensor, g.linear.bias).detach().float().cpu() for g in _highway_gates(model)])
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def _trace_highway_io(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
         outputs.append(out.flatten(1))
 
     for block in _blocks(model):
-        handles.append(block.gate.register_forward_hook(record_gate))
+        handles.append(cast(nn.Module, block.gate).register_forward_hook(record_gate))
         handles.append(block.register_forward_hook(record_layer))
     try:
         model(x)
@@ -200,8 +200,8 @@ def transform_gate_statistics(model: nn.Module, x: torch.Tensor, y: torch.Tensor
     was_training = model.training
     model.eval()
     try:
-        total = None
-        per_class = None
+        total: torch.Tensor | None = None
+        per_class = torch.zeros(0, dtype=torch.float64)  # shaped at the first batch
         counts = torch.zeros(num_classes, dtype=torch.float64)
         for start in range(0, len(x), batch_size):
             xb, yb = x[start:start + batch_size], y[start:start + batch_size].cpu()

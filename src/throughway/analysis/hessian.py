@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -171,7 +171,8 @@ class HessianOperator:
         if self._graph is None:
             leaves = tuple(p.clone().requires_grad_(True) for p in self._params)
             with torch.enable_grad():
-                grads = torch.autograd.grad(self._loss_tuple(leaves), leaves, create_graph=True, allow_unused=True)
+                grads: tuple[torch.Tensor | None, ...] = torch.autograd.grad(
+                    self._loss_tuple(leaves), leaves, create_graph=True, allow_unused=True)
             self._graph = (leaves, grads)
         leaves, grads = self._graph
         # Parameters whose gradient is constant (the loss is at most linear in them) have no
@@ -180,7 +181,7 @@ class HessianOperator:
         if not live:
             return torch.zeros_like(v)
         pieces = self._split(v)
-        hv = torch.autograd.grad([grads[i] for i in live], leaves, grad_outputs=[pieces[i] for i in live],
+        hv = torch.autograd.grad([cast(torch.Tensor, grads[i]) for i in live], leaves, grad_outputs=[pieces[i] for i in live],
                                  retain_graph=True, allow_unused=True)
         return torch.cat([torch.zeros(n, dtype=self.dtype, device=self.device) if h is None else h.detach().reshape(-1)
                           for h, n in zip(hv, self._numels)])

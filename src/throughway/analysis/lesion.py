@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, cast
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class ClosedGate(nn.Module):
 
     def value(self) -> torch.Tensor:
         """g = 0: the closed gate's value, as a 0-d tensor."""
-        reference = next(iter(self.closed.parameters()), None)
+        reference = next(iter(cast(nn.Module, self.closed).parameters()), None)
         if reference is None:
             return torch.zeros(())
         return torch.zeros((), dtype=reference.dtype, device=reference.device)
@@ -94,7 +94,7 @@ def lesion(model: nn.Module, index: int) -> Iterator[nn.Module]:
     """
     block = _lesionable(model, index)
     original = block.gate
-    block.gate = ClosedGate(original)
+    block.gate = ClosedGate(cast(nn.Module, original))
     try:
         yield model
     finally:
@@ -147,9 +147,9 @@ def prune(model: nn.Module, blocks: Sequence[int]) -> nn.Module:
     original's (gated-residual-v2 §2.2: such layers "can be removed without affecting performance").
     """
     check_prunable(model)
-    config = dict(model.config)
+    config = dict(cast(dict, model.config))
     per_block = layers_per_block(model)
-    count = len(model.blocks)
+    count = len(cast(nn.ModuleList, model.blocks))
     removed = set()
     for index in blocks:
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
@@ -188,7 +188,7 @@ def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | 
     permutation drawn from `generator`. Greedy needs scalar gates (ValueError otherwise)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; accepted values: {list(STRATEGIES)}")
-    count = len(model.blocks)
+    count = len(cast(nn.ModuleList, model.blocks))
     if strategy == "greedy":
         ks = [float(g.k.detach().cpu()) for g in block_scalar_gates(model)]
         return sorted(range(count), key=lambda i: (ks[i], i))
@@ -199,7 +199,7 @@ def removal_curve(model: nn.Module, order: Sequence[int], metric: Callable[[nn.M
                   max_removed: int | None = None) -> list[float]:
     """`metric` of the model with the first r blocks of `order` physically removed (via `prune`),
     for r = 0, 1, ..., max_removed (default: all blocks). Element r is the value after r removals."""
-    count = len(model.blocks)
+    count = len(cast(nn.ModuleList, model.blocks))
     limit = count if max_removed is None else min(max_removed, count)
     values = []
     for removed in range(limit + 1):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -200,12 +200,12 @@ def _sample_parameters(layer: str, width: int, scheme: str, kernel_size: int | N
     else:
         module = nn.Conv2d(width, width, kernel_size, padding=kernel_size // 2)
     if layer == "highway":
-        gate = TransformGate(width, bias_init=gate_bias, linear=module)
-        init_weights_(gate, scheme)  # restores the constant gate bias, as in every toolkit model
-        return gate.linear.weight.detach().double(), gate.linear.bias.detach().double()
-    if scheme != "torch_default":
+        transform = TransformGate(width, bias_init=gate_bias, linear=module)
+        init_weights_(transform, scheme)  # restores the constant gate bias, as in every toolkit model
+    elif scheme != "torch_default":
         init_weights_(module, scheme)
-    return module.weight.detach().double(), module.bias.detach().double()
+    weight, bias = cast(torch.Tensor, module.weight), cast(torch.Tensor, module.bias)
+    return weight.detach().double(), bias.detach().double()
 
 
 def monte_carlo_sdi(layer: str, width: int, scheme: str = "he_normal", *, samples: int = 1000,
@@ -229,7 +229,9 @@ def monte_carlo_sdi(layer: str, width: int, scheme: str = "he_normal", *, sample
     try:
         w_hat = _identity_weight(layer, width, kernel_size) if layer != "gated" else torch.zeros(1, dtype=torch.float64)
         b_hat = target if layer == "highway" else 0.0
-        m_sum, b_sum, totals = None, None, []
+        m_sum: torch.Tensor | None = None
+        b_sum: torch.Tensor | None = None
+        totals: list[float] = []
         for _ in range(samples):
             w, b = _sample_parameters(layer, width, scheme, kernel_size, gate_bias, k_init)
             dm, db = (w - w_hat) ** 2, (b - b_hat) ** 2
@@ -239,5 +241,6 @@ def monte_carlo_sdi(layer: str, width: int, scheme: str = "he_normal", *, sample
     finally:
         torch.random.set_rng_state(state)
     t = torch.tensor(totals, dtype=torch.float64)
+    assert m_sum is not None and b_sum is not None  # samples ≥ 2
     return {"M": m_sum / samples, "B": b_sum / samples, "tsdi": float(t.mean()),
             "tsdi_stderr": float(t.std() / math.sqrt(samples)), "samples": samples}

@@ -1,6 +1,6 @@
 """In-memory tensors for training: the whole dataset lives on the device, batches are index slices.
 
-No DataLoader and no workers (DESIGN.md, "Speed on this platform"): for MNIST-sized data, indexing
+No DataLoader and no workers (docs/design.md, "Speed on this platform"): for MNIST-sized data, indexing
 a resident tensor with a random permutation is the fastest loader there is, on a CPU or a GPU.
 """
 

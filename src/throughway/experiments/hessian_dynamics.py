@@ -157,8 +157,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         kwargs = network_kwargs(network, config.depth, zero_scale=config.zero_scale)
         gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds))
         gd.weights.data = gd.weights.data.to(config.device)
-        new = {s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
-                   "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}
+        new: dict[int, dict[str, Any]] = {
+            s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
+                "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}
         for epoch in range(config.epochs + 1):
             if epoch in marks:
                 for r, seed in enumerate(config.seeds):
@@ -166,10 +167,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                         continue
                     model = gd.model_at(r)
                     h = exact_hessian(model, squared_error_loss, x, y)
-                    summary = spectrum_summary(torch.linalg.eigvalsh(h))
+                    spectrum = spectrum_summary(torch.linalg.eigvalsh(h))
                     with torch.no_grad():
                         loss = float(squared_error_loss(model(x.double()), y.double()))
-                    new[seed]["hessian"].append({"epoch": epoch, "loss": loss, **summary.to_dict()})
+                    new[seed]["hessian"].append({"epoch": epoch, "loss": loss, **spectrum.to_dict()})
             if epoch == config.epochs:
                 break
             losses, gnorm = gd.step(x, y)

@@ -279,7 +279,7 @@ def observations(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     out = []
     shallow = [(n, best("plain", n), top("plain", n)) for n in (10, 20) if n in layers]
     values = [b for _, b, _ in shallow]
-    reached = None if not values or None in values else all(v < 1e-4 for v in values)
+    reached = None if not values or None in values else all(v is not None and v < 1e-4 for v in values)
     first = verdict(reached)
     config = summary.get("config", {})
     trials = config.get("trials", PAPER_SEARCH_TRIALS)
@@ -299,7 +299,7 @@ def observations(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     deep = [(n, v) for n, v in high if n in (50, 100)]
     ok = None
     if ref and deep and all(v is not None for _, v in deep):
-        ok = all(v <= 10 * min(ref) for _, v in deep)
+        ok = all(v is not None and v <= 10 * min(ref) for _, v in deep)
     out.append(("highway best by depth: " + ", ".join(f"{n}: {_fmt(v)}" for n, v in high), verdict(ok)))
     p100, h100 = best("plain", 100), best("highway", 100)
     if p100 is not None and h100 is not None and h100 > 0:
@@ -363,8 +363,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
         previous = read_json(summary_path).get("config", {})
-        mine = asdict(config)
-        differing = sorted(k for k in mine if k not in _PER_PROCESS and _json(previous.get(k)) != _json(mine[k]))
+        settings = asdict(config)
+        differing = sorted(k for k in settings if k not in _PER_PROCESS and _json(previous.get(k)) != _json(settings[k]))
         if differing:
             raise ValueError(f"{out} holds a {NAME} study with other settings ({differing}); choose another --out")
     out.mkdir(parents=True, exist_ok=True)

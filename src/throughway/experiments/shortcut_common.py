@@ -17,14 +17,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
 
 from .._io import read_json
 from ..data.whiten import load_whitened_mnist, second_moment_dataset
+from ..layers.shortcut import ShortcutUnit
 from ..models import create_model
+from ..models.shortcut import ShortcutNet
 
 __all__ = ["NETWORKS", "network_kwargs", "whitened_data", "WhitenedSet", "BatchedGD", "optimal_linear_loss",
            "check_same_settings", "stored_study"]
@@ -140,7 +142,7 @@ class BatchedGD:
         weights = []
         for seed in seeds:
             torch.manual_seed(seed)
-            model = create_model("shortcut_net", **self.model_kwargs)
+            model = cast(ShortcutNet, create_model("shortcut_net", **self.model_kwargs))
             weights.append(torch.stack([w.detach() for w in model.weight_matrices()]))
         self.template = model
         self.weights = torch.stack(weights).to(dtype).requires_grad_(True)  # (R, L, d, d)
@@ -149,7 +151,7 @@ class BatchedGD:
         self.diverged_at: list[int | None] = [None] * len(seeds)
         self.divergence_loss = divergence_loss
         self.epoch = 0
-        unit = model.blocks[0]
+        unit = cast(ShortcutUnit, model.blocks[0])
         self.group = unit.layers
         self.shortcut = unit.shortcut is not None
         self.positions = unit.positions
@@ -203,7 +205,7 @@ class BatchedGD:
 
     def model_at(self, r: int) -> nn.Module:
         """A real `shortcut_net` model holding network r's current weights (float64)."""
-        model = create_model("shortcut_net", **self.model_kwargs).to(torch.float64)
+        model = cast(ShortcutNet, create_model("shortcut_net", **self.model_kwargs).to(torch.float64))
         with torch.no_grad():
             for w, v in zip(model.weight_matrices(), self.weights[r]):
                 w.copy_(v)

@@ -120,7 +120,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             kwargs = network_kwargs("shortcut2-zero", depth, activation=None if activation == "linear" else "relu",
                                     zero_scale=config.zero_scale)
             gd = BatchedGD(kwargs, [config.seed], [config.lr])
-            norms, losses = [float(gd.average_frobenius_norm()[0])], []
+            norms: list[float | None] = [float(gd.average_frobenius_norm()[0])]
+            losses: list[float | None] = []
             for _ in range(epochs):
                 loss, _ = gd.step(x, y)
                 losses.append(float(loss[0]) if math.isfinite(float(loss[0])) else None)

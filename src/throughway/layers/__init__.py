@@ -1,6 +1,6 @@
 """Layers and blocks: gates, the augmentation, plain / residual / gated residual and highway blocks.
 
-Imports only torch (DESIGN.md: layers know nothing of models).
+Imports only torch (docs/design.md: layers know nothing of models).
 """
 
 from .gated import AugmentedLayer, augment

@@ -1,7 +1,7 @@
 """Convolutional blocks: pre-activation residual blocks (He et al. 2016), wide residual blocks
 (Zagoruyko & Komodakis 2016), their gated variants, and convolutional highway layers.
 
-Every block exposes `branch`, `shortcut` and `gate` (DESIGN.md). For the residual blocks
+Every block exposes `branch`, `shortcut` and `gate` (docs/design.md). For the residual blocks
 
     u = g(k)·branch(preact(x)) + shortcut(x')
 
@@ -59,13 +59,17 @@ class PreActBlock(nn.Module):
     mappings in deep residual networks"), optionally gated: u = g(k)·f_r(x) + shortcut(x).
 
     Args:
-        in_channels, out_channels, stride: the block's shape change (stride on the first conv).
+        in_channels: channels of x.
+        out_channels: channels of u; with `stride`, the block's shape change.
+        stride: stride of the first convolution.
         shortcut: "B" (1×1 projection where the shape changes, the default) or "A" (zero padding).
         dropout: dropout probability between the two convolutions (0 disables it; WRN uses 0.3).
         preact_shortcut: feed a 1×1 projection shortcut the pre-activated input BN-ReLU(x), as the
             reference codes of WRN and of He et al. 2016 do; otherwise the raw x. Identity and
             zero-padding shortcuts always carry the raw x (the clean shortcut path).
-        gated, k_init, gate_function: one ScalarGate on the residual branch (gated-residual-v2 §2.2).
+        gated: one ScalarGate on the residual branch (gated-residual-v2 §2.2).
+        k_init: the gate's initial k.
+        gate_function: the gate's g ("relu", "identity" or "sigmoid").
         bn_momentum: PyTorch's convention; the papers' "momentum 0.9" is PyTorch's 0.1.
     """
 

@@ -1,7 +1,7 @@
 """Fully connected building blocks: the Dot-BN-ReLU unit and the plain, residual and gated residual blocks.
 
 Every block exposes the stable attribute names that lesioning, pruning and gate statistics rely
-on (DESIGN.md): `branch` (the transformation), `shortcut` (identity, or None for a plain layer that
+on (docs/design.md): `branch` (the transformation), `shortcut` (identity, or None for a plain layer that
 has none) and `gate` (a gate module, or `nn.Identity()` when ungated).
 """
 

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 from torch import nn
@@ -53,7 +53,9 @@ class ScalarGate(nn.Module):
         return self.value() * h
 
     def extra_repr(self) -> str:
-        return f"function={self.function}, k={self.k.item():.4g}"
+        # a model built on the meta device has no value to show; repr() must not fail on it
+        k = "?" if self.k.is_meta else f"{self.k.item():.4g}"
+        return f"function={self.function}, k={k}"
 
 
 class TransformGate(nn.Module):
@@ -76,7 +78,7 @@ class TransformGate(nn.Module):
     def reset_bias(self) -> None:
         """Set b_T to the constant `bias_init` (the highway paper's initialisation)."""
         with torch.no_grad():
-            self.linear.bias.fill_(self.bias_init)
+            cast(torch.Tensor, self.linear.bias).fill_(self.bias_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.linear(x))

@@ -9,6 +9,8 @@ the same positions, which is how the paper compares plain and shortcut networks 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -29,7 +31,7 @@ class ShortcutUnit(nn.Module):
         positions: where the activation sits, any subset of ("pre", "mid", "post").
         shortcut: True for x + f(x); False for the plain f(x) (shortcut attribute then None).
 
-    Block contract (DESIGN.md): `branch` is the transformation path (an nn.Sequential whose
+    Block contract (docs/design.md): `branch` is the transformation path (an nn.Sequential whose
     Linear layers are the W_i in order), `shortcut` is nn.Identity() or None, `gate` nn.Identity().
     """
 
@@ -48,13 +50,13 @@ class ShortcutUnit(nn.Module):
         self.positions = tuple(p for p in ACTIVATION_POSITIONS if p in positions) if activation else ()
         path: list[nn.Module] = []
         if "pre" in self.positions:
-            path.append(make_activation(activation))
+            path.append(make_activation(cast(str, activation)))
         for i in range(layers):
             path.append(nn.Linear(width, width, bias=False))
             if i < layers - 1 and "mid" in self.positions:
-                path.append(make_activation(activation))
+                path.append(make_activation(cast(str, activation)))
         if "post" in self.positions:
-            path.append(make_activation(activation))
+            path.append(make_activation(cast(str, activation)))
         self.branch = nn.Sequential(*path)
         self.shortcut = nn.Identity() if shortcut else None
         self.gate = nn.Identity()

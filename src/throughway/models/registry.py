@@ -1,4 +1,4 @@
-"""The model registry: every model is built by `create_model(name, **kwargs)` (DESIGN.md).
+"""The model registry: every model is built by `create_model(name, **kwargs)` (docs/design.md).
 
 A leaf (the timm pattern): the family modules import `register_model` from here, and the package
 `throughway.models` imports every family, so the registry is full once the package is imported and
@@ -69,7 +69,7 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     model = entry.factory(**kwargs)
     config = {k: v for k, v in accepted.items() if v is not inspect.Parameter.empty}
     config.update(kwargs)
-    model.config = {"name": name, **config}
+    model.config = {"name": name, **config}  # type: ignore[assignment]  # nn.Module types attributes as tensors
     return model
 
 

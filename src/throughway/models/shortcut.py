@@ -42,7 +42,7 @@ class ShortcutNet(MLP):
 
     def weight_matrices(self) -> list[torch.Tensor]:
         """All L weight matrices in forward order."""
-        return [w for block in self.blocks for w in block.weights()]
+        return [w for block in self.blocks for w in block.weights()]  # type: ignore[operator]  # ShortcutUnits
 
 
 def init_shortcut_net_(model: ShortcutNet, init: str = "xavier", zero_scale: float = 1e-4) -> ShortcutNet:
@@ -100,7 +100,7 @@ def shortcut_net(
     blocks = [ShortcutUnit(width, group, activation, positions, shortcut=shortcut_depth > 0)
               for _ in range(depth // group)]
     stem = head = None
-    for field, value in (("in_features", in_features), ("num_classes", num_classes)):
+    for field, value in (("in_features", in_features), ("num_classes", num_classes)):  # type: ignore[assignment]
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{field}={value!r}: must be a positive integer or None")
     if in_features is not None and in_features != width:

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
-from .plots import save_figure  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
 __all__ = ["plot_k_by_block", "plot_removal_curves", "plot_highway_maps", "plot_class_differences", "plot_lesion"]
 
@@ -53,7 +53,9 @@ def plot_k_by_block(result: dict[str, Any], path: str | os.PathLike[str]) -> Pat
                label=f"mean k = {result['k_mean']:.3f}")
     paper = result.get("paper", {}).get("k_mean")
     if paper is not None:
-        ax.axhline(paper, color="grey", linestyle=":", linewidth=1.2, label=f"paper's mean k = {paper}")
+        differs = " (this run differs: " + ", ".join(d.split(" (")[0] for d in result["paper"]["setting_differences"]) + ")" \
+            if result.get("paper", {}).get("setting_differences") else ""
+        ax.axhline(paper, color="grey", linestyle=":", linewidth=1.2, label=f"paper's mean k = {paper}{differs}")
     ax.axhline(0, color="black", linewidth=0.6)
     handles, _ = ax.get_legend_handles_labels()
     if dead:  # an empty bar() gets the colour cycle's, not the red of the dead bars: draw the key itself
@@ -77,7 +79,7 @@ def plot_removal_curves(results: Sequence[dict[str, Any]], path: str | os.PathLi
     fig, ax = plt.subplots(figsize=(7.0, 4.4))
     lowest = 100.0
     for result in results:
-        color = _FAMILY_COLORS.get(result.get("family"), None)
+        color = _FAMILY_COLORS.get(str(result.get("family")), None)
         per = int(result.get("layers_per_block", 1))
         label = _run_label(result)
         random = result.get("random")
@@ -168,7 +170,7 @@ def plot_lesion(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     result (keys lesioned_error_pct, unlesioned_error_pct, family, split)."""
     errors = np.asarray(result["lesioned_error_pct"], float)
     index = np.arange(1, len(errors) + 1)
-    color = _FAMILY_COLORS.get(result.get("family"), "#9467bd")
+    color = _FAMILY_COLORS.get(str(result.get("family")), "#9467bd")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.13 * len(errors) + 2), 4.0))
     unit = "highway layer" if result.get("family") == "highway" else "residual block"
     ax.plot(index, errors, marker="o", markersize=3.5, color=color, label=f"one {unit} lesioned")

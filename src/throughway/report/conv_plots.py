@@ -18,18 +18,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from .plots import save_figure  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
 __all__ = ["plot_error_curves", "plot_k_by_block"]
 
 
 def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLike[str], title: str,
-                      colors: Mapping[str, str] | None = None) -> Path:
+                      colors: Mapping[str, str] | None = None,
+                      reference: tuple[float, str] | None = None) -> Path:
     """Train (dashed) and test (solid, with markers) error (%) by epoch for each run, on a log axis
     (gated-residual-v2 figure 6). `runs` maps a label to a results.json dict (its `history`); runs
     without a finished epoch are skipped. `colors` may give labels a colour (e.g. one per model, so
     that seeds share it; they then differ by marker); otherwise each run gets the next colour.
-    The legend names each run once, by its test line."""
+    `reference` = (error %, label) draws a paper's number as a black dotted line, labelled in the
+    legend. The legend names each run once, by its test line."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^v"
@@ -47,6 +49,8 @@ def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLik
         ax.plot(epochs, [h["test_error_pct"] for h in history], linestyle="-", color=color, marker=marker,
                 markersize=3, label=label)
         drawn += 1
+    if reference is not None:
+        ax.axhline(reference[0], color="black", linestyle=":", linewidth=1.4, label=reference[1])
     ax.set_yscale("log")
     # Plain numbers on the log axis: error percentages read better as 8, 10, 20 than as 10^1.
     # Labels at the decades and at 2 and 5 times them; the other minor ticks stay unlabelled.
@@ -58,7 +62,7 @@ def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLik
     ax.set_ylabel("error (%) — solid: test, dashed: training")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, which="both", alpha=0.3)
-    if drawn:
+    if drawn or reference is not None:
         ax.legend(fontsize=7, frameon=False)
     ax.set_title(title)
     return save_figure(fig, path)

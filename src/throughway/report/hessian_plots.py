@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .plots import save_figure  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
 __all__ = ["NETWORK_COLORS", "plot_condition_vs_depth", "plot_spectrum_vs_loss", "plot_index_vs_loss",
            "plot_gradient_and_index", "plot_lr_study", "plot_weight_norms", "plot_identity_distance"]
@@ -254,29 +255,43 @@ def _finite(values: list[Any]) -> bool:
 
 def plot_tsdi_vs_width(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """TSDI against layer width for classical, highway, residual and gated layers (gated-residual-v1
-    section 2), under the paper's convention (solid) and the toolkit's default init (dashed)."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    section 2): one panel per initialisation convention (the paper's He with σ_b² = 2/n, the
+    toolkit's Glorot with zero biases), each curve labelled at its right end instead of a legend;
+    layers whose curves coincide share one label ("highway = residual")."""
     colors = {"classical": "#d62728", "highway": "#9467bd", "residual": "#1f77b4", "gated": "#2ca02c"}
+    titles = {"paper": "paper's init: He, σ_b² = 2/n", "toolkit": "toolkit's init: Glorot, zero bias"}
     widths = summary["widths"]
-    # Highway (c = the gate's initial bias) and residual layers have the same TSDI, so highway is
-    # drawn wide and pale underneath, where it stays visible.
-    widths_by_layer = {"highway": 5.0}
-    for convention, style in (("paper", "-"), ("toolkit", "--")):
+    conventions = [c for c in ("paper", "toolkit") if c in summary["curves"]]
+    fig, axes = plt.subplots(1, len(conventions), figsize=(4.6 * len(conventions), 4.2), sharey=True, squeeze=False)
+    for ax, convention in zip(axes[0], conventions):
         curves = summary["curves"][convention]
+        drawn: list[list[str]] = []  # groups of layers with identical curves, drawn once, labelled once
         for layer, values in curves.items():
-            same = [other for other, v in curves.items() if other != layer and v == values]
-            ax.plot(widths, values, style, marker="o", markersize=3, color=colors.get(layer),
-                    lw=widths_by_layer.get(layer, 1.5), alpha=0.45 if layer in widths_by_layer else 1.0,
-                    label=f"{layer} ({'paper: He, σ_b²=2/n' if convention == 'paper' else 'toolkit: Glorot, zero bias'})"
-                          + (f" = {', '.join(same)}" if same else ""))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("width n")
-    ax.set_ylabel("TSDI (sum of M and B)")
+            group = next((g for g in drawn if curves[g[0]] == values), None)
+            if group is not None:
+                group.append(layer)
+                # Highway (c = the gate's initial bias) and residual coincide: highway wide and pale underneath.
+                ax.plot(widths, values, "-", color=colors.get(layer), lw=6, alpha=0.35, zorder=1)
+                continue
+            drawn.append([layer])
+            ax.plot(widths, values, "-", marker="o", markersize=3, color=colors.get(layer), lw=1.8, zorder=2)
+        for group in drawn:
+            last = curves[group[0]][-1]
+            ax.annotate(" = ".join(group), (widths[-1], last), xytext=(6, 0), textcoords="offset points",
+                        va="center", fontsize=9, color=colors.get(group[0]), fontweight="bold")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(min(widths) * 0.8, max(widths) * 12)  # room for the labels at the right
+        ax.set_xticks([w for w in widths if math.log10(w).is_integer()] + [max(widths)])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel("width n")
+        ax.set_title(titles.get(convention, convention), fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("TSDI (sum of M and B)")
     gate_bias = summary.get("config", {}).get("gate_bias")
-    ax.set_title("Total squared distance to identity at initialisation"
+    fig.suptitle("Distance to identity at initialisation grows with width, except for gated layers"
                  + (f"\n(highway: target c = initial gate bias = {gate_bias:g})" if gate_bias is not None else ""),
                  fontsize=11)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    fig.tight_layout()
     return save_figure(fig, path)

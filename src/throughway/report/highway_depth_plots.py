@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .plots import save_figure  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
 __all__ = ["plot_figure1", "LAYER_COLORS"]
 

@@ -1,28 +1,18 @@
-"""Figures, drawn from results files only (never from live models), so they can be remade any time."""
+"""Figures, drawn from results files only (never from live models), so they can be remade any time.
+
+Shared by the figure modules: the architectures' colours and `save_figure` (report/figures.py:
+png, svg or pdf, atomically). The MNIST depth study's figures are in report/depth_study_plots.py.
+"""
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402,F401  (re-exported for the figure modules)
 
-from .._io import atomic_write_bytes  # noqa: E402
+from .figures import save_figure  # noqa: E402  (re-exported: it used to live here)
 
-__all__ = ["save_figure", "ARCH_COLORS"]
+__all__ = ["save_figure", "ARCH_COLORS", "plt"]
 
 ARCH_COLORS = {"plain": "#d62728", "residual": "#1f77b4", "gated": "#2ca02c", "highway": "#9467bd"}
-
-
-def save_figure(fig: "plt.Figure", path: str | os.PathLike[str], dpi: int = 130) -> Path:
-    """Save `fig` as PNG atomically and close it."""
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    return atomic_write_bytes(path, buffer.getvalue())

@@ -3,7 +3,7 @@
 The MNIST studies train many tiny networks (width 50): the gated residual paper reports means over
 seeds, the highway paper's section 3.1 runs a random search of 100 trials per depth and
 architecture. One such model leaves the machine idle between operations: per-operation overhead,
-not arithmetic, sets its speed (DESIGN.md "Speed on this platform"). `train_batched` stacks N
+not arithmetic, sets its speed (docs/design.md "Speed on this platform"). `train_batched` stacks N
 models of one architecture shape into tensors with a leading model dimension and trains them
 together: activations are held feature-major, (N models, C channels, B samples), so that every
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
@@ -54,7 +54,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from safetensors.torch import load_file, save
@@ -400,7 +400,7 @@ class StackedModels:
         h = F.batch_norm(x.reshape(1, n * channels, batch), self.running[f"{prefix}running_mean"].view(-1),
                          self.running[f"{prefix}running_var"].view(-1),
                          w.reshape(-1) if w is not None else None, b.reshape(-1) if b is not None else None,
-                         self._training, module.momentum, module.eps)
+                         self._training, cast(float, module.momentum), module.eps)
         return h.view(n, channels, batch)
 
     def _gate(self, prefix: str, gate: ScalarGate) -> torch.Tensor:
@@ -447,10 +447,10 @@ class StackedModels:
             # in two elementwise passes instead of four (forward and backward alike).
             return torch.addcmul(x, t, h - x)
         if hasattr(m, "stem") and hasattr(m, "blocks") and hasattr(m, "head"):  # the MLP family
-            h = self._module(m.stem, "stem.", x)
-            for i, block in enumerate(m.blocks):
+            h = self._module(cast(nn.Module, m.stem), "stem.", x)
+            for i, block in enumerate(cast(nn.ModuleList, m.blocks)):
                 h = self._module(block, f"blocks.{i}.", h)
-            return self._module(m.head, "head.", h)
+            return self._module(cast(nn.Module, m.head), "head.", h)
         raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by batched training "
                         f"(supported models: {list(SUPPORTED_MODELS)})")
 
@@ -545,10 +545,10 @@ class BatchedOptimizer:
         mu_product_next = mu_product * mu_next
         # torch divides by √(v / bc2) + eps; dividing by √v + eps·√bc2 and scaling the coefficients by
         # √bc2 is the same quantity, without a division pass over the (N, P) matrix.
-        bc2_sqrt = math.sqrt(1 - beta2 ** step)
-        c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_sqrt)
-        c_avg = lr * (-mu_next / (1.0 - mu_product_next) * bc2_sqrt)
-        eps = torch.tensor(self.eps * bc2_sqrt, dtype=p.dtype, device=device)
+        bc2_root = math.sqrt(1 - beta2 ** step)
+        c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_root)
+        c_avg = lr * (-mu_next / (1.0 - mu_product_next) * bc2_root)
+        eps = torch.tensor(self.eps * bc2_root, dtype=p.dtype, device=device)
         self._nadam(p, g, self.exp_avg, self.exp_avg_sq, c_grad, c_avg, eps, beta1, beta2)
 
 
@@ -735,7 +735,7 @@ def _save_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: Ba
     tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
     tensors.update({f"running.{k}": v for k, v in stack.running.items()})
     tensors.update({f"optim.{k}": v for k, v in optimizer.state_tensors().items()})
-    for pos, i in enumerate(active):
+    for i in active:
         tensors[f"generator.{i}"] = members[i].generator.get_state()
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     name = f"batch-e{epoch:04d}.safetensors"
@@ -833,13 +833,14 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         raise ValueError("the training split needs at least 2 samples")
     models = [build_model(c, data) for c in configs]
     members = []
-    for i, (c, d, r, m) in enumerate(zip(configs, dirs, recipes, models)):
-        header = results_header(c, r, m, data)
+    for i, (c, d, r, model) in enumerate(zip(configs, dirs, recipes, models)):
+        header = results_header(c, r, model, data)
         header["environment"]["batched"] = {
             "models": len(configs), "index": i,
             "note": "trained by throughway.train.batched with the other models of its batch; epoch_time_s "
                     "and elapsed_s are the whole batch's wall time"}
-        members.append(_Member(i, c, d, r, header, dict(m.config), torch.Generator(device="cpu").manual_seed(c.seed)))
+        members.append(_Member(i, c, d, r, header, dict(cast(dict, model.config)),
+                               torch.Generator(device="cpu").manual_seed(c.seed)))
 
     stack = StackedModels(models, device=first.device)
     del models
@@ -852,8 +853,8 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         optimizer.select(active)
         stack.flat.copy_(tensors["flat"])
         stack.steps.copy_(tensors["steps"])
-        for k, v in stack.running.items():
-            v.copy_(tensors[f"running.{k}"])
+        for name, v in stack.running.items():
+            v.copy_(tensors[f"running.{name}"])
         optimizer.load_state_tensors({k[len("optim."):]: v.to(stack.device) for k, v in tensors.items()
                                       if k.startswith("optim.")}, int(meta["step_count"]))
         for m, entry in zip(members, meta["members"]):

@@ -127,8 +127,15 @@ def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, 
     return meta
 
 
+# torch.compile wraps a model in an OptimizedModule whose state_dict keys carry this prefix.
+_COMPILED_PREFIX = "_orig_mod."
+
+
 def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
-    """Write `model`'s weights and buffers to a safetensors file with `model.config` in its metadata."""
+    """Write `model`'s weights and buffers to a safetensors file with `model.config` in its metadata.
+
+    A `torch.compile`d model is saved as the model it wraps, so the file's keys are the plain ones."""
+    model = getattr(model, "_orig_mod", model)
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError("save_model needs a model built by create_model (it carries model.config)")
@@ -137,7 +144,10 @@ def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
 
 
 def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Rebuild the model saved by `save_model` (with `create_model`) and load its weights, in eval mode."""
+    """Rebuild the model saved by `save_model` (with `create_model`) and load its weights, in eval mode.
+
+    Files whose keys carry torch.compile's `_orig_mod.` prefix (written by an older `save_model`
+    from a compiled model) load too."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -150,5 +160,8 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
     config = with_legacy_stem(json.loads(metadata["config"]))
     name = config.pop("name")
     model = create_model(name, **config)
-    model.load_state_dict(load_file(str(path)))
+    state = load_file(str(path))
+    if state and all(key.startswith(_COMPILED_PREFIX) for key in state):
+        state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
+    model.load_state_dict(state)
     return model.to(device).eval()

@@ -164,8 +164,8 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
     rank, world = distributed.rank_and_world()
     progress = progress and rank == 0
     if channels_last:
-        model.to(memory_format=torch.channels_last)
-    train_model = distributed.wrap_model(model)
+        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
+    train_model: Callable[..., Any] = distributed.wrap_model(model)
     if compile_model:
         train_model = torch.compile(train_model)
     snapshot = _snapshot(model)
@@ -237,7 +237,7 @@ def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[
         if state.history.diverged:
             model.load_state_dict(snapshot)  # back to the last finished epoch's weights
             if progress:
-                print(f"  diverged in epoch {epoch + 1} (loss {state.history.diverged_at['loss']}); "
+                print(f"  diverged in epoch {epoch + 1} (loss {(state.history.diverged_at or {}).get('loss')}); "
                       f"run ends, history kept", file=sys.stderr, flush=True)
             break
 

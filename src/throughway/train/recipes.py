@@ -176,7 +176,8 @@ def _is_gate_k(name: str) -> bool:
 def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     """Split parameters into decayed (weights, dim ≥ 2) and undecayed (biases, norms, and k unless
     `recipe.k_decay`). Groups that would be empty are dropped; order follows `named_parameters`."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
