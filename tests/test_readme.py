@@ -63,7 +63,7 @@ def test_unknown_block_or_missing_file_exits_2_naming_it(tmp_path, capsys, fake_
 
 def test_figures56_contrary_pairs_counts_pairs_at_equal_loss():
     def trace(network, points):
-        return {"network": network, "hessian": [{"loss": l, "condition": c} for l, c in points]}
+        return {"network": network, "hessian": [{"loss": loss, "condition": c} for loss, c in points]}
 
     summary = {"traces": [trace("shortcut2-zero", [(1.0, 2.0), (0.5, 50.0)]),
                           trace("orthogonal", [(1.02, 10.0), (0.51, 20.0), (3.0, 1.0)]),

@@ -109,7 +109,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         for batch in group_specs(specs, max_batch):
             config = batch[0].config
@@ -122,7 +122,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
         torch.set_num_threads(previous)
     return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
             "batches": rows, "serial_s": sum(r["total_s"] for r in rows),
-            "wall_s": makespan([r["total_s"] for r in rows], jobs), "load_average": os.getloadavg()[0]}
+            "wall_s": makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
 
 
 _DATA_CACHE: dict[tuple[Any, ...], Any] = {}

@@ -35,7 +35,7 @@ from ..study.options import option
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
-           "write_report", "add_arguments", "config_from_args", "needs_data_message"]
+           "write_report", "config_from_args", "needs_data_message"]
 
 NAME = "cifar-gated"
 DESCRIPTION = "gated-residual-v2 Tables 3 and 4: ResNet n=5 and Wide ResNet (4,10) on CIFAR, original / gated / gated with k decay"

@@ -84,7 +84,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"| {t['network']} | {t['seed']} | {p['epoch']} | {p['loss']:.4f} | {p['max_abs']:.4g} | "
                          f"{p['low_abs']:.4g} | {'undefined' if cond is None else f'{cond:.4g}'} | {index} | "
                          f"{grads[peak]:.3g} ({peak}) |")
-    singular = {}
+    singular: dict[str, int] = {}
     for t in summary["traces"]:
         count = sum(bool(p.get("singular")) for p in t["hessian"])
         if count:

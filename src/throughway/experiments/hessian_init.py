@@ -223,7 +223,7 @@ def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
     summary = read_json(path)
     cells = {k: apply_tolerance(c) for k, c in summary.get("cells", {}).items()}
     theorem2 = [apply_tolerance(r, prefix="spectrum_") for r in summary.get("theorem2", [])]
-    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})
+    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})  # type: ignore[arg-type]
     updated = {**summary, "cells": cells, "theorem2": theorem2, "points": summarize(config, cells)}
     if updated != summary:
         atomic_write_json(path, updated)

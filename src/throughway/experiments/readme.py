@@ -175,7 +175,7 @@ def _highway_analysis_table(root: Path) -> str:
         f"| most of the change happens in the first ~15 layers | {100 * m['change_share_first_15_layers']:.1f}% of "
         f"Σ\\|y − x\\| in the first 15 (an even spread: {100 * m['even_share_first_15_layers']:.1f}%) | "
         f"{100 * f['change_share_first_15_layers']:.1f}% |",
-        f"| figure 4: lesioning early layers hurts, layers 15–45 barely matter | layers 1–5: "
+        "| figure 4: lesioning early layers hurts, layers 15–45 barely matter | layers 1–5: "
         + ", ".join(f"{v:+.2f}" for v in inc[:5])
         + f" points; layers 15–45: at most {m_mid['max_increase_pct_points']:+.2f} ({m_mid['num_barely_matter']} of "
         f"{m_mid['num_layers']}) | first layer {fl['increase_pct_points'][0]:+.2f}, last layer "
@@ -343,7 +343,7 @@ def _hessian_figures56(root: Path) -> str:
     config = summary["config"]
     pairs = figures56_contrary_pairs(summary)
     by = pairs["by_network"]
-    finals = {}
+    finals: dict[str, list[float]] = {}
     for t in summary["traces"]:
         finals.setdefault(t["network"], []).append(t["hessian"][-1]["loss"])
     orth, short = finals.get("orthogonal", []), finals.get("shortcut2-zero", [])
@@ -369,11 +369,12 @@ def _hessian_figures56(root: Path) -> str:
     )
 
 
-def _lr_point(summary: dict[str, Any], network: str, depth: int) -> dict[str, Any] | None:
+def _lr_point(summary: dict[str, Any], network: str, depth: int) -> dict[str, Any]:
+    """The learning-rate study's point of `network` at `depth`; ValueError naming both when absent."""
     for p in summary["points"]:
         if p["network"] == network and p["depth"] == depth:
-            return p
-    return None
+            return dict(p)
+    raise ValueError(f"results have no point for network {network!r} at depth {depth}")
 
 
 def _hessian_figure7(root: Path) -> str:
@@ -382,7 +383,7 @@ def _hessian_figure7(root: Path) -> str:
     optimum = summary["optimal_linear_loss"]
     depths = config["depths"]
     gaps = {d: _lr_point(summary, "shortcut2-zero", d)["best_loss"] - optimum for d in depths}
-    worst = max(gaps, key=gaps.get)
+    worst = max(gaps, key=lambda d: gaps[d])
     rates = sorted({_lr_point(summary, "shortcut2-zero", d)["best_lr"] for d in depths if d >= 8})
     xavier = _lr_point(summary, "xavier", depths[-1])["best_loss"]
     lrs = [10 ** e for e in config["lr_exponents"]]

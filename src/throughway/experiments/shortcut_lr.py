@@ -33,7 +33,7 @@ from .common import command_line, remake_report
 from .shortcut_common import (NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, stored_study,
                               whitened_data)
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "LINEAR", "RELU"]
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU"]
 
 NAME = "shortcut-lr"
 DESCRIPTION = "Demystifying ResNet figures 7, 8: best final loss and learning rate vs depth over a log LR grid (linear / mid-ReLU)"

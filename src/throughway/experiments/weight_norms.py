@@ -26,7 +26,7 @@ from ..study.options import option
 from .common import command_line, remake_report
 from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
 NAME = "weight-norms"
 DESCRIPTION = "Demystifying ResNet figure 3: average Frobenius norm of the weights along training, 2-shortcut zero init, several depths"

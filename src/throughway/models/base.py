@@ -8,6 +8,8 @@ containers below.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
@@ -22,7 +24,7 @@ class StemBlocksHead(nn.Module):
 
     flatten_input = False
 
-    def __init__(self, stem: nn.Module, blocks: list[nn.Module], head: nn.Module) -> None:
+    def __init__(self, stem: nn.Module, blocks: Sequence[nn.Module], head: nn.Module) -> None:
         super().__init__()
         self.stem = stem
         self.blocks = nn.ModuleList(blocks)

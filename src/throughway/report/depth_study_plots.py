@@ -61,7 +61,8 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
         ax.set_xlabel("epoch")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("train cross-entropy (mean over the epoch)")
-    handles, labels = [], []
+    handles: list[Any] = []
+    labels: list[str] = []
     for ax in axes[0]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             if lab.split(" ")[0] not in [x.split(" ")[0] for x in labels]:

@@ -161,12 +161,17 @@ def own_name(kind: str, name: str) -> str:
     return name
 
 
+def _config_of(model: nn.Module) -> dict[str, Any]:
+    """The `model.config` that create_model attaches ({} when there is none)."""
+    return cast(dict[str, Any], getattr(model, "config", {}))
+
+
 def _mixed_template(models: Sequence[nn.Module]) -> nn.Module:
     # The gated residual layout: a gated model of the batch, else one built with the batch's shape.
     for m in models:
-        if m.config["name"] == "mlp_gated_residual":
+        if _config_of(m)["name"] == "mlp_gated_residual":
             return m
-    config = {k: v for k, v in models[0].config.items() if k != "name"}
+    config = {k: v for k, v in _config_of(models[0]).items() if k != "name"}
     if config.get("depth", 0) % 2:
         raise ValueError(f"depth={config.get('depth')}: plain nets join residual ones in a batch only at even depth")
     return create_model("mlp_gated_residual", **config)
@@ -174,7 +179,7 @@ def _mixed_template(models: Sequence[nn.Module]) -> nn.Module:
 
 def _leaves(model: nn.Module, kind: str) -> dict[str, str]:
     """Every leaf module (layer, norm, activation) under its canonical name, with what defines it."""
-    out = {}
+    out: dict[str, str] = {}
     for name, m in model.named_modules():
         if next(m.children(), None) is not None or not name or name.endswith((".gate", ".shortcut")):
             continue  # containers; gates and shortcuts are what the masks stand for
@@ -186,7 +191,7 @@ def _leaves(model: nn.Module, kind: str) -> dict[str, str]:
 
 
 def _check_mixable(template: nn.Module, model: nn.Module, i: int) -> None:
-    kind = model.config["name"]
+    kind = str(_config_of(model)["name"])
     want, have = _leaves(template, "mlp_gated_residual"), _leaves(model, kind)
     gates = {m.function for m in model.modules() if isinstance(m, ScalarGate)}
     template_gates = {m.function for m in template.modules() if isinstance(m, ScalarGate)}
@@ -210,7 +215,7 @@ class StackedModels:
     def __init__(self, models: Sequence[nn.Module], device: str | torch.device = "cpu") -> None:
         if not models:
             raise ValueError("StackedModels needs at least one model")
-        kinds = [getattr(m, "config", {}).get("name") for m in models]
+        kinds = [str(_config_of(m).get("name")) for m in models]
         # Plain, residual and gated residual MLPs in one batch: all are held in the gated residual
         # layout (`canonical_name`), with a per-model shortcut and gate mask (module docstring).
         self.mixed = len(set(kinds)) > 1 and all(k in MIXABLE_MODELS for k in kinds)
@@ -428,7 +433,7 @@ class StackedModels:
                 raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
             out = self._module(m.branch, f"{prefix}branch.", x)
             if self.mixed:  # u = s·x + g·f_r(x): s = 0 for plain nets, g = 1 for ungated ones
-                g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", m.gate), 1.0)
+                g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", cast(ScalarGate, m.gate)), 1.0)
                 return torch.addcmul(x * self.shortcut_mask, g, out)
             if isinstance(m.gate, ScalarGate):
                 return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate), out)  # x + g(k)·f_r(x), one pass
