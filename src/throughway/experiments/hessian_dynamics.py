@@ -14,12 +14,11 @@ figure6_gradient_and_index.png.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,11 @@ import torch
 
 from .._io import atomic_write_json, environment_info, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
+from ..study.options import option
 from .common import command_line, remake_report
 from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args", "hessian_epochs"]
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs"]
 
 NAME = "hessian-dynamics"
 DESCRIPTION = "Demystifying ResNet figures 5, 6: Hessian max/P10 |λ|, index and gradient norm along GD training, depth 16"
@@ -46,14 +46,15 @@ PAPER_STATEMENT = ("Figure 5: the condition numbers of 2-shortcut networks at di
 class Config:
     """Settings of the study (see the module docstring)."""
 
-    depth: int = 16
-    networks: tuple[str, ...] = ("xavier", "orthogonal", "shortcut2-zero")
-    seeds: tuple[int, ...] = (0, 1, 2)
-    epochs: int = 1000
-    lr: float = 0.01
-    hessian_points: int = 30
-    zero_scale: float = 1e-4
-    threads: int = 1
+    depth: int = option(16, "network depth L (paper: 16)", minimum=1)
+    networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "networks",
+                                       choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
+    seeds: tuple[int, ...] = option((0, 1, 2), "initialisation seeds", minimum=0)
+    epochs: int = option(1000, "full-batch GD epochs", minimum=1)
+    lr: float = option(0.01, "learning rate", minimum=0)
+    hessian_points: int = option(30, "number of log-spaced epochs with an exact Hessian", minimum=1)
+    zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
+    threads: int = option(1, "torch threads", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -190,28 +191,3 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     write_report(out)
     return summary
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line options."""
-    parser.add_argument("--depth", type=int, help="network depth L (paper: 16)")
-    parser.add_argument("--networks", nargs="+", choices=["xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"])
-    parser.add_argument("--seeds", type=int, nargs="+", help="initialisation seeds")
-    parser.add_argument("--epochs", type=int, help="full-batch GD epochs (default 1000)")
-    parser.add_argument("--lr", type=float, help="learning rate (default 0.01)")
-    parser.add_argument("--hessian-points", type=int, help="number of log-spaced epochs with an exact Hessian")
-    parser.add_argument("--zero-scale", type=float, help="multiple of Xavier of the zero init (default 1e-4)")
-    parser.add_argument("--threads", type=int, help="torch threads (default 1)")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Config from parsed options."""
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    for option in ("depth", "epochs", "lr", "hessian_points", "zero_scale", "threads"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = value
-    for option in ("networks", "seeds"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = tuple(value)
-    return replace(Config(), **changes)

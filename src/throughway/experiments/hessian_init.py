@@ -17,11 +17,10 @@ Writes results.json (every cell, resumable), table.md and figure4_condition_vs_d
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,11 @@ import torch
 from .._io import atomic_write_json, environment_info, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
+from ..study.options import option
 from .common import command_line, mean_std, remake_report
 from .shortcut_common import network_kwargs, stored_study, whitened_data
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args",
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]
 
 NAME = "hessian-init"
@@ -48,12 +48,14 @@ PAPER_STATEMENT = ("Figure 4: 2-shortcut linear networks have constant condition
 class Config:
     """Settings; the paper's figure uses 10 runs per point (its depths were lost in conversion)."""
 
-    depths: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
-    networks: tuple[str, ...] = ("xavier", "orthogonal", "shortcut2-zero")
-    runs: int = 10
-    zero_scale: float = 1e-4
-    theorem2_depths: tuple[int, ...] = (6, 12, 24, 48)
-    threads: int = 1
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", minimum=2)
+    networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "network kinds",
+                                       choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
+    runs: int = option(10, "initialisations per point (paper: 10)", minimum=1)
+    zero_scale: float = option(1e-4, "the small multiple of Xavier of the zero init", minimum=0)
+    theorem2_depths: tuple[int, ...] = option((6, 12, 24, 48), "depths of the Theorem 2 check (multiples of 6; "
+                                                               "none to skip it)", minimum=1, empty_ok=True)
+    threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -290,27 +292,3 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     write_report(out)
     return summary
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line options."""
-    parser.add_argument("--depths", type=int, nargs="+", help="network depths L (even)")
-    parser.add_argument("--networks", nargs="+", choices=["xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"],
-                        help="network kinds (default: xavier orthogonal shortcut2-zero)")
-    parser.add_argument("--runs", type=int, help="initialisations per point (paper: 10)")
-    parser.add_argument("--zero-scale", type=float, help="the small multiple of Xavier of the zero init (default 1e-4)")
-    parser.add_argument("--theorem2-depths", type=int, nargs="*", help="depths of the Theorem 2 check (multiples of 6)")
-    parser.add_argument("--threads", type=int, help="torch threads (default 1: best on a shared machine)")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Config from parsed options."""
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    for option, key in (("depths", "depths"), ("networks", "networks"), ("theorem2_depths", "theorem2_depths")):
-        value = getattr(args, option)
-        if value is not None:
-            changes[key] = tuple(value)
-    for option in ("runs", "zero_scale", "threads"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = value
-    return replace(Config(), **changes)

@@ -16,11 +16,10 @@ Writes results.json, table.md and identity_distance.png.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +31,11 @@ from ..data import load_dataset
 from ..models import create_model
 from ..train import get_recipe
 from ..train.loop import fit
+from ..study.options import option
 from .common import command_line, remake_report
 from .shortcut_common import stored_study
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args"]
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
 NAME = "identity-distance"
 DESCRIPTION = "beyond the papers: distance travelled vs distance to identity (SDI) during MNIST training"
@@ -47,14 +47,17 @@ ARCHS = {"plain": "mlp_plain", "residual": "mlp_residual", "gated": "mlp_gated_r
 class Config:
     """Settings: a small, quick study (a few epochs, small d)."""
 
-    archs: tuple[str, ...] = ("plain", "residual", "gated")
-    depth: int = 10
-    width: int = 50
-    epochs: int = 4
+    archs: tuple[str, ...] = option(("plain", "residual", "gated"), "architectures", choices=tuple(ARCHS))
+    depth: int = option(10, "d, middle layers (even)", minimum=0)
+    width: int = option(50, "units per layer", minimum=1)
+    epochs: int = option(4, "epochs", minimum=1)
     recipe: str = "gresnet-mnist"
     seed: int = 0
-    limit: int | None = None
-    threads: int = 1
+    limit: int | None = option(None, "keep only the first N samples of each split", minimum=1)
+    threads: int = option(1, "torch threads", minimum=1)
+    stem: str = option("linear", "first layer: linear (gated-residual-v1 §4.1: 'a linear layer with 50 neurons') or "
+                                 "dense (Dot-BN-ReLU, as results/sdi/identity-distance was made)",
+                       choices=("linear", "dense"))
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -152,7 +155,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     path = out / "results.json"
     runs: dict[str, Any] = {}
-    stored = stored_study(out, NAME, config, ("depth", "width", "epochs", "recipe", "seed", "limit"), resume)
+    # Studies stored before the first layer was an option were built with the dense one.
+    stored = stored_study(out, NAME, config, ("depth", "width", "epochs", "recipe", "seed", "limit", "stem"), resume,
+                          legacy={"stem": "dense"})
     if stored is not None:
         # runs logged before the nearest-identity distance existed are redone
         runs = {r["arch"]: r for r in stored["runs"] if "nearest_identity_sq" in r["distance"][0]}
@@ -171,7 +176,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             continue
         started = time.perf_counter()
         torch.manual_seed(config.seed)
-        model = create_model(ARCHS[arch], depth=config.depth, width=config.width).to(config.device)
+        model = create_model(ARCHS[arch], depth=config.depth, width=config.width, stem=config.stem).to(config.device)
         callback = IdentityDistance()
         history = fit(model, data, recipe, [callback], seed=config.seed, progress=False)
         runs[arch] = {"arch": arch, "model": ARCHS[arch], "depth": config.depth, "history": history.epochs,
@@ -184,24 +189,3 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     write_report(out)
     return summary
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line options."""
-    parser.add_argument("--archs", nargs="+", choices=list(ARCHS))
-    parser.add_argument("--depth", type=int, help="d, middle layers (even; default 10)")
-    parser.add_argument("--width", type=int, help="units per layer (default 50)")
-    parser.add_argument("--epochs", type=int, help="epochs (default 4)")
-    parser.add_argument("--limit", type=int, help="keep only the first N samples of each split")
-    parser.add_argument("--threads", type=int, help="torch threads (default 1)")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Config from parsed options."""
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    for option in ("depth", "width", "epochs", "limit", "threads"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = value
-    if args.archs:
-        changes["archs"] = tuple(args.archs)
-    return replace(Config(), **changes)

@@ -18,17 +18,17 @@ Writes results.json, table.md and tsdi_vs_width.png.
 
 from __future__ import annotations
 
-import argparse
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_json, environment_info
 from ..analysis.sdi import InitMoments, monte_carlo_sdi, paper_tsdi, sdi, sigmoid
+from ..study.options import option
 from .common import command_line, remake_report
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "add_arguments", "config_from_args",
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "PAPER_TABLE1", "linear_form"]
 
 NAME = "sdi-table"
@@ -44,10 +44,10 @@ PAPER_EQUATIONS = {"classical": ("eq 6", (3.0, 2.0)), "highway": ("eq 11, c = âˆ
 class Config:
     """Settings: the Monte Carlo width and draws, the gate-bias initial value and the targets c."""
 
-    targets: tuple[float, ...] = (-4.0, -4.5, -5.0)
-    gate_bias: float = -4.0
-    mc_width: int = 50
-    mc_samples: int = 500
+    targets: tuple[float, ...] = option((-4.0, -4.5, -5.0), "highway gate targets c (paper: -4 -4.5 -5)")
+    gate_bias: float = option(-4.0, "initial transform-gate bias (paper: -4)")
+    mc_width: int = option(50, "width n of the Monte Carlo check", minimum=1)
+    mc_samples: int = option(500, "Monte Carlo draws", minimum=1)
     seed: int = 0
     device: str = "cpu"
     data_dir: str | None = None
@@ -190,22 +190,3 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     write_report(out)
     return summary
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line options."""
-    parser.add_argument("--targets", type=float, nargs="+", help="highway gate targets c (paper: -4 -4.5 -5)")
-    parser.add_argument("--gate-bias", type=float, help="initial transform-gate bias (paper: -4)")
-    parser.add_argument("--mc-width", type=int, help="width n of the Monte Carlo check (default 50)")
-    parser.add_argument("--mc-samples", type=int, help="Monte Carlo draws (default 500)")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Config from parsed options."""
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir}
-    if args.targets:
-        changes["targets"] = tuple(args.targets)
-    for option in ("gate_bias", "mc_width", "mc_samples"):
-        value = getattr(args, option)
-        if value is not None:
-            changes[option] = value
-    return replace(Config(), **changes)

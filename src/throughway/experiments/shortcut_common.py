@@ -84,11 +84,13 @@ def whitened_data(linear: bool, data_dir: str | None = None, subset: int | None 
     return WhitenedSet(data.train_x, data.train_y, n, True, f"all {n} whitened MNIST training images")
 
 
-def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resume: bool) -> dict[str, Any] | None:
+def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resume: bool,
+                 legacy: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What a study stored in `out`/results.json, or None when there is none yet.
 
     Raises FileExistsError when there is one and `resume` is False, and ValueError (see
-    `check_same_settings`) when it was computed with other values of `fields`.
+    `check_same_settings`) when it was computed with other values of `fields`; `legacy` gives the
+    value a field had in files written before it was recorded.
     """
     path = Path(out) / "results.json"
     if not path.is_file():
@@ -96,7 +98,7 @@ def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resum
     if not resume:
         raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
     stored = read_json(path)
-    check_same_settings(stored.get("config", {}), config, fields, out)
+    check_same_settings({**(legacy or {}), **stored.get("config", {})}, config, fields, out)
     return stored
 
 

@@ -38,16 +38,17 @@ _META = "throughway.option"
 
 
 def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[Any] | None = None,
-           cli: bool = True, flag: str | None = None, minimum: float | None = None) -> Any:
+           cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False) -> Any:
     """A dataclass field that is also a command-line option.
 
     `default` is the paper's value (tuples for sequences: the dataclass is frozen); `help` is the
     option's help text; `quick` the value under --quick; `choices` the accepted values (for a tuple
     field, of each element); `cli=False` keeps the field off the command line; `flag` overrides the
-    option name (default `--field-name`); `minimum` refuses smaller numbers (exit 2 via argparse).
+    option name (default `--field-name`); `minimum` refuses smaller numbers (exit 2 via argparse);
+    `empty_ok` lets a tuple field be given with no values (e.g. to skip a part of a study).
     """
     metadata = {_META: {"help": help, "quick": quick, "choices": tuple(choices) if choices is not None else None,
-                        "cli": cli, "flag": flag, "minimum": minimum}}
+                        "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok}}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -104,7 +105,7 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
             continue
         parser.add_argument(flag, dest=f.name, type=_converter(kind, f.name.replace("_", "-"), meta["minimum"]),
-                            nargs="+" if is_tuple else None, choices=meta["choices"], default=None, help=text)
+                            nargs=("*" if meta.get("empty_ok") else "+") if is_tuple else None, choices=meta["choices"], default=None, help=text)
     if has_quick and not any("--quick" in a.option_strings for a in parser._actions):
         parser.add_argument("--quick", action="store_true",
                             help="the quick variant: every field's --quick value (shown in each option's help)")
