@@ -177,11 +177,11 @@ _DEDICATED_MODEL_OPTIONS = {"depth": "--depth", "width": "--width", "k_init": "-
                             "gate_bias": "--gate-bias", "activation": "--activation"}
 
 
-def _parse_model_args(items: Sequence[str]) -> dict[str, Any]:
+def _parse_model_args(items: Sequence[str], given: Sequence[str] = ("depth",)) -> dict[str, Any]:
     """--model-arg KEY=VALUE pairs as a dict; VALUE is JSON when it parses, else the string.
 
-    Raises ValueError for a malformed pair, a key given twice, a non-finite number, or a key that has
-    its own option (depth, width, k_init, gate_bias, activation), naming both."""
+    Raises ValueError for a malformed pair, a key given twice, a non-finite number, or a key whose own
+    option (depth, width, k_init, gate_bias, activation) is among `given`, naming both."""
     import json
 
     parsed: dict[str, Any] = {}
@@ -189,7 +189,7 @@ def _parse_model_args(items: Sequence[str]) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--model-arg {item!r}: expected KEY=VALUE, e.g. gated=true")
-        if key in _DEDICATED_MODEL_OPTIONS:
+        if key in _DEDICATED_MODEL_OPTIONS and key in given:
             raise ValueError(f"--model-arg {item!r} conflicts with {_DEDICATED_MODEL_OPTIONS[key]}: give {key} "
                              f"once, with {_DEDICATED_MODEL_OPTIONS[key]}")
         if key in parsed:
@@ -230,7 +230,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None:
             model_kwargs[key] = value
-    model_kwargs.update(_parse_model_args(args.model_arg))
+    model_kwargs.update(_parse_model_args(args.model_arg, given=["depth", *model_kwargs]))
     overrides: dict[str, Any] = {}
     for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay"):
         value = getattr(args, option)

@@ -149,11 +149,11 @@ def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     history = meta.get("history")
     if "history" in meta:
         records = history.get("epochs") if isinstance(history, dict) else None
+        # A checkpoint is written only after a finished epoch, never after a divergence.
         if not (isinstance(records, list) and all(isinstance(r, dict) for r in records)
-                and isinstance(history.get("diverged"), bool)
-                and (history.get("diverged_at") is None or isinstance(history.get("diverged_at"), dict))):
+                and history.get("diverged") is False and history.get("diverged_at") is None):
             raise _field_error(path, "history", history, "an object with 'epochs' (list of objects), "
-                                                         "'diverged' (bool) and 'diverged_at' (object or null)")
+                                                         "'diverged' false and 'diverged_at' null")
         if len(records) != epoch:
             raise _field_error(path, "history.epochs", f"{len(records)} records",
                                f"one record per finished epoch ({epoch}, the field 'epoch')")

@@ -91,6 +91,14 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         if results.get(key) is not None and not isinstance(results[key], dict):
             raise ValueError(f"{path}: field {key!r} holds {type(results[key]).__name__}; accepted: an object "
                              f"(or null for 'final'); the file was edited or damaged")
+    final = results.get("final")
+    if final is not None:
+        numbers = ("test_error_pct", "val_error_pct", "train_loss", "k_mean")
+        if not (isinstance(final.get("epochs_completed"), int) and isinstance(final.get("diverged"), bool)
+                and all(final.get(k) is None or (isinstance(final.get(k), (int, float))
+                                                 and not isinstance(final.get(k), bool)) for k in numbers)):
+            raise ValueError(f"{path}: field 'final' must hold epochs_completed (integer), diverged (bool) and "
+                             f"numbers or null for {', '.join(numbers)}; the file was edited or damaged")
     if "history" in results and not (isinstance(results["history"], list)
                                      and all(isinstance(r, dict) for r in results["history"])):
         raise ValueError(f"{path}: field 'history' must be a list of objects (one per epoch); the file was edited "
