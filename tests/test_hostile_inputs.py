@@ -340,3 +340,42 @@ def test_results_json_of_the_wrong_shape(tmp_path, fake_mnist_root, capsys, no_d
     code, err = _run(capsys, ARGS + ["--out", str(out), "--resume"])
     assert code == 2 and "results.json" in err
     assert (out / "results.json").read_text() == content
+
+
+# -- batched training: the same promises for its run directories and its batch state ----------------
+
+def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_root, monkeypatch, sentinel):
+    from throughway.train import batched as batched_module
+    from throughway.train.rundir import RunLockedError
+
+    configs = [RunConfig(model="mlp_plain", depth=2, epochs=2, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]
+    dirs = [tmp_path / "runs" / f"s{s}" for s in (0, 1)]
+    state = tmp_path / "state"
+    with RunDir(dirs[1]).locked():
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+            batched_module.train_batched(configs, dirs, progress=False, state_dir=state)
+    assert not (dirs[0] / "results.json").exists()
+
+    real = batched_module._evaluate
+    calls = {"n": 0}
+
+    def interrupt_after_epoch_1(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the validation split after epoch 2: epoch 1's state is saved
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batched_module, "_evaluate", interrupt_after_epoch_1)
+    with pytest.raises(KeyboardInterrupt):
+        batched_module.train_batched(configs, dirs, progress=False, state_dir=state)
+    monkeypatch.setattr(batched_module, "_evaluate", real)
+    meta = json.loads((state / "batch.json").read_text())
+    meta["file"] = "../VICTIM.txt"
+    (state / "batch.json").write_text(json.dumps(meta))
+    stray = state / ".batch.json.abcd1234.tmp"
+    stray.write_text("half")
+    before = _snapshot(state)
+    with pytest.raises(ValueError, match=r"batch\.json: field 'file' is '\.\./VICTIM\.txt'"):
+        batched_module.train_batched(configs, dirs, progress=False, state_dir=state, resume=True)
+    assert sentinel.read_text() == "must survive\n"
+    assert not stray.exists() and _snapshot(state) == {k: v for k, v in before.items() if k != stray.name}
