@@ -238,17 +238,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
             overrides[option] = value
     if args.k_decay:
         overrides["k_decay"] = True
+    import dataclasses
+
     from .train import distributed
 
-    device = distributed.init_from_env(args.device)  # torchrun: one process per device
     config = RunConfig(model=args.model, depth=args.depth, dataset=args.dataset, recipe=args.recipe,
-                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=device,
+                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=args.device,
                        limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
                        compile=args.compile, eval_batch_size=args.eval_batch_size)
     out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
     check_config(config)
     RunDir(out).check_usable()
+    device = distributed.init_from_env(args.device)  # torchrun: one process per device
+    config = dataclasses.replace(config, device=device)
     main_process = distributed.is_main_process()
     try:
         results = run_training(config, out, resume=args.resume, progress=not args.quiet)
@@ -257,9 +260,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if not main_process or results.get("final") is None:
         return 0
     final = results["final"]
-    line = f"{out}: test error {final['test_error_pct']:.2f}% after {final['epochs_completed']} epochs" \
-        if final["test_error_pct"] is not None else f"{out}: no epoch finished"
-    if final["diverged"]:
+    line = f"{out}: test error {final['test_error_pct']:.2f}% after {final.get('epochs_completed')} epochs" \
+        if final.get("test_error_pct") is not None else f"{out}: no epoch finished"
+    if final.get("diverged"):
         line += " (diverged)"
     if final.get("k_mean") is not None:
         line += f", mean k {final['k_mean']:.3f}"

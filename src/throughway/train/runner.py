@@ -94,10 +94,10 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     final = results.get("final")
     if final is not None:
         numbers = ("test_error_pct", "val_error_pct", "train_loss", "k_mean")
-        if not (isinstance(final.get("epochs_completed"), int) and isinstance(final.get("diverged"), bool)
+        if not (isinstance(final.get("epochs_completed", 0), int) and isinstance(final.get("diverged", False), bool)
                 and all(final.get(k) is None or (isinstance(final.get(k), (int, float))
                                                  and not isinstance(final.get(k), bool)) for k in numbers)):
-            raise ValueError(f"{path}: field 'final' must hold epochs_completed (integer), diverged (bool) and "
+            raise ValueError(f"{path}: field 'final' may hold epochs_completed (integer), diverged (bool) and "
                              f"numbers or null for {', '.join(numbers)}; the file was edited or damaged")
     if "history" in results and not (isinstance(results["history"], list)
                                      and all(isinstance(r, dict) for r in results["history"])):
