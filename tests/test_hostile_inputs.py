@@ -379,3 +379,14 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
         batched_module.train_batched(configs, dirs, progress=False, state_dir=state, resume=True)
     assert sentinel.read_text() == "must survive\n"
     assert not stray.exists() and _snapshot(state) == {k: v for k, v in before.items() if k != stray.name}
+
+
+def test_analyze_checkpoint_checks_the_results_model_config(tmp_path, fake_mnist_root, capsys):
+    out = _interrupted_run(tmp_path / "run")
+    results = json.loads((out / "results.json").read_text())
+    results["model"]["config"]["depth"] = 50_000
+    (out / "results.json").write_text(json.dumps(results))
+    started = time.perf_counter()
+    code, err = _run(capsys, ["analyze", "lesion", str(out), "--checkpoint"])
+    assert code == 2 and "results.json: config says depth=50000" in err
+    assert time.perf_counter() - started < 10.0
