@@ -8,6 +8,7 @@ package may use it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -20,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "WriteError",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
     "read_json",
+    "read_json_object",
     "json_safe",
     "sha256_file",
     "git_revision",
@@ -31,27 +34,47 @@ __all__ = [
 ]
 
 
+class WriteError(OSError):
+    """A file could not be written (full disk, no permission, ...); its previous version is intact.
+
+    The message names the file and says that nothing finished was lost: every write is atomic, so
+    the files of finished work (an earlier epoch's checkpoint, results.json) are unchanged.
+    """
+
+
+def _write_error(path: Path, exc: OSError) -> WriteError:
+    reason = "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    return WriteError(exc.errno, f"{path}: could not be written ({reason}); its previous version is unchanged and "
+                                 f"nothing finished was lost (every file is written atomically). Free the space or "
+                                 f"fix the cause, then rerun (with --resume for an interrupted run)")
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` atomically: a temporary file in the same folder, fsync, rename.
 
     Readers see the old content or the new content, never a partial file. Parent folders are
-    created. Returns the path written.
+    created. Returns the path written. An OSError while writing (e.g. ENOSPC, a full disk) leaves
+    no temporary file behind and is raised as `WriteError`, whose message names `path`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and caches are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise _write_error(path, exc) from exc
         raise
     return path
 
@@ -91,6 +114,25 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); the file is damaged, delete it or rerun") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc}); the file is damaged, delete it or rerun") from exc
+
+
+def read_json_object(path: str | os.PathLike[str], what: str = "a JSON object") -> dict[str, Any]:
+    """Read a JSON file that must hold an object (a dict); ValueError naming the file otherwise.
+
+    `what` describes the expected content in the message (e.g. "a run's results").
+    """
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: holds {type(value).__name__} {_short(value)}; expected {what} "
+                         f"(a JSON object); the file was edited or damaged")
+    return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:

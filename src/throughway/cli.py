@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -24,6 +25,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
     return value
 
 
@@ -65,16 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="run directory (default runs/<model>-d<depth>-s<seed>)")
     train.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     train.add_argument("--train-on-full", action="store_true", help="train on train+validation (60,000 for MNIST)")
-    train.add_argument("--limit", type=int, help="keep only the first N samples of each split (smoke tests)")
+    train.add_argument("--limit", type=_positive_int, help="keep only the first N samples of each split (smoke tests)")
     train.add_argument("--width", type=_positive_int, help="units per layer (default 50)")
-    train.add_argument("--k-init", type=float, help="initial k of scalar gates (default 1)")
-    train.add_argument("--gate-bias", type=float, help="initial transform-gate bias of highway layers")
+    train.add_argument("--k-init", type=_finite_float, help="initial k of scalar gates (default 1)")
+    train.add_argument("--gate-bias", type=_finite_float, help="initial transform-gate bias of highway layers")
     train.add_argument("--activation", choices=["relu", "tanh"], help="activation of the layers")
-    train.add_argument("--lr", type=float, help="override the recipe's learning rate")
-    train.add_argument("--momentum", type=float, help="override the recipe's momentum (SGD)")
-    train.add_argument("--lr-decay", type=float, help="override the recipe's per-epoch decay factor")
+    train.add_argument("--lr", type=_finite_float, help="override the recipe's learning rate")
+    train.add_argument("--momentum", type=_finite_float, help="override the recipe's momentum (SGD)")
+    train.add_argument("--lr-decay", type=_finite_float, help="override the recipe's per-epoch decay factor")
     train.add_argument("--batch-size", type=_positive_int, help="override the recipe's batch size")
-    train.add_argument("--weight-decay", type=float, help="override the recipe's weight decay")
+    train.add_argument("--weight-decay", type=_finite_float, help="override the recipe's weight decay")
     train.add_argument("--k-decay", action="store_true", help="apply weight decay to k too (the paper's 'k decay')")
     train.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="any model argument, VALUE parsed as JSON when it parses (e.g. gated=true, "
@@ -184,8 +195,16 @@ def _cmd_list() -> int:
     return 0
 
 
-def _parse_model_args(items: Sequence[str]) -> dict[str, Any]:
-    """--model-arg KEY=VALUE pairs as a dict; VALUE is JSON when it parses, else the string."""
+# Model arguments that have their own option: giving them through --model-arg too is a conflict.
+_DEDICATED_MODEL_OPTIONS = {"depth": "--depth", "width": "--width", "k_init": "--k-init",
+                            "gate_bias": "--gate-bias", "activation": "--activation"}
+
+
+def _parse_model_args(items: Sequence[str], given: Sequence[str] = ("depth",)) -> dict[str, Any]:
+    """--model-arg KEY=VALUE pairs as a dict; VALUE is JSON when it parses, else the string.
+
+    Raises ValueError for a malformed pair, a key given twice, a non-finite number, or a key whose own
+    option (depth, width, k_init, gate_bias, activation) is among `given`, naming both."""
     import json
 
     parsed: dict[str, Any] = {}
@@ -193,23 +212,48 @@ def _parse_model_args(items: Sequence[str]) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--model-arg {item!r}: expected KEY=VALUE, e.g. gated=true")
+        if key in _DEDICATED_MODEL_OPTIONS and key in given:
+            raise ValueError(f"--model-arg {item!r} conflicts with {_DEDICATED_MODEL_OPTIONS[key]}: give {key} "
+                             f"once, with {_DEDICATED_MODEL_OPTIONS[key]}")
+        if key in parsed:
+            raise ValueError(f"--model-arg {key}= is given twice; give each model argument once")
         try:
             parsed[key] = json.loads(text)
         except json.JSONDecodeError:
             parsed[key] = text
+        if isinstance(parsed[key], float) and not math.isfinite(parsed[key]):
+            raise ValueError(f"--model-arg {item!r}: {key} must be a finite number")
     return parsed
+
+
+def _check_recipe_options(args: argparse.Namespace) -> None:
+    """--momentum / --lr-decay only where the recipe uses them: an error naming both otherwise."""
+    from .train import get_recipe
+
+    recipe = get_recipe(args.recipe)
+    if args.momentum is not None and recipe.optimizer != "sgd":
+        raise ValueError(f"--momentum with --recipe {recipe.name}: that recipe trains with {recipe.optimizer}, "
+                         f"which has no momentum option; --momentum applies to SGD recipes (e.g. highway-mnist)")
+    if args.lr_decay is not None and recipe.schedule != "exponential":
+        raise ValueError(f"--lr-decay with --recipe {recipe.name}: its learning-rate schedule is {recipe.schedule!r}; "
+                         f"--lr-decay applies to recipes with the exponential schedule (e.g. highway-mnist)")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import RunConfig, run_training
+    from .train.rundir import RunDir
+    from .train.runner import check_config, check_device
 
+    # Everything cheap is checked before the data is read or anything is written.
+    check_device(args.device)
+    _check_recipe_options(args)
     model_kwargs: dict[str, Any] = {}
     for option, key in (("width", "width"), ("k_init", "k_init"), ("gate_bias", "gate_bias"),
                         ("activation", "activation")):
         value = getattr(args, option)
         if value is not None:
             model_kwargs[key] = value
-    model_kwargs.update(_parse_model_args(args.model_arg))
+    model_kwargs.update(_parse_model_args(args.model_arg, given=["depth", *model_kwargs]))
     overrides: dict[str, Any] = {}
     for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay"):
         value = getattr(args, option)
@@ -217,15 +261,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
             overrides[option] = value
     if args.k_decay:
         overrides["k_decay"] = True
+    import dataclasses
+
     from .train import distributed
 
-    device = distributed.init_from_env(args.device)  # torchrun: one process per device
     config = RunConfig(model=args.model, depth=args.depth, dataset=args.dataset, recipe=args.recipe,
-                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=device,
+                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=args.device,
                        limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
                        compile=args.compile, eval_batch_size=args.eval_batch_size)
     out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
+    check_config(config)
+    RunDir(out).check_usable()
+    device = distributed.init_from_env(args.device)  # torchrun: one process per device
+    config = dataclasses.replace(config, device=device)
     main_process = distributed.is_main_process()
     try:
         results = run_training(config, out, resume=args.resume, progress=not args.quiet)
@@ -234,9 +283,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if not main_process or results.get("final") is None:
         return 0
     final = results["final"]
-    line = f"{out}: test error {final['test_error_pct']:.2f}% after {final['epochs_completed']} epochs" \
-        if final["test_error_pct"] is not None else f"{out}: no epoch finished"
-    if final["diverged"]:
+    line = f"{out}: test error {final['test_error_pct']:.2f}% after {final.get('epochs_completed')} epochs" \
+        if final.get("test_error_pct") is not None else f"{out}: no epoch finished"
+    if final.get("diverged"):
         line += " (diverged)"
     if final.get("k_mean") is not None:
         line += f", mean k {final['k_mean']:.3f}"
@@ -265,7 +314,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from ._io import read_json
+    from ._io import read_json_object
     from .experiments import get_experiment
 
     if args.readme is not None:
@@ -288,7 +337,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     path = Path(args.dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")
-    name = read_json(path).get("experiment")
+    name = read_json_object(path, "an experiment's summary").get("experiment")
     if name is None:
         raise ValueError(f"{path}: not an experiment summary (no 'experiment' field); is it a single run?")
     print(get_experiment(name).write_report(args.dir))
@@ -368,6 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
+        if getattr(args, "device", None) is not None and args.command != "train":
+            from .train.runner import check_device
+
+            check_device(args.device)
         if args.command == "list":
             return _cmd_list()
         if args.command == "train":
@@ -385,8 +438,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, TypeError, FileNotFoundError, FileExistsError, RuntimeError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
+        # Bad input (options, files, JSON), a held lock, a full disk: a message naming the option or the
+        # file, and exit 2. OSError covers FileNotFoundError, NotADirectoryError and _io.WriteError.
+        if isinstance(exc, KeyError) and exc.args:
+            message = exc.args[0]
+        elif isinstance(exc, OSError) and exc.filename is None and len(exc.args) == 2:
+            message = exc.args[1]  # WriteError: its message already names the file
+        else:
+            message = str(exc)
         print(f"throughway: error: {message}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")

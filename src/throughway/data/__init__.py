@@ -4,6 +4,7 @@ from .idx import read_idx, write_idx
 from .loader import DataSplits, Split, load_dataset, to_splits
 from .safe_pickle import NumpyOnlyUnpickler, safe_load, safe_loads
 from .sources import (
+    DATASET_SHAPES,
     DATASETS,
     ArraySplits,
     data_root,
@@ -18,6 +19,7 @@ from .sources import (
 __all__ = [
     "ArraySplits",
     "DATASETS",
+    "DATASET_SHAPES",
     "DataSplits",
     "NumpyOnlyUnpickler",
     "Split",

@@ -39,6 +39,7 @@ from .safe_pickle import safe_load, safe_loads
 __all__ = [
     "ArraySplits",
     "DATASETS",
+    "DATASET_SHAPES",
     "MNIST_PKL_SHA256",
     "MNIST_WHEEL",
     "data_root",
@@ -78,6 +79,12 @@ CIFAR10_MD5 = {
 }
 CIFAR100_MD5 = {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc"}
 
+# One image's shape (C, H, W) and the number of classes of each data set: known before loading, so a
+# run's arguments are checked against them before any download or decoding.
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
+    "mnist": ((1, 28, 28), 10), "fashion-mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
+}
 VALIDATION_SIZE = {"mnist": 10_000, "fashion-mnist": 10_000, "cifar10": 5_000, "cifar100": 5_000}
 CACHE_FORMAT = 1
 SPLIT_KEYS = ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")
@@ -132,16 +139,32 @@ def save_cache(folder: Path, splits: ArraySplits, source: str) -> None:
 
 
 def _load_cache(folder: Path, name: str) -> ArraySplits | None:
+    # The cache is untrusted input: the manifest's fields are type-checked, every array's checksum,
+    # dtype, shape and label range are checked on every load, not only when the cache is built.
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
         return None
     manifest = read_json(manifest_path)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{manifest_path}: holds {type(manifest).__name__}, expected a JSON object; "
+                         f"delete {folder} to rebuild the {name} cache")
     if manifest.get("format") != CACHE_FORMAT or manifest.get("dataset") != name:
         return None
+    files = manifest.get("files")
+    if not (isinstance(files, dict) and all(isinstance(files.get(f"{k}.npy"), str) for k in SPLIT_KEYS)):
+        raise ValueError(f"{manifest_path}: field 'files' must map each of {[f'{k}.npy' for k in SPLIT_KEYS]} to "
+                         f"its SHA-256 (a string); delete {folder} to rebuild the {name} cache")
+    num_classes = manifest.get("num_classes")
+    expected_classes = DATASET_SHAPES[name][1] if name in DATASET_SHAPES else None
+    if not (isinstance(num_classes, int) and not isinstance(num_classes, bool) and num_classes >= 2
+            and (expected_classes is None or num_classes == expected_classes)):
+        accepted = expected_classes if expected_classes is not None else "an integer ≥ 2"
+        raise ValueError(f"{manifest_path}: field 'num_classes' is {num_classes!r}; accepted: {accepted}; "
+                         f"delete {folder} to rebuild the {name} cache")
     arrays = {}
     for key in SPLIT_KEYS:
         path = folder / f"{key}.npy"
-        expected = manifest["files"].get(f"{key}.npy")
+        expected = files[f"{key}.npy"]
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing from the {name} cache; delete {folder} to rebuild it")
         if sha256_file(path) != expected:
@@ -149,8 +172,16 @@ def _load_cache(folder: Path, name: str) -> ArraySplits | None:
                 f"{path}: checksum does not match the cache manifest (the file was changed or damaged); "
                 f"delete {folder} to rebuild the {name} cache"
             )
-        arrays[key] = np.load(path, allow_pickle=False)
-    return ArraySplits(name=name, num_classes=int(manifest["num_classes"]), **arrays)
+        try:
+            arrays[key] = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise ValueError(f"{path}: not a readable .npy array ({exc}); delete {folder} to rebuild the {name} cache") from exc
+    splits = ArraySplits(name=name, num_classes=num_classes, **arrays)
+    try:
+        _validate(splits)
+    except ValueError as exc:
+        raise ValueError(f"{folder}: {exc}; delete {folder} to rebuild the {name} cache") from exc
+    return splits
 
 
 def _cached(name: str, data_dir: str | os.PathLike[str] | None,
@@ -166,10 +197,15 @@ def _cached(name: str, data_dir: str | os.PathLike[str] | None,
 
 
 def _validate(s: ArraySplits) -> None:
+    shape = DATASET_SHAPES[s.name][0] if s.name in DATASET_SHAPES else None
     for prefix in ("train", "val", "test"):
         x, y = getattr(s, f"{prefix}_x"), getattr(s, f"{prefix}_y")
+        if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
+            raise ValueError(f"{s.name} {prefix}: expected numpy arrays")
         if x.dtype != np.uint8 or y.dtype != np.uint8 or x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
             raise ValueError(f"{s.name} {prefix}: malformed arrays {x.dtype}{x.shape} / {y.dtype}{y.shape}")
+        if shape is not None and tuple(x.shape[1:]) != shape:
+            raise ValueError(f"{s.name} {prefix}: images of shape {tuple(x.shape[1:])}, expected {shape}")
         if len(y) and int(y.max()) >= s.num_classes:
             raise ValueError(f"{s.name} {prefix}: label {int(y.max())} outside 0..{s.num_classes - 1}")
 

@@ -34,7 +34,7 @@ from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, 
                                      plot_removal_curves)
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
 from ..models import create_model, with_legacy_stem
-from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE
+from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
 from .common import command_line, mean_std
 from .mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
 
@@ -77,8 +77,8 @@ def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
 def _checkpoint_model(run_dir: Path, results: dict[str, Any], device: str) -> tuple[torch.nn.Module, int]:
     """The model weights of the run's latest checkpoint (checked against the SHA-256 that
     checkpoint.json records) in the model that results.json describes, and the epoch they are from."""
-    meta = read_json(run_dir / CHECKPOINT_JSON)
-    path = run_dir / str(meta.get("file"))
+    meta = read_checkpoint_meta(run_dir)  # validated: its file name cannot lead outside run_dir
+    path = run_dir / meta["file"]
     if not path.is_file():
         raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing")
     if sha256_file(path) != meta.get("sha256"):
@@ -87,9 +87,12 @@ def _checkpoint_model(run_dir: Path, results: dict[str, Any], device: str) -> tu
     config = with_legacy_stem(dict((results.get("model") or {}).get("config") or {}))
     if "name" not in config:
         raise ValueError(f"{run_dir / RESULTS_FILE}: no model.config to rebuild the model from")
-    model = create_model(config.pop("name"), **config)
     prefix = "model."
-    model.load_state_dict({k[len(prefix):]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)})
+    state = {k[len(prefix):]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)}
+    # results.json is untrusted too: its model config must fit the checkpoint's tensors before anything is built.
+    config = check_model_config(config, {k: tuple(v.shape) for k, v in state.items()}, run_dir / RESULTS_FILE)
+    model = create_model(config.pop("name"), **config)
+    model.load_state_dict(state)
     return model.to(device).eval(), int(meta["epoch"])
 
 

@@ -45,6 +45,7 @@ resumes where it stopped and ends with the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -61,7 +62,7 @@ from safetensors.torch import load_file, save
 from torch import nn
 from torch.nn import functional as F
 
-from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
+from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_object, sha256_file
 from ..data import DataSplits, Split, load_dataset
 from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
 from ..layers.gates import GATE_FUNCTIONS
@@ -69,8 +70,9 @@ from ..models import create_model, with_legacy_stem
 from .checkpoint import MODEL_FILE, save_model
 from .loop import History
 from .recipes import Recipe, learning_rate_at, parameter_groups
-from .runner import (RESULTS_FILE, RunConfig, RunExistsError, build_model, check_resumable, final_summary,
-                     resolve_recipe, results_header)
+from .rundir import BATCH_FILE, RunDir, member_file
+from .runner import (RESULTS_FILE, RunConfig, RunExistsError, build_model, check_config, check_resumable,
+                     final_summary, read_results, resolve_recipe, results_header)
 
 __all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
            "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
@@ -745,7 +747,11 @@ def _save_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: Ba
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     name = f"batch-e{epoch:04d}.safetensors"
     path = atomic_write_bytes(state_dir / name, save(tensors))
-    previous = read_json(state_dir / _STATE_JSON).get("file") if (state_dir / _STATE_JSON).is_file() else None
+    try:  # the file the old batch.json names, deleted below: only a name this module writes, inside state_dir
+        previous = _state_file(state_dir, read_json_object(state_dir / _STATE_JSON).get("file")).name \
+            if (state_dir / _STATE_JSON).is_file() else None
+    except ValueError:
+        previous = None
     atomic_write_json(state_dir / _STATE_JSON, {
         "format": _STATE_FORMAT, "epoch": epoch, "file": name, "sha256": sha256_file(path),
         "active": list(active), "step_count": optimizer.step_count,
@@ -759,13 +765,25 @@ def _load_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     meta_path = state_dir / _STATE_JSON
     if not meta_path.is_file():
         return None
-    meta = read_json(meta_path)
+    meta = read_json_object(meta_path, "a batch's state")
     if meta.get("format") != _STATE_FORMAT:
         raise ValueError(f"{meta_path}: unknown batch-state format {meta.get('format')!r}")
-    path = state_dir / meta["file"]
-    if not path.is_file() or sha256_file(path) != meta["sha256"]:
+    path = _state_file(state_dir, meta.get("file"))
+    if not path.is_file() or sha256_file(path) != meta.get("sha256"):
         raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
-    return meta, load_file(str(path))
+    if not (isinstance(meta.get("epoch"), int) and isinstance(meta.get("step_count"), int)
+            and isinstance(meta.get("active"), list) and all(isinstance(i, int) for i in meta["active"])
+            and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
+        raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers), 'active' (list of integers) or "
+                         f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
+    try:
+        return meta, load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); delete {state_dir} to restart the batch") from exc
+
+
+def _state_file(state_dir: Path, name: Any) -> Path:
+    return member_file(state_dir, name, BATCH_FILE, source=state_dir / _STATE_JSON, field="file")
 
 
 def _write_results(member: _Member, final: bool) -> None:
@@ -806,9 +824,25 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     dirs = [Path(d) for d in out_dirs]
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("out_dirs must be distinct")
+    for c in configs:
+        check_config(c)  # cheap checks first: device, recipe, model arguments
     recipes = [resolve_recipe(c) for c in configs]
     _check_batch(configs, recipes)
     state_path = Path(state_dir) if state_dir is not None else dirs[0].parent / ".batched" / _config_hash(configs, dirs)
+    for d in dirs:
+        RunDir(d).check_usable()
+    with contextlib.ExitStack() as locks:
+        # Every run directory of the batch is locked for the batch's lifetime (see rundir.RunDir).
+        for d in dirs:
+            locks.enter_context(RunDir(d).locked())
+        RunDir(state_path).clean_tmp()
+        return _train_locked(configs, dirs, recipes, state_path, resume=resume, progress=progress, data=data,
+                             checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile)
+
+
+def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
+                  resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
+                  compile: bool) -> list[dict[str, Any]]:
     saved = _load_state(state_path) if (resume and checkpoint) else None
 
     results: list[dict[str, Any] | None] = [None] * len(configs)
@@ -816,7 +850,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     for i, (c, d) in enumerate(zip(configs, dirs)):
         path = d / RESULTS_FILE
         if path.is_file():
-            existing = read_json(path)
+            existing = read_results(d)
             if not resume:
                 raise RunExistsError(f"{d} already holds a run ({RESULTS_FILE}); pass --resume to continue "
                                      f"or skip it, or choose another --out")

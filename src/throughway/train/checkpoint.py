@@ -25,15 +25,18 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
+from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_object, sha256_file
 from ..models import create_model, with_legacy_stem
 from .flat import FlatOptimizer
+from .rundir import CHECKPOINT_JSON, MODEL_FILE, RunDir
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
-           "CHECKPOINT_JSON", "MODEL_FILE"]
+           "read_checkpoint_meta", "verify_checkpoint_file", "check_model_config", "CHECKPOINT_JSON", "MODEL_FILE",
+           "MAX_MODEL_PARAMETERS"]
 
-CHECKPOINT_JSON = "checkpoint.json"
-MODEL_FILE = "model.safetensors"
+# load_model refuses a file whose metadata describes a larger model (4 GB of float32): a model file is
+# untrusted input, and its metadata must not make the loader allocate without bound.
+MAX_MODEL_PARAMETERS = 1_000_000_000
 FORMAT = "throughway-checkpoint-1"
 MODEL_FORMAT = "throughway-model-1"
 
@@ -87,13 +90,104 @@ def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, 
             tensors[f"rng.cuda.{i}"] = state
     name = f"checkpoint-e{epoch:04d}.safetensors"
     path = atomic_write_bytes(run_dir / name, save(_contiguous(tensors)))
-    previous = read_json(run_dir / CHECKPOINT_JSON).get("file") if has_checkpoint(run_dir) else None
+    previous = _previous_checkpoint(run_dir)
     atomic_write_json(run_dir / CHECKPOINT_JSON, {
         "format": FORMAT, "epoch": epoch, "file": name, "sha256": sha256_file(path),
         "optimizer": optim_rest, **extra,
     })
-    if previous and previous != name:
-        (run_dir / previous).unlink(missing_ok=True)
+    if previous is not None and previous.name != name:
+        previous.unlink(missing_ok=True)
+    return path
+
+
+def _previous_checkpoint(run_dir: Path) -> Path | None:
+    # The file the old checkpoint.json points to, deleted once the new one is written: only a name
+    # this module writes, inside run_dir; anything else (a tampered file) is left alone.
+    try:
+        meta = read_json(run_dir / CHECKPOINT_JSON) if has_checkpoint(run_dir) else None
+        return RunDir(run_dir).checkpoint_file(meta.get("file")) if isinstance(meta, dict) else None
+    except ValueError:
+        return None
+
+
+def _field_error(path: Path, field: str, value: Any, accepted: str) -> ValueError:
+    text = json.dumps(value, default=str)
+    text = text if len(text) <= 80 else text[:80] + "…"
+    return ValueError(f"{path}: field {field!r} is {text}; accepted: {accepted} (the file was edited or damaged; "
+                      f"delete the run directory or choose another --out to start afresh)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """checkpoint.json of `run_dir`, validated: every field has the type and form `save_checkpoint`
+    writes, and `file` names a checkpoint-eNNNN.safetensors inside `run_dir` (see `rundir.member_file`).
+
+    Raises ValueError naming the file and the field otherwise. Reads nothing but checkpoint.json.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CHECKPOINT_JSON
+    meta = read_json_object(path, "a training checkpoint's description")
+    if meta.get("format") != FORMAT:
+        raise _field_error(path, "format", meta.get("format"), repr(FORMAT))
+    epoch = meta.get("epoch")
+    if not _is_int(epoch) or epoch < 0:
+        raise _field_error(path, "epoch", epoch, "an integer ≥ 0")
+    RunDir(run_dir).checkpoint_file(meta.get("file"))
+    sha = meta.get("sha256")
+    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        raise _field_error(path, "sha256", sha, "64 lower-case hex digits")
+    optimizer = meta.get("optimizer")
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("scalars"), dict)
+            and isinstance(optimizer.get("param_groups"), list)
+            and all(isinstance(g, dict) for g in optimizer["param_groups"])
+            and all(isinstance(v, dict) for v in optimizer["scalars"].values())):
+        raise _field_error(path, "optimizer", optimizer, "an object with 'scalars' (object of objects) and "
+                                                         "'param_groups' (list of objects)")
+    history = meta.get("history")
+    if "history" in meta:
+        records = history.get("epochs") if isinstance(history, dict) else None
+        # A checkpoint is written only after a finished epoch, never after a divergence.
+        if not (isinstance(records, list) and all(isinstance(r, dict) for r in records)
+                and history.get("diverged") is False and history.get("diverged_at") is None):
+            raise _field_error(path, "history", history, "an object with 'epochs' (list of objects), "
+                                                         "'diverged' false and 'diverged_at' null")
+        if len(records) != epoch:
+            raise _field_error(path, "history.epochs", f"{len(records)} records",
+                               f"one record per finished epoch ({epoch}, the field 'epoch')")
+        for i, record in enumerate(records):
+            if record.get("epoch") != i + 1 or any(
+                    not (record.get(k) is None or (isinstance(record.get(k), (int, float))
+                                                   and not isinstance(record.get(k), bool)))
+                    for k in ("train_loss", "test_error_pct", "val_error_pct")):
+                raise _field_error(path, f"history.epochs[{i}]", record,
+                                   f"a record with epoch {i + 1} and numeric train_loss, test_error_pct, val_error_pct")
+    for key in ("config", "model"):
+        if key in meta and not isinstance(meta[key], dict):
+            raise _field_error(path, key, meta[key], "an object")
+    if "elapsed_s" in meta and not (isinstance(meta["elapsed_s"], (int, float)) and not isinstance(meta["elapsed_s"], bool)):
+        raise _field_error(path, "elapsed_s", meta["elapsed_s"], "a number of seconds")
+    return meta
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); the file is truncated or damaged") from exc
+
+
+def verify_checkpoint_file(run_dir: str | os.PathLike[str], meta: dict[str, Any]) -> Path:
+    """The checkpoint file that `meta` (a validated checkpoint.json) names, after checking that it
+    exists and matches the recorded SHA-256; FileNotFoundError / ValueError naming the file otherwise."""
+    run_dir = Path(run_dir)
+    path = RunDir(run_dir).checkpoint_file(meta.get("file"))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing; the run cannot be resumed")
+    if sha256_file(path) != meta["sha256"]:
+        raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON}; the checkpoint is damaged (truncated or edited)")
     return path
 
 
@@ -105,22 +199,20 @@ def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, 
     SHA-256 recorded in checkpoint.json.
     """
     run_dir = Path(run_dir)
-    meta = read_json(run_dir / CHECKPOINT_JSON)
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{run_dir / CHECKPOINT_JSON}: unknown checkpoint format {meta.get('format')!r}")
-    path = run_dir / meta["file"]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing; the run cannot be resumed")
-    if sha256_file(path) != meta["sha256"]:
-        raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON}; the checkpoint is damaged")
-    tensors = load_file(str(path))
+    meta = read_checkpoint_meta(run_dir)
+    path = verify_checkpoint_file(run_dir, meta)
+    tensors = _load_tensors(path)
     model_state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    model.load_state_dict(model_state)
-    # Optimizer.load_state_dict moves state to each parameter's device itself.
-    optim_tensors = {k: v for k, v in tensors.items() if k.startswith("optim.")}
-    optimizer.load_state_dict(_optimizer_join(optim_tensors, meta["optimizer"]))
-    torch.set_rng_state(tensors["rng.torch"])
-    generator.set_state(tensors["rng.generator"])
+    try:
+        model.load_state_dict(model_state)
+        # Optimizer.load_state_dict moves state to each parameter's device itself.
+        optim_tensors = {k: v for k, v in tensors.items() if k.startswith("optim.")}
+        optimizer.load_state_dict(_optimizer_join(optim_tensors, meta["optimizer"]))
+        torch.set_rng_state(tensors["rng.torch"])
+        generator.set_state(tensors["rng.generator"])
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as exc:
+        raise ValueError(f"{path} with {run_dir / CHECKPOINT_JSON}: does not fit this run's model and optimiser "
+                         f"({str(exc)[:300]}); the checkpoint belongs to another run or was edited") from exc
     cuda_states = [tensors[f"rng.cuda.{i}"] for i in range(torch.cuda.device_count()) if f"rng.cuda.{i}" in tensors]
     if cuda_states:
         torch.cuda.set_rng_state_all(cuda_states)
@@ -143,25 +235,82 @@ def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
     return atomic_write_bytes(path, save(_contiguous(model.state_dict()), metadata=metadata))
 
 
+def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check a model config ({"name": ..., **arguments}, read from file `source`) against the tensor
+    `shapes` that should fill it, without allocating the model; return the config (legacy stem added).
+
+    The model is built on the meta device (no memory), after a cheap bound that keeps a file from
+    making even that slow: every layer holds at least one tensor, so a `depth` above the file's
+    tensor count is refused at once. Refused too: more than MAX_MODEL_PARAMETERS parameters,
+    unknown model names or arguments, and any missing, extra or differently shaped tensor.
+    Raises ValueError naming `source`.
+    """
+    if not (isinstance(config, dict) and isinstance(config.get("name"), str)):
+        raise ValueError(f"{source}: metadata field 'config' is not an object with a model 'name'")
+    config = with_legacy_stem(dict(config))
+    name = config.pop("name")
+    depth = config.get("depth")
+    if isinstance(depth, int) and not isinstance(depth, bool) and depth > max(len(shapes), 1):
+        raise ValueError(f"{source}: config says depth={depth}, but the file holds only {len(shapes)} tensors "
+                         f"(each layer has at least one); the metadata does not describe these weights")
+    for key, value in config.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MODEL_PARAMETERS:
+            raise ValueError(f"{source}: config field {key!r} = {value} is beyond any model this toolkit builds")
+    try:
+        with torch.device("meta"):
+            skeleton = create_model(name, **config)
+    except (KeyError, TypeError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ValueError(f"{source}: metadata field 'config' does not describe a model ({message})") from exc
+    count = sum(p.numel() for p in skeleton.parameters())
+    if count > MAX_MODEL_PARAMETERS:
+        raise ValueError(f"{source}: config describes {count:,} parameters; refused above "
+                         f"{MAX_MODEL_PARAMETERS:,} (MAX_MODEL_PARAMETERS)")
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(shapes) if tuple(shapes[k]) != expected[k])
+    if missing or extra or wrong:
+        details = "; ".join(part for part in (
+            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+            ", ".join(f"{k}: file {tuple(shapes[k])}, config {expected[k]}" for k in wrong[:3])) if part)
+        raise ValueError(f"{source}: the tensors do not match the model its metadata describes ({details})")
+    return {"name": name, **config}
+
+
 def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> torch.nn.Module:
     """Rebuild the model saved by `save_model` (with `create_model`) and load its weights, in eval mode.
 
+    The file is untrusted: its metadata is checked against its tensors' shapes before anything is
+    allocated (`check_model_config`), and a truncated or damaged file raises ValueError naming it.
     Files whose keys carry torch.compile's `_orig_mod.` prefix (written by an older `save_model`
-    from a compiled model) load too."""
+    from a compiled model) load too.
+    """
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: model file not found")
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
+        compiled = bool(shapes) and all(key.startswith(_COMPILED_PREFIX) for key in shapes)
+        if compiled:
+            shapes = {key[len(_COMPILED_PREFIX):]: shape for key, shape in shapes.items()}
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); the file is truncated or damaged") from exc
     if metadata.get("format") != MODEL_FORMAT or "config" not in metadata:
         raise ValueError(f"{path}: not a throughway model file (no model config in its metadata)")
-    config = with_legacy_stem(json.loads(metadata["config"]))
+    try:
+        config = json.loads(metadata["config"])
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: metadata field 'config' is not valid JSON ({exc})") from exc
+    config = check_model_config(config, shapes, path)
     name = config.pop("name")
     model = create_model(name, **config)
-    state = load_file(str(path))
-    if state and all(key.startswith(_COMPILED_PREFIX) for key in state):
+    state = _load_tensors(path)
+    if compiled:
         state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
     model.load_state_dict(state)
     return model.to(device).eval()

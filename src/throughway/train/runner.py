@@ -17,6 +17,7 @@ uninterrupted run on the CPU; a finished run is returned as it is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -27,17 +28,20 @@ from typing import Any, Sequence
 
 import torch
 
-from .._io import atomic_write_json, environment_info, read_json
-from ..data import DataSplits, load_dataset
+from .._io import atomic_write_json, environment_info, read_json_object
+from ..data import DATASET_SHAPES, DataSplits, load_dataset
 from ..data.augment import RandomCropFlip, normalize_splits
 from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from . import distributed
-from .checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, save_model, MODEL_FILE
+from .checkpoint import (has_checkpoint, load_checkpoint, read_checkpoint_meta, save_checkpoint, save_model,
+                         verify_checkpoint_file, MODEL_FILE)
+from .rundir import RunDir
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
 from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
-           "resolve_recipe", "results_header", "final_summary", "check_resumable", "RESULTS_FORMAT"]
+           "resolve_recipe", "results_header", "final_summary", "check_resumable", "RESULTS_FORMAT", "check_device",
+           "check_config", "model_kwargs_for", "prepare_run_dir"]
 
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "throughway-results-1"
@@ -82,32 +86,127 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(run_dir) / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no results file; is {run_dir} a throughway run directory?")
-    return read_json(path)
+    results = read_json_object(path, "a run's results")
+    for key in ("config", "model", "final", "recipe", "data", "environment"):
+        if results.get(key) is not None and not isinstance(results[key], dict):
+            raise ValueError(f"{path}: field {key!r} holds {type(results[key]).__name__}; accepted: an object "
+                             f"(or null for 'final'); the file was edited or damaged")
+    final = results.get("final")
+    if final is not None:
+        numbers = ("test_error_pct", "val_error_pct", "train_loss", "k_mean")
+        if not (isinstance(final.get("epochs_completed", 0), int) and isinstance(final.get("diverged", False), bool)
+                and all(final.get(k) is None or (isinstance(final.get(k), (int, float))
+                                                 and not isinstance(final.get(k), bool)) for k in numbers)):
+            raise ValueError(f"{path}: field 'final' may hold epochs_completed (integer), diverged (bool) and "
+                             f"numbers or null for {', '.join(numbers)}; the file was edited or damaged")
+    if "history" in results and not (isinstance(results["history"], list)
+                                     and all(isinstance(r, dict) for r in results["history"])):
+        raise ValueError(f"{path}: field 'history' must be a list of objects (one per epoch); the file was edited "
+                         f"or damaged")
+    return results
+
+
+def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes: int) -> dict[str, Any]:
+    """The create_model arguments of `config` for data of one-input shape `input_shape` (C, H, W) and
+    `num_classes` classes: the config's model_kwargs plus depth and what the data decides.
+
+    Raises ValueError when model_kwargs repeats `depth` or contradicts the data (num_classes,
+    in_features, in_channels, image_size), naming both sides."""
+    accepted = model_entry(config.model).parameters()
+    kwargs = dict(config.model_kwargs)
+    if "depth" in kwargs:
+        raise ValueError(f"model_kwargs.depth={kwargs['depth']!r} beside depth={config.depth}: give the depth once "
+                         f"(--depth, not --model-arg depth=...)")
+    kwargs["depth"] = config.depth
+    from_data = {"num_classes": num_classes}
+    if "in_features" in accepted:
+        from_data["in_features"] = int(math.prod(input_shape))
+    # Conv nets take the image's channels and side from the data.
+    if len(input_shape) == 3:
+        from_data.update({"in_channels": int(input_shape[0]), "image_size": int(input_shape[-1])})
+    for key, value in from_data.items():
+        if key not in accepted:
+            continue
+        if key in kwargs and kwargs[key] != value:
+            raise ValueError(f"model_kwargs.{key}={kwargs[key]!r} does not match dataset {config.dataset!r} "
+                             f"({key} {value}); leave it out, it is taken from the data")
+        kwargs[key] = value
+    return kwargs
 
 
 def build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
     """The model of `config`, initialised as every run does: torch.manual_seed(config.seed), then
-    create_model with the data's input size and classes, on config.device (shared with the batched trainer)."""
-    accepted = model_entry(config.model).parameters()
-    kwargs = dict(config.model_kwargs)
-    kwargs["depth"] = config.depth
-    if "in_features" in accepted and "in_features" not in kwargs:
-        kwargs["in_features"] = int(math.prod(data.input_shape))
-    if "num_classes" in accepted and "num_classes" not in kwargs:
-        kwargs["num_classes"] = data.num_classes
-    # Conv nets take the image's channels and side from the data.
-    if "in_channels" in accepted and "in_channels" not in kwargs and len(data.input_shape) == 3:
-        kwargs["in_channels"] = int(data.input_shape[0])
-    if "image_size" in accepted and "image_size" not in kwargs and len(data.input_shape) == 3:
-        kwargs["image_size"] = int(data.input_shape[-1])
+    create_model with the data's input size and classes, on config.device (shared with the batched trainer).
+    Raises ValueError when config.model_kwargs contradicts the data (see `model_kwargs_for`)."""
+    kwargs = model_kwargs_for(config, data.input_shape, data.num_classes)
     torch.manual_seed(config.seed)  # the initialisation is a function of the seed
     return create_model(config.model, **kwargs).to(config.device)
 
 
+def check_device(device: str) -> torch.device:
+    """`device` as a torch.device after checking this machine has it; ValueError naming --device and the
+    accepted values otherwise (e.g. "cuda" on a CPU-only torch). Cheap: allocates nothing."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"--device {device!r}: not a torch device ({exc}); accepted: cpu, cuda, cuda:N") from exc
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device!r}: this torch ({torch.__version__}) sees no CUDA device; "
+                             f"accepted here: cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device!r}: there are {torch.cuda.device_count()} CUDA devices; accepted: "
+                             f"cpu, cuda, cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"--device {device!r}: MPS is not available here; accepted here: cpu")
+    elif parsed.type != "cpu":
+        raise ValueError(f"--device {device!r}: accepted: cpu, cuda, cuda:N, mps")
+    return parsed
+
+
+def _finite(where: str, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where}.{key}={value!r}: must be a finite number")
+
+
+def check_config(config: RunConfig) -> None:
+    """Check everything about `config` that needs no data, before any download or decoding: the device,
+    the dataset, the recipe and its overrides, and the model with its arguments (built on the meta
+    device, so no memory is allocated). Raises ValueError / KeyError / TypeError naming the field."""
+    check_device(config.device)
+    if config.dataset not in DATASET_SHAPES:
+        raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: {sorted(DATASET_SHAPES)}")
+    if isinstance(config.depth, bool) or not isinstance(config.depth, int) or config.depth < 1:
+        raise ValueError(f"depth={config.depth!r}: must be a positive integer")
+    if config.limit is not None and (not isinstance(config.limit, int) or config.limit < 2):
+        raise ValueError(f"limit={config.limit!r}: must be at least 2 (BatchNorm needs two samples)")
+    _finite("model_kwargs", config.model_kwargs)
+    resolve_recipe(config)
+    shape, classes = DATASET_SHAPES[config.dataset]
+    kwargs = model_kwargs_for(config, shape, classes)
+    with torch.device("meta"):
+        create_model(config.model, **kwargs)
+
 
 def resolve_recipe(config: RunConfig) -> Recipe:
-    """The recipe `run_training` trains `config` with: the named recipe, its overrides, then `epochs`."""
-    recipe = get_recipe(config.recipe, **config.recipe_overrides)
+    """The recipe `run_training` trains `config` with: the named recipe, its overrides, then `epochs`.
+
+    Raises ValueError for an override the recipe would ignore (momentum without SGD, lr_decay without
+    the exponential schedule) and for non-finite numbers, naming both."""
+    base = get_recipe(config.recipe)
+    overrides = config.recipe_overrides
+    _finite("recipe_overrides", overrides)
+    if "momentum" in overrides and base.optimizer != "sgd":
+        raise ValueError(f"recipe_overrides.momentum (--momentum) with recipe {base.name!r}: it trains with "
+                         f"{base.optimizer}, which has no momentum option; momentum applies to SGD recipes "
+                         f"(e.g. highway-mnist)")
+    if "lr_decay" in overrides and base.schedule != "exponential":
+        raise ValueError(f"recipe_overrides.lr_decay (--lr-decay) with recipe {base.name!r}: its schedule is "
+                         f"{base.schedule!r}; lr_decay applies to recipes with the exponential schedule "
+                         f"(e.g. highway-mnist)")
+    recipe = get_recipe(config.recipe, **overrides)
     if config.epochs is not None:
         recipe = recipe.replace(epochs=config.epochs)
     return recipe
@@ -149,6 +248,8 @@ class _RunFiles:
     def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
         # write=False: a non-zero rank of a distributed run, which reads checkpoints but writes nothing.
         self.out_dir, self.results, self.resume, self.write = out_dir, results, resume, write
+        # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
+        self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
 
     def _write(self, state: TrainState, final: bool) -> None:
         if not self.write:
@@ -176,7 +277,8 @@ class _RunFiles:
         if not self.write:
             return
         save_checkpoint(self.out_dir, model=state.model, optimizer=state.optimizer, generator=state.generator,
-                        epoch=state.epoch, extra={"history": state.history.to_dict(), "elapsed_s": state.elapsed_s})
+                        epoch=state.epoch, extra={"history": state.history.to_dict(), "elapsed_s": state.elapsed_s,
+                                                  **self.identity})
         self._write(state, final=False)
 
     def on_fit_end(self, state: TrainState) -> None:
@@ -192,7 +294,12 @@ def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) 
     A field that an older results.json lacks counts as its default value, so runs written before a
     field was added to RunConfig still resume."""
     defaults = RunConfig(model=config.model, depth=config.depth).to_dict()
-    old = {**defaults, **existing.get("config", {})}
+    recorded = existing.get("config", {})
+    if not isinstance(recorded, dict) or not isinstance(existing.get("model") or {}, dict) \
+            or not isinstance((existing.get("model") or {}).get("config") or {}, dict):
+        raise ValueError(f"{out_dir}: the recorded field 'config' or 'model.config' is not an object; the run's "
+                         f"files were edited or damaged")
+    old = {**defaults, **recorded}
     new = config.to_dict()
     if config.model in MLP_FAMILIES and isinstance(old.get("model_kwargs"), dict):
         # The first layer an MLP was built with: recorded in the model's config since issue 12,
@@ -217,17 +324,63 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
     False, or holds a run of another config.
     """
     out_dir = Path(out_dir)
-    results_path = out_dir / RESULTS_FILE
-    if results_path.is_file():
-        existing = read_json(results_path)
-        if not resume:
-            raise RunExistsError(f"{out_dir} already holds a run ({RESULTS_FILE}); pass --resume to continue "
-                                 f"or skip it, or choose another --out")
-        check_resumable(existing, config, out_dir)
-        if existing.get("final") is not None:
+    check_config(config)  # before the lock, the data and anything else that takes time
+    run = RunDir(out_dir)
+    run.check_usable()
+    main_process = distributed.is_main_process()
+    # Rank 0 alone writes, so it alone holds the lock (for the whole run).
+    with (run.locked() if main_process else contextlib.nullcontext(run)):
+        existing = prepare_run_dir(run, config, resume)
+        if existing is not None:
             if progress:
                 print(f"  {out_dir}: finished earlier, skipped", file=sys.stderr, flush=True)
             return existing
+        return _train(config, out_dir, resume=resume, progress=progress, data=data, callbacks=callbacks,
+                      main_process=main_process)
+
+
+def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool) -> dict[str, Any] | None:
+    """Check what `run` holds before training `config` into it; return the results of a finished run
+    (to be skipped), else None (train: from scratch, or from the checkpoint when `resume`).
+
+    Refused (RunExistsError / ValueError naming the file and field): any run file without `resume`;
+    a results.json or checkpoint.json of another config (the config is stored in both, and checked on
+    every resume); checkpoint files without the checkpoint.json that describes them; a checkpoint.json
+    whose fields are not what `save_checkpoint` writes or whose file is missing or damaged.
+    """
+    present = run.artifacts() if run.path.is_dir() else []
+    if present and not resume:
+        raise RunExistsError(f"{run.path} already holds a run ({', '.join(present)}); pass --resume to continue "
+                             f"or skip it, or choose another --out")
+    existing = read_results(run.path) if run.results.is_file() else None
+    if existing is not None:
+        check_resumable(existing, config, run.path)
+        if existing.get("final") is not None:
+            return existing
+    if run.checkpoint_json.is_file():
+        meta = read_checkpoint_meta(run.path)
+        if "config" in meta:
+            check_resumable(meta, config, run.path)
+        elif existing is None:
+            raise RunExistsError(f"{run.checkpoint_json}: records no config (written by an older version) and "
+                                 f"{RESULTS_FILE} is missing, so the config cannot be checked; choose another --out")
+        epochs = resolve_recipe(config).epochs
+        if meta["epoch"] > epochs:
+            raise ValueError(f"{run.checkpoint_json}: field 'epoch' is {meta['epoch']}, beyond the run's {epochs} "
+                             f"epochs; the file was edited or damaged")
+        verify_checkpoint_file(run.path, meta)
+    elif run.checkpoint_files():
+        names = ", ".join(p.name for p in run.checkpoint_files()[:3])
+        raise RunExistsError(f"{run.path} holds checkpoint files ({names}) but no {run.checkpoint_json.name} to "
+                             f"resume them from; move them away or choose another --out (nothing was overwritten)")
+    elif run.model.is_file() and existing is None:
+        raise RunExistsError(f"{run.path} holds {run.model.name} but no {RESULTS_FILE}; move it away or choose "
+                             f"another --out (nothing was overwritten)")
+    return None
+
+
+def _train(config: RunConfig, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
+           callbacks: Sequence[Any], main_process: bool) -> dict[str, Any]:
     recipe = resolve_recipe(config)
     if data is None:
         data = load_dataset(config.dataset, config.data_dir, train_on_full=config.train_on_full,
@@ -235,10 +388,7 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
     data = normalize_splits(data, recipe.normalize)  # training-split statistics, once, on the device
     model = build_model(config, data)
     results: dict[str, Any] = results_header(config, recipe, model, data)
-    main_process = distributed.is_main_process()
     distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
-    if main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
     files = _RunFiles(out_dir, results, resume, write=main_process)
     transform = RandomCropFlip(padding=4, flip_p=0.5) if recipe.augment == "crop-flip" else None
     fit(model, data, recipe, [files, *callbacks], seed=config.seed, progress=progress, train_transform=transform,

@@ -1,0 +1,194 @@
+"""The run directory as untrusted input: its paths, an exclusive lock, validated file names, cleanup.
+
+Single runs (`runner.run_training`) and batches (`batched.train_batched`) write their files through
+a `RunDir`, which promises:
+
+* nothing outside the directory is read or deleted because of a name found in one of its JSON
+  files: every such name must match the pattern the toolkit writes (`CHECKPOINT_FILE`,
+  `BATCH_FILE`) and resolve inside the directory (`member_file`), else ValueError naming the file
+  and the field;
+* one process at a time: `locked()` takes an exclusive `fcntl.flock` on the directory itself and
+  records the holder (pid, host, command) in `.lock.json`; a second process gets `RunLockedError`
+  naming that holder. The kernel drops the lock when its process dies, so a killed run never
+  leaves a stale lock behind;
+* the temporary files of an interrupted atomic write (`.<name>.<random>.tmp`) are removed when the
+  same run starts again (under the lock, so never another process's write in progress).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from .._io import atomic_write_json
+
+__all__ = ["RunDir", "RunLockedError", "member_file", "CHECKPOINT_FILE", "BATCH_FILE", "LOCK_FILE",
+           "RESULTS_FILE", "CHECKPOINT_JSON", "MODEL_FILE", "MAX_HOLDER_BYTES"]
+
+RESULTS_FILE = "results.json"
+CHECKPOINT_JSON = "checkpoint.json"
+MODEL_FILE = "model.safetensors"
+LOCK_FILE = ".lock.json"
+# The only file names a checkpoint.json / batch.json may point to (what save_checkpoint writes).
+CHECKPOINT_FILE = re.compile(r"checkpoint-e\d{4}\.safetensors")
+BATCH_FILE = re.compile(r"batch-e\d{4}\.safetensors")
+# atomic_write_bytes' temporary files, mkstemp(prefix=".<name>.", suffix=".tmp"), of the files the
+# toolkit writes into a run directory (a user's own .tmp files are left alone).
+_TMP_FILE = re.compile(r"\.(results\.json|checkpoint\.json|model\.safetensors|checkpoint-e\d{4}\.safetensors|"
+                       r"\.lock\.json|batch\.json|batch-e\d{4}\.safetensors)\.[A-Za-z0-9_]{8}\.tmp")
+# A lock file is read only to name the holder in a message; a larger one is not ours.
+MAX_HOLDER_BYTES = 4096
+
+
+class RunLockedError(RuntimeError):
+    """Another process holds the run directory's lock."""
+
+
+def member_file(folder: str | os.PathLike[str], name: Any, pattern: re.Pattern[str], *, source: str | os.PathLike[str],
+                field: str) -> Path:
+    """`folder`/`name` when `name` (read from field `field` of file `source`) is a string matching
+    `pattern` whose path resolves inside `folder`; otherwise ValueError naming `source` and `field`.
+
+    Symbolic links leading out of `folder` are refused too, so the returned path can be read or
+    deleted without touching anything outside the folder.
+    """
+    folder = Path(folder)
+    if not isinstance(name, str) or not pattern.fullmatch(name):
+        raise ValueError(f"{source}: field {field!r} is {name!r}; accepted: a file name matching "
+                         f"{pattern.pattern!r} inside {folder} (the file was edited or damaged; nothing was deleted)")
+    path = folder / name
+    if path.resolve().parent != folder.resolve():
+        raise ValueError(f"{source}: field {field!r} names {path}, which leads outside {folder} (a symbolic link?); "
+                         f"refused, nothing was read or deleted")
+    return path
+
+
+class RunDir:
+    """One run directory: its file paths, an exclusive lock, and the checks made before writing.
+
+    `option` names where the path came from in messages (e.g. "--out").
+    """
+
+    def __init__(self, path: str | os.PathLike[str], option: str = "--out") -> None:
+        self.path = Path(path)
+        self.option = option
+        self._fd: int | None = None
+
+    # -- paths ----------------------------------------------------------------------------------
+    @property
+    def results(self) -> Path:
+        """results.json."""
+        return self.path / RESULTS_FILE
+
+    @property
+    def checkpoint_json(self) -> Path:
+        """checkpoint.json (points to the current checkpoint file)."""
+        return self.path / CHECKPOINT_JSON
+
+    @property
+    def model(self) -> Path:
+        """model.safetensors (written when the run ends)."""
+        return self.path / MODEL_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        """.lock.json: who holds the lock (informational; the lock is on the directory)."""
+        return self.path / LOCK_FILE
+
+    def checkpoint_file(self, name: Any, *, field: str = "file") -> Path:
+        """The checkpoint file `name` as read from checkpoint.json, validated by `member_file`."""
+        return member_file(self.path, name, CHECKPOINT_FILE, source=self.checkpoint_json, field=field)
+
+    def checkpoint_files(self) -> list[Path]:
+        """Files named like checkpoints (checkpoint-eNNNN.safetensors), sorted; empty when the folder is absent."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if CHECKPOINT_FILE.fullmatch(p.name))
+
+    def artifacts(self) -> list[str]:
+        """Names of the run files present (results.json, checkpoint.json, checkpoints, model.safetensors)."""
+        names = [p.name for p in (self.results, self.checkpoint_json, self.model) if p.exists()]
+        return names + [p.name for p in self.checkpoint_files()]
+
+    # -- checks ---------------------------------------------------------------------------------
+    def check_usable(self) -> None:
+        """ValueError (naming the option and the path) when the directory cannot be created or used:
+        the path or one of its parents is a file. Creates nothing."""
+        for candidate in (self.path, *self.path.parents):
+            if candidate.exists():
+                if not candidate.is_dir():
+                    what = "is a file" if candidate == self.path else f"lies in {candidate}, which is a file"
+                    raise ValueError(f"{self.option} {self.path}: {what}, not a directory; choose a directory")
+                if not os.access(candidate, os.W_OK | os.X_OK):
+                    raise ValueError(f"{self.option} {self.path}: {candidate} is not writable")
+                return
+
+    def create(self) -> None:
+        """Create the directory (and parents), with errors naming the option instead of a traceback."""
+        self.check_usable()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"{self.option} {self.path}: cannot create the directory ({exc.strerror or exc})") from exc
+
+    # -- lock -----------------------------------------------------------------------------------
+    def holder(self) -> str:
+        """Who holds the lock, as `.lock.json` says (pid, host, command, since), or "unknown"."""
+        try:
+            if self.lock_file.stat().st_size > MAX_HOLDER_BYTES:
+                return "unknown holder"
+            info = json.loads(self.lock_file.read_text(encoding="utf-8"))
+            return (f"pid {int(info['pid'])} on {str(info['host'])[:100]}, since {str(info['since'])[:40]}, "
+                    f"command: {str(info['command'])[:300]}")
+        except (OSError, ValueError, KeyError, TypeError):
+            return "unknown holder (it has not written .lock.json yet)"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator["RunDir"]:
+        """Hold an exclusive lock on the directory (created when absent) while the block runs.
+
+        Raises RunLockedError naming the holder when another process holds it. On entry, stray
+        temporary files of interrupted writes are removed (`clean_tmp`) and the holder is recorded in
+        `.lock.json`, which is removed again on exit.
+        """
+        self.create()
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLockedError(f"{self.path} is in use by another throughway process ({self.holder()}); "
+                                 f"wait for it to end, or choose another {self.option}") from None
+        self._fd = fd
+        try:
+            self.clean_tmp()
+            atomic_write_json(self.lock_file, {
+                "pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            yield self
+        finally:
+            with contextlib.suppress(OSError):
+                self.lock_file.unlink()
+            self._fd = None
+            os.close(fd)  # releases the lock
+
+    def clean_tmp(self) -> list[Path]:
+        """Delete the `.<name>.<random>.tmp` files an interrupted atomic write left in the directory
+        (not in sub-folders); return them. Call it only while holding the lock."""
+        removed = []
+        if not self.path.is_dir():
+            return removed
+        for entry in self.path.iterdir():
+            if _TMP_FILE.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+                    removed.append(entry)
+        return removed
