@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
-from ..models import create_model, with_legacy_stem
+from ..models import create_model, with_legacy_config
 from .flat import FlatOptimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
@@ -147,7 +147,7 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
         metadata = handle.metadata() or {}
     if metadata.get("format") != MODEL_FORMAT or "config" not in metadata:
         raise ValueError(f"{path}: not a throughway model file (no model config in its metadata)")
-    config = with_legacy_stem(json.loads(metadata["config"]))
+    config = with_legacy_config(json.loads(metadata["config"]))
     name = config.pop("name")
     model = create_model(name, **config)
     model.load_state_dict(load_file(str(path)))
