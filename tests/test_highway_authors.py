@@ -8,6 +8,7 @@ layout or recipe that drifts from the files fails here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -282,3 +283,14 @@ def test_dropout_false_removes_every_dropout_layer():
     model = create_model("highway_conv", arch="mnist-10", width=4, dropout=False)
     assert not [m for m in model.modules() if isinstance(m, nn.Dropout)]
     assert _count(model) == _count(create_model("highway_conv", arch="mnist-10", width=4))
+
+
+def test_highway_search_default_is_figure_1s_scale():
+    from throughway.experiments import highway_depth as study
+
+    config = study.Config()
+    # highway §3.1: "a random search of 100 runs for both plain and highway networks", depths 10-100;
+    # figure 1: 400 epochs on its x-axis; all 60,000 training images, none held out.
+    assert (config.trials, config.epochs, config.layers) == (100, study.FIGURE1_EPOCHS, (10, 20, 50, 100))
+    assert study.FIGURE1_EPOCHS == 400 and config.train_on_full and config.limit is None
+    assert {s.config.epochs for s in study.specs(dataclasses.replace(config, layers=(10,), trials=2))} == {400}
