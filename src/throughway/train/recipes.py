@@ -205,7 +205,9 @@ RECIPES: dict[str, Recipe] = {
                "param_rules",
                "data: line 13, scale 0.00390625 (pixels / 256), no mean file, no mirroring or crops: "
                "normalize pixels/256",
-               "Caffe's Nesterov step applies the learning rate inside the momentum buffer, torch's outside it: "
+               "Caffe's Nesterov step (src/caffe/solver.cpp lines 592-630: weight decay added to the gradient, "
+               "then v = m·v + lr·g, step (1 + m)·v_new − m·v) applies the learning rate inside the momentum "
+               "buffer, torch's SGD(nesterov=True) outside it: "
                "the updates are equal while the learning rate is constant and differ only in the steps right "
                "after each of the two learning-rate drops",
                "model: highway_conv arch mnist-10 (the authors' net; width 32 in the file, 16 and 32 in Table 1)"),
