@@ -294,3 +294,15 @@ def test_highway_search_default_is_figure_1s_scale():
     assert (config.trials, config.epochs, config.layers) == (100, study.FIGURE1_EPOCHS, (10, 20, 50, 100))
     assert study.FIGURE1_EPOCHS == 400 and config.train_on_full and config.limit is None
     assert {s.config.epochs for s in study.specs(dataclasses.replace(config, layers=(10,), trials=2))} == {400}
+
+
+def test_batched_training_refuses_param_rules(tmp_path, fake_mnist_root):
+    from throughway.data import load_dataset
+    from throughway.train import RunConfig
+    from throughway.train.batched import train_batched
+
+    rules = {"param_rules": (("*.bias", 2.0, 0.0),)}
+    configs = [RunConfig(model="mlp_plain", depth=2, recipe="highway-mnist", epochs=1, seed=s,
+                         model_kwargs={"width": 4}, recipe_overrides=rules) for s in (0, 1)]
+    with pytest.raises(ValueError, match="param_rules"):  # its flat optimiser has no per-parameter multipliers
+        train_batched(configs, [tmp_path / "a", tmp_path / "b"], data=load_dataset("mnist"), progress=False)
