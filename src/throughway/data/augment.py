@@ -3,7 +3,8 @@
 * `normalize_splits`: per-channel mean subtraction (pre-activation ResNets, gated-residual-v2 §3.2:
   "the only pre-processing consists of mean subtraction") or mean/std normalisation (Wide ResNets:
   "images are mean/std normalized"), with statistics from the training split only, applied to every
-  split once.
+  split once; or "pixels/256": the raw pixel values divided by 256 instead of the loader's 255,
+  Caffe's `scale: 0.00390625` of the highway authors' MNIST net (mnist_network.prototxt line 13).
 * `RandomCropFlip`: the papers' "moderate data augmentation": pad 4 pixels with zeros, take a random
   32×32 crop, flip horizontally with probability 0.5 (gated-residual-v2 §3.2). It works on a whole
   batch on the batch's device in one gather: no DataLoader, no workers, no per-image Python.
@@ -21,7 +22,7 @@ from .loader import DataSplits, Split
 
 __all__ = ["NORMALIZATIONS", "channel_stats", "normalize_splits", "RandomCropFlip"]
 
-NORMALIZATIONS = ("none", "mean", "mean-std")
+NORMALIZATIONS = ("none", "mean", "mean-std", "pixels/256")
 
 
 def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,12 +37,20 @@ def normalize_splits(data: DataSplits, mode: str) -> DataSplits:
     """Return new DataSplits with every split normalised by the training split's channel statistics.
 
     mode "mean" subtracts the per-channel mean, "mean-std" also divides by the per-channel std,
-    "none" returns `data` unchanged. The test and validation splits never contribute statistics.
+    "pixels/256" maps pixels p/255 (the loader's scaling) to p/256 with no statistics at all, "none"
+    returns `data` unchanged. The test and validation splits never contribute statistics.
     """
     if mode not in NORMALIZATIONS:
         raise ValueError(f"normalize={mode!r} is not known; accepted values: {list(NORMALIZATIONS)}")
     if mode == "none":
         return data
+    if mode == "pixels/256":
+        # The loader divided uint8 pixels by 255; rounding recovers them exactly, and /256 is exact.
+        def rescale(split: Split | None) -> Split | None:
+            return None if split is None else Split(torch.round(split.x * 255.0) / 256.0, split.y)
+
+        return DataSplits(name=data.name, num_classes=data.num_classes, train=rescale(data.train),  # type: ignore[arg-type]
+                          val=rescale(data.val), test=rescale(data.test))  # type: ignore[arg-type]
     mean, std = channel_stats(data.train.x)
     shift = mean.view(1, -1, 1, 1)
     scale = std.clamp_min(1e-8).view(1, -1, 1, 1) if mode == "mean-std" else torch.ones_like(shift)

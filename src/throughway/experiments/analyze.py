@@ -33,7 +33,7 @@ from ..data import DataSplits, load_dataset
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
-from ..models import create_model, with_legacy_stem
+from ..models import create_model, with_legacy_config
 from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
 from .common import command_line, mean_std
 from .mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
@@ -84,7 +84,7 @@ def _checkpoint_model(run_dir: Path, results: dict[str, Any], device: str) -> tu
     if sha256_file(path) != meta.get("sha256"):
         raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON} (the run may have just written a "
                          f"newer checkpoint: try again)")
-    config = with_legacy_stem(dict((results.get("model") or {}).get("config") or {}))
+    config = with_legacy_config(dict((results.get("model") or {}).get("config") or {}))
     if "name" not in config:
         raise ValueError(f"{run_dir / RESULTS_FILE}: no model.config to rebuild the model from")
     prefix = "model."

@@ -66,7 +66,7 @@ from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_ob
 from ..data import DataSplits, Split, load_dataset
 from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
 from ..layers.gates import GATE_FUNCTIONS
-from ..models import create_model, with_legacy_stem
+from ..models import create_model, with_legacy_config
 from .checkpoint import MODEL_FILE, save_model
 from .loop import History
 from .recipes import Recipe, learning_rate_at, parameter_groups
@@ -475,6 +475,9 @@ class BatchedOptimizer:
 
     def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
         first = recipes[0]
+        if any(r.param_rules for r in recipes):
+            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by batched "
+                             "training; train these runs one at a time (throughway train)")
         # compile=True fuses each optimiser's elementwise passes into one loop (torch.compile, dynamic
         # shapes): several times less memory traffic, for a compilation of about a minute.
         wrap = (lambda f: torch.compile(f, dynamic=True)) if compile else (lambda f: f)
@@ -795,7 +798,7 @@ def _write_results(member: _Member, final: bool) -> None:
 
 
 def _save_member_model(member: _Member, state: dict[str, torch.Tensor]) -> None:
-    cfg = with_legacy_stem(member.model_config)
+    cfg = with_legacy_config(member.model_config)
     name = cfg.pop("name")
     model = create_model(name, **cfg)
     model.load_state_dict(state)

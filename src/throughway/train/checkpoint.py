@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_object, sha256_file
-from ..models import create_model, with_legacy_stem
+from ..models import create_model, with_legacy_config
 from .flat import FlatOptimizer
 from .rundir import CHECKPOINT_JSON, MODEL_FILE, RunDir
 
@@ -117,7 +117,7 @@ def _field_error(path: Path, field: str, value: Any, accepted: str) -> ValueErro
                       f"delete the run directory or choose another --out to start afresh)")
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -150,7 +150,7 @@ def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if "history" in meta:
         records = history.get("epochs") if isinstance(history, dict) else None
         # A checkpoint is written only after a finished epoch, never after a divergence.
-        if not (isinstance(records, list) and all(isinstance(r, dict) for r in records)
+        if not (isinstance(history, dict) and isinstance(records, list) and all(isinstance(r, dict) for r in records)
                 and history.get("diverged") is False and history.get("diverged_at") is None):
             raise _field_error(path, "history", history, "an object with 'epochs' (list of objects), "
                                                          "'diverged' false and 'diverged_at' null")
@@ -237,7 +237,7 @@ def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
 
 def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: str | os.PathLike[str]) -> dict[str, Any]:
     """Check a model config ({"name": ..., **arguments}, read from file `source`) against the tensor
-    `shapes` that should fill it, without allocating the model; return the config (legacy stem added).
+    `shapes` that should fill it, without allocating the model; return the config (legacy stem and layout added, `with_legacy_config`).
 
     The model is built on the meta device (no memory), after a cheap bound that keeps a file from
     making even that slow: every layer holds at least one tensor, so a `depth` above the file's
@@ -247,7 +247,7 @@ def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: 
     """
     if not (isinstance(config, dict) and isinstance(config.get("name"), str)):
         raise ValueError(f"{source}: metadata field 'config' is not an object with a model 'name'")
-    config = with_legacy_stem(dict(config))
+    config = with_legacy_config(dict(config))
     name = config.pop("name")
     depth = config.get("depth")
     if isinstance(depth, int) and not isinstance(depth, bool) and depth > max(len(shapes), 1):

@@ -131,10 +131,11 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer | FlatOptimizer, lr: float) -> None:
-    """Set every parameter group's learning rate; the optimiser's state (momentum buffers, Adam
-    moments) is left untouched, so a learning-rate step keeps the momentum."""
+    """Set every parameter group's learning rate to `lr` times the group's "lr_mult" (1 when it has
+    none; recipes.parameter_groups); the optimiser's state (momentum buffers, Adam moments) is left
+    untouched, so a learning-rate step keeps the momentum."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_mult", 1.0)
 
 
 def fit(model: nn.Module, data: DataSplits, recipe: Recipe, callbacks: Sequence[Any] = (), *,

@@ -12,8 +12,12 @@
 
 * preact-cifar / wrn-cifar (gated-residual-v2 §3.2): the CIFAR recipes of pre-activation and wide
   ResNets, with on-device pad-4 crops and flips (`augment`) and per-channel normalisation
-  (`normalize`); highway-conv-cifar / highway-conv-mnist: the conv highway nets (values ours where
-  the paper states none). Learning-rate steps only set each group's lr: momentum buffers are kept.
+  (`normalize`). Learning-rate steps only set each group's lr: momentum buffers are kept.
+* highway-conv-mnist / highway-conv-cifar (highway §3.2, §3.3.2): the solvers the highway authors
+  released (flukeskywalker/highway-networks, examples/highways/*/..._solver.prototxt), every value
+  with its file and line in the recipe's notes, Caffe's per-parameter lr_mult / decay_mult as
+  `param_rules`; highway-conv-mnist-ours / highway-conv-cifar-ours: the toolkit's earlier recipes,
+  our values where the paper states none.
 
 k (every parameter named `...k`, the scalar gates) is never weight-decayed unless the recipe sets
 `k_decay=True` (gated-residual-v2 §3.2, "k decay"). Biases and BatchNorm parameters (dim < 2) are
@@ -23,6 +27,7 @@ not decayed either.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +43,10 @@ __all__ = ["Recipe", "RECIPES", "get_recipe", "list_recipes", "parameter_groups"
 OPTIMIZERS = ("nadam", "sgd", "adam")
 SCHEDULES = ("constant", "exponential", "multistep")
 # Per-batch training augmentation ("crop-flip": pad 4, random crop, horizontal flip p = 0.5) and the
-# per-channel normalisation applied once to every split with training-split statistics (data.augment).
+# per-channel normalisation applied once to every split with training-split statistics, or Caffe's
+# pixels/256 scaling (data.augment).
 AUGMENTATIONS = ("none", "crop-flip")
-NORMALIZATIONS = ("none", "mean", "mean-std")
+NORMALIZATIONS = ("none", "mean", "mean-std", "pixels/256")
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Recipe:
     milestone_factor: float = 0.1
     augment: str = "none"
     normalize: str = "none"
+    param_rules: tuple[tuple[str, float, float], ...] = ()
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -89,6 +96,10 @@ class Recipe:
             raise ValueError(f"normalize={self.normalize!r}; accepted values: {list(NORMALIZATIONS)}")
         if any(not 0.0 < m < 1.0 for m in self.milestones):
             raise ValueError(f"milestones={self.milestones!r}: fractions of the epochs, each in (0, 1)")
+        for rule in self.param_rules:
+            if (not isinstance(rule, (tuple, list)) or len(rule) != 3 or not isinstance(rule[0], str)
+                    or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in rule[1:])):
+                raise ValueError(f"param_rules: {rule!r} is not (parameter-name pattern, lr_mult ≥ 0, decay_mult ≥ 0)")
 
     def replace(self, **changes: Any) -> "Recipe":
         """A copy with `changes` applied (validated); unknown field names raise a TypeError."""
@@ -102,6 +113,16 @@ class Recipe:
         """The recipe as a JSON-able dict (tuples as lists)."""
         return dataclasses.asdict(self)
 
+
+_AUTHORS = "flukeskywalker/highway-networks examples/highways/"
+_MNIST_SOLVER = _AUTHORS + "mnist-10layers/mnist_solver.prototxt"
+_MNIST_NET = _AUTHORS + "mnist-10layers/mnist_network.prototxt"
+_CIFAR_SOLVER = _AUTHORS + "{0}-19layers/{0}_solver.prototxt"
+_CIFAR_NET = _AUTHORS + "{0}-19layers/{0}_network.prototxt"
+# Caffe's lr_mult / decay_mult in the highway authors' nets: biases (of convolutions, of H and of the
+# transform gates T, of the classifier) lr ×2 and no decay; the classifier's weight decay ×10; other
+# weights ×1 / ×1. Names as highway_conv builds its authors' layouts (head.classifier = the "ip2" layer).
+_CAFFE_MULTS: tuple[tuple[str, float, float], ...] = (("head.classifier.weight", 1.0, 10.0), ("*.bias", 2.0, 0.0))
 
 RECIPES: dict[str, Recipe] = {
     "gresnet-mnist": Recipe(
@@ -137,19 +158,66 @@ RECIPES: dict[str, Recipe] = {
                "--k-decay applies the same weight decay (5e-4) to k"),
     ),
     "highway-conv-cifar": Recipe(
-        name="highway-conv-cifar", optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4,
+        name="highway-conv-cifar", optimizer="sgd", lr=0.025, momentum=0.9, nesterov=True, weight_decay=0.001,
+        epochs=400, batch_size=100, schedule="multistep", milestones=(0.5, 0.75, 0.875), milestone_factor=0.1,
+        augment="crop-flip", normalize="mean", param_rules=_CAFFE_MULTS,
+        source="highway §3.3.2 Table 3, the authors' solver: " + _CIFAR_SOLVER.format("cifar10")
+               + " (the cifar100 one differs only in its paths and random seed)",
+        notes=(f"{_CIFAR_SOLVER.format('cifar10')} lines 13-15: solver_type NESTEROV, base_lr 0.025, momentum 0.9",
+               "lines 18-22: lr_policy multistep, gamma 0.1, stepvalue 100000, 150000, 175000; line 23: weight_decay "
+               "0.001; line 29: max_iter 200000",
+               "epochs: 50,000 training images (the commented test-on-train pass, lines 4-5: test_iter 500 × batch "
+               "100; test_interval 500, line 10), so 500 iterations an epoch: 400 epochs, steps after epochs 200, "
+               "300, 350 (milestones 0.5, 0.75, 0.875)",
+               f"{_CIFAR_NET.format('cifar10')} line 9: batch_size 100; lr_mult / decay_mult: every weight 1 / 1, "
+               "every bias 2 / 0 (e.g. lines 71-78, 104-119), the classifier's weight decay_mult 10 (lines 792-795): "
+               "param_rules",
+               "data (lines 7-16): the authors trained on globally contrast-normalised images, padded (by an "
+               "amount the files do not state), mean image subtracted, random 32×32 crops and mirroring; here "
+               "crop-flip pads 4 zero pixels and per-channel mean subtraction stands in for GCN + mean image "
+               "(ours: the toolkit has no GCN)",
+               "model: highway_conv arch cifar10-19 / cifar100-19 (the authors' nets)"),
+    ),
+    "highway-conv-cifar-ours": Recipe(
+        name="highway-conv-cifar-ours", optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4,
         epochs=200, batch_size=128, schedule="multistep", milestones=(0.5, 0.75), milestone_factor=0.1,
         augment="crop-flip", normalize="mean-std",
         source="highway §3: SGD with momentum, lr λ decayed by γ on a fixed schedule, small translations and "
-               "mirroring, contrast normalisation",
+               "mirroring, contrast normalisation (our values; the recipe called highway-conv-cifar before the "
+               "authors' solver was read)",
         notes=("λ, γ, the schedule, weight decay, batch and epochs are not stated in the paper; these values are ours",
                "per-channel mean/std normalisation stands in for the paper's global contrast normalisation"),
     ),
     "highway-conv-mnist": Recipe(
-        name="highway-conv-mnist", optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0,
+        name="highway-conv-mnist", optimizer="sgd", lr=0.01, momentum=0.9, nesterov=True, weight_decay=0.001,
+        epochs=300, batch_size=100, schedule="multistep", milestones=(1 / 3, 2 / 3), milestone_factor=0.1,
+        normalize="pixels/256", param_rules=_CAFFE_MULTS,
+        source="highway §3.2 Table 1, the authors' solver: " + _MNIST_SOLVER,
+        notes=(f"{_MNIST_SOLVER} line 13: solver_type NESTEROV; line 14: base_lr 0.01; line 15: momentum 0.9",
+               "lines 18-21: lr_policy multistep, gamma 0.1, stepvalue 60000 and 120000; line 22: weight_decay "
+               "0.001; line 28: max_iter 180000",
+               "epochs: 60,000 training images (the commented test-on-train pass, lines 4-5: test_iter 600 × batch "
+               "100, reading mnist_train_lmdb; test_interval 600, line 10), so 600 iterations an epoch: 300 "
+               "epochs, steps after epochs 100 and 200 (milestones 1/3, 2/3); train with --train-on-full (the "
+               "toolkit's default split trains on 50,000)",
+               f"{_MNIST_NET} line 9: batch_size 100; lr_mult / decay_mult: every weight 1 / 1, every bias 2 / 0 "
+               "(lines 67-74, 99-114 and each highway layer), the classifier's weight decay_mult 10 (lines 465-468): "
+               "param_rules",
+               "data: line 13, scale 0.00390625 (pixels / 256), no mean file, no mirroring or crops: "
+               "normalize pixels/256",
+               "Caffe's Nesterov step (src/caffe/solver.cpp lines 592-630: weight decay added to the gradient, "
+               "then v = m·v + lr·g, step (1 + m)·v_new − m·v) applies the learning rate inside the momentum "
+               "buffer, torch's SGD(nesterov=True) outside it: "
+               "the updates are equal while the learning rate is constant and differ only in the steps right "
+               "after each of the two learning-rate drops",
+               "model: highway_conv arch mnist-10 (the authors' net; width 32 in the file, 16 and 32 in Table 1)"),
+    ),
+    "highway-conv-mnist-ours": Recipe(
+        name="highway-conv-mnist-ours", optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0,
         epochs=40, batch_size=128, schedule="multistep", milestones=(0.5, 0.75), milestone_factor=0.1,
         normalize="mean-std",
-        source="highway §3.2 / §3: 10-layer conv highway nets on MNIST, SGD with momentum, step schedule",
+        source="highway §3.2 / §3: 10-layer conv highway nets on MNIST, SGD with momentum, step schedule (our "
+               "values; the recipe called highway-conv-mnist before the authors' solver was read)",
         notes=("every value is ours: the paper states none for the MNIST conv nets; no augmentation; "
                "mean/std normalisation with training-split statistics",),
     ),
@@ -173,23 +241,44 @@ def _is_gate_k(name: str) -> bool:
     return name == "k" or name.endswith(".k")
 
 
+def _rule_for(name: str, rules: tuple[tuple[str, float, float], ...]) -> tuple[float, float] | None:
+    for pattern, lr_mult, decay_mult in rules:
+        if fnmatch.fnmatchcase(name, pattern):
+            return float(lr_mult), float(decay_mult)
+    return None
+
+
 def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     """Split parameters into decayed (weights, dim ≥ 2) and undecayed (biases, norms, and k unless
-    `recipe.k_decay`). Groups that would be empty are dropped; order follows `named_parameters`."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
+    `recipe.k_decay`). Groups that would be empty are dropped; order follows `named_parameters`.
+
+    `recipe.param_rules` are Caffe's per-parameter `lr_mult` / `decay_mult` (caffe.proto ParamSpec):
+    each (pattern, lr_mult, decay_mult) matches parameter names with shell-style wildcards
+    (fnmatch), the first match wins, and a matched parameter gets learning rate lr·lr_mult and
+    weight decay weight_decay·decay_mult. Unmatched parameters, and k always (the k_decay contract),
+    follow the rule above with lr_mult 1. Each group carries "lr_mult" (the training loop sets its
+    lr to the schedule's lr × lr_mult), "weight_decay", and a "group" name: "decay", "no_decay", or
+    "lr×a decay×b" for a rule's multipliers."""
+    buckets: dict[tuple[float, float], list[nn.Parameter]] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         if _is_gate_k(name):
-            (decay if recipe.k_decay else no_decay).append(param)
-        elif param.dim() >= 2:
-            decay.append(param)
+            key = (1.0, 1.0 if recipe.k_decay else 0.0)
         else:
-            no_decay.append(param)
-    groups = [{"params": decay, "weight_decay": recipe.weight_decay, "group": "decay"},
-              {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"}]
-    return [g for g in groups if g["params"]]
+            key = _rule_for(name, recipe.param_rules) or (1.0, 1.0 if param.dim() >= 2 else 0.0)
+        buckets.setdefault(key, []).append(param)
+    groups = []
+    for (lr_mult, decay_mult), params in sorted(buckets.items(), key=lambda kv: (kv[0] != (1.0, 1.0), kv[0] != (1.0, 0.0), kv[0])):
+        if (lr_mult, decay_mult) == (1.0, 1.0):
+            label = "decay"
+        elif (lr_mult, decay_mult) == (1.0, 0.0):
+            label = "no_decay"
+        else:
+            label = f"lr×{lr_mult:g} decay×{decay_mult:g}"
+        groups.append({"params": params, "weight_decay": recipe.weight_decay * decay_mult, "lr": recipe.lr * lr_mult,
+                       "lr_mult": lr_mult, "group": label})
+    return groups
 
 
 def build_optimizer(model: nn.Module, recipe: Recipe) -> FlatOptimizer:

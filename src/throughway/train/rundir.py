@@ -183,7 +183,7 @@ class RunDir:
     def clean_tmp(self) -> list[Path]:
         """Delete the `.<name>.<random>.tmp` files an interrupted atomic write left in the directory
         (not in sub-folders); return them. Call it only while holding the lock."""
-        removed = []
+        removed: list[Path] = []
         if not self.path.is_dir():
             return removed
         for entry in self.path.iterdir():
