@@ -67,20 +67,24 @@ def fit_epoch_s(model_name: str, depth: int, data: DataSplits) -> tuple[float, f
     return history.epochs[-1]["epoch_time_s"], eval_per_sample
 
 
-def batched_epoch_s(depth: int, seeds: int, data: DataSplits) -> tuple[float, float]:
+def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = False) -> tuple[float, float]:
     """Seconds of one `train_epoch` of the mixed batch of 3·seeds models over `data`, and seconds per
-    evaluated sample of the batch (one forward pass in evaluation mode)."""
+    evaluated sample of the batch (one forward pass in evaluation mode). `compile`: the step through
+    torch.compile, compiled by two warm-up steps outside the timing."""
     models = []
     for name in ARCHS.values():
         for seed in range(seeds):
             torch.manual_seed(seed)
             models.append(create_model(name, depth=depth))
     stack = StackedModels(models)
-    step = BatchedStep(stack, BatchedOptimizer(stack, [RECIPE] * len(models)))
+    step = BatchedStep(stack, BatchedOptimizer(stack, [RECIPE] * len(models), compile=compile), compile=compile)
     n = len(data.train)
     x, y = data.train.x.flatten(1), data.train.y
     orders = torch.stack([torch.randperm(n) for _ in models])
     lr = torch.full((len(models), 1), RECIPE.lr)
+    if compile:
+        for _ in range(2):
+            step(x[orders[:, :RECIPE.batch_size]], y[orders[:, :RECIPE.batch_size]], lr)
     start = time.perf_counter()
     train_epoch(step, x, y, orders, RECIPE.batch_size, lr)
     train_s = time.perf_counter() - start
@@ -100,12 +104,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=6400, help="training images per timed epoch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes of one thread each")
+    parser.add_argument("--compile", action="store_true",
+                        help="the batched contender through torch.compile (compilation outside the timing, reported)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = random_data(args.samples)
     scale = TRAIN / args.samples
     print(f"load average at start: {os.getloadavg()[0]:.2f}; threads per worker: 1; workers: {args.jobs}; "
-          f"timed on {args.samples} images, scaled to {TRAIN}")
+          f"timed on {args.samples} images, scaled to {TRAIN}; batched step "
+          f"{'torch.compile' if args.compile else 'eager'}")
     fit_per_model: dict[int, float] = {}
     batch_epoch: dict[int, float] = {}
     print("| d | fit: s/epoch per model (mean of 3 archs) | batched: s/epoch per batch of "
@@ -116,7 +123,7 @@ def main() -> None:
         for _ in range(args.rounds):  # interleaved: a change of load hits both
             per_arch = [fit_epoch_s(m, depth, data) for m in ARCHS.values()]
             fit_rounds.append(statistics.mean(train * scale + per * TEST for train, per in per_arch))
-            train_s, eval_per = batched_epoch_s(depth, args.seeds, data)
+            train_s, eval_per = batched_epoch_s(depth, args.seeds, data, args.compile)
             batch_rounds.append(train_s * scale + eval_per * TEST)
         fit_per_model[depth] = statistics.median(fit_rounds)
         batch_epoch[depth] = statistics.median(batch_rounds)

@@ -18,11 +18,11 @@ Layer counting: a net of L layers has the first plain layer (the model's stem) a
 layers (the model's `depth`), so the paper's 10-layer highway net is `mlp_highway(depth=9)`; the
 softmax output layer is not counted, as in the paper.
 
-Epochs: the text does not state them; figure 1's training curves (left) run over 400 epochs on the
-x-axis of the published figure (NIPS 2015 / arXiv 1507.06228, "Number of Epochs"), which is the
-default here (FIGURE1_EPOCHS). The figure is an image that the project's copy of the paper
-(shared/papers) does not carry, so this value was read from the published PDF, not from that copy;
-the caption gives the rest: "top 10 (out of 100) hyperparameter settings".
+Epochs: the text does not state them, and the project's copy of the paper (shared/papers) does not
+carry figure 1's image, so they could not be read from its x-axis here. The default, 400
+(FIGURE1_EPOCHS), is a recollection of the published figure's x-axis ("Number of Epochs") that no
+file checked: treat it as ours until someone with the PDF confirms it (`--epochs` sets it). The
+caption gives the rest: "top 10 (out of 100) hyperparameter settings".
 
 Our choices where the paper is silent (printed with every table): the ranges of the search
 (`SEARCH_SPACE`); trial t of an architecture uses the same hyperparameters at every depth (a paired
@@ -438,8 +438,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The study's command-line options."""
     parser.add_argument("--quick", action="store_true", help="smoke run: 10 and 20 layers, 4 trials, 2 epochs, 3000 images")
     parser.add_argument("--trials", type=int, help="random-search trials per architecture and depth (paper: 100)")
-    parser.add_argument("--epochs", type=int, help="epochs per trial (default 400, figure 1's x-axis; the text "
-                                                   "does not state it)")
+    parser.add_argument("--epochs", type=int, help="epochs per trial (default 400: ours, an unchecked recollection of "
+                                                   "figure 1's x-axis; the text does not state it)")
     parser.add_argument("--layers", type=int, nargs="+", help="network depths in layers (paper: 10 20 50 100)")
     parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures (default both)")
     parser.add_argument("--search-seed", type=int, help="seed of the random search (default 0)")

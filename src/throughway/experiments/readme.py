@@ -64,6 +64,34 @@ def _match(pattern: str, text: str, source: str) -> re.Match[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The README's first lines: what the two commands cost (scripts/measure_timings.sh)
+
+def _fields(root: Path, relative: str) -> dict[str, str]:
+    """The `key: value` lines of a timings file."""
+    out = {}
+    for line in _text(root, relative).splitlines():
+        key, sep, value = line.partition(": ")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _main_job_time(root: Path) -> str:
+    """"N.N minutes on a fresh clone on C cores, set-up included" from timings/main-job.txt."""
+    f = _fields(root, "timings/main-job.txt")
+    cores = _match(r"(\d+) cores", f["machine"], "timings/main-job.txt").group(1)
+    return f"{float(f['wall_s']) / 60:.1f} minutes on a fresh clone on {cores} cores, set-up included"
+
+
+def _test_suite_time(root: Path) -> str:
+    """"N tests, M.M minutes on C cores once set up" from timings/test-suite.txt."""
+    f = _fields(root, "timings/test-suite.txt")
+    counts = [int(n) for n in re.findall(r"(\d+) (?:passed|failed|skipped|errors?)", f["summary"])]
+    cores = _match(r"(\d+) cores", f["machine"], "timings/test-suite.txt").group(1)
+    return f"{sum(counts)} tests, {float(f['wall_s']) / 60:.1f} minutes on {cores} cores once set up"
+
+
+# ---------------------------------------------------------------------------------------------
 # Section 1: the MNIST depth study
 
 def _mnist_depth_stem_dense_table(root: Path) -> str:
@@ -623,6 +651,8 @@ def _batched_step(root: Path) -> str:
 
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "main-job-time": _main_job_time,
+    "test-suite-time": _test_suite_time,
     "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
     "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,
