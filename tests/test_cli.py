@@ -65,3 +65,14 @@ def test_errors_are_clear_and_exit_2(tmp_path, fake_mnist_root, capsys):
     assert main(["report", str(tmp_path)]) == 2
     with pytest.raises(SystemExit):
         main(["reproduce", "mnist-depth", "--archs", "transformer"])
+
+
+def test_mnist_depth_estimate_projects_one_mixed_batch_per_depth(fake_mnist_root, capsys):
+    # Issue 16: plain, residual and gated nets of one depth and every seed are one batch.
+    assert main(["reproduce", "mnist-depth", "--estimate", "--depths", "2", "4", "--seeds", "2", "--epochs", "3",
+                 "--archs", "plain", "residual", "gated", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "Projected cost of the mnist-depth study" in printed
+    rows = [line for line in printed.splitlines() if line.startswith("| 4 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2 and all(row.split("|")[2].strip() == "6" for row in rows)
+    assert "projected wall time with 1 worker(s)" in printed

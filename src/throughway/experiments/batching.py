@@ -25,7 +25,7 @@ from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedS
 from ..train.runner import build_model, resolve_recipe
 from .common import RunSpec, prepare_data
 
-__all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches"]
+__all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown"]
 
 
 def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunSpec]]:
@@ -123,6 +123,24 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
             "batches": rows, "serial_s": sum(r["total_s"] for r in rows),
             "wall_s": makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
+
+
+def projection_markdown(title: str, projection: dict[str, Any],
+                        columns: Sequence[tuple[str, Callable[[dict[str, Any]], str]]], note: str = "") -> str:
+    """A `project_batches` result as markdown: `title` with the machine's setting, one row per batch
+    (the given `columns`, then seconds per step, per epoch and for all epochs), and the projected
+    serial and wall times (`note` after the latter)."""
+    e = projection
+    lines = [f"{title}; {e['jobs']} worker(s) of {e['threads_per_job']} thread(s); measured with load average "
+             f"{e['load_average']:.2f}", "",
+             "| " + " | ".join([c for c, _ in columns] + ["s per step", "s per epoch", "s for all epochs"]) + " |",
+             "|" + "---|" * (len(columns) + 3)]
+    for r in e["batches"]:
+        cells = [f(r) for _, f in columns] + [f"{r['step_s']:.3f}", f"{r['epoch_s']:.1f}", f"{r['total_s']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"serial sum {e['serial_s'] / 3600:.2f} h; projected wall time with {e['jobs']} worker(s): "
+                  f"{e['wall_s'] / 3600:.2f} h{note}"]
+    return "\n".join(lines) + "\n"
 
 
 _DATA_CACHE: dict[tuple[Any, ...], Any] = {}

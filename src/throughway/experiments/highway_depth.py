@@ -55,7 +55,7 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
-from .batching import project_batches, run_batched
+from .batching import project_batches, projection_markdown, run_batched
 from .common import RunSpec, StudySummary, remake_report
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
@@ -414,18 +414,12 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
     """`estimate` as a table and a projected wall time."""
     e = estimate(config, jobs, steps)
-    lines = [f"Projected cost of this shard ({config.shard}) of the highway-depth search: {config.trials} trials, "
-             f"{e['epochs']} epochs, {e['train_images']} training images (+ {e['eval_images']} evaluated per epoch); "
-             f"{e['jobs']} worker(s) of {e['threads_per_job']} thread(s); measured with load average "
-             f"{e['load_average']:.2f}", "",
-             "| arch | layers | activation | trials in batch | s per step | s per epoch | s for all epochs |",
-             "|---|---|---|---|---|---|---|"]
-    for r in e["batches"]:
-        lines.append(f"| {r['arch']} | {r['layers']} | {r['activation']} | {r['models']} | {r['step_s']:.3f} | "
-                     f"{r['epoch_s']:.1f} | {r['total_s']:.0f} |")
-    lines += ["", f"serial sum {e['serial_s'] / 3600:.2f} h; projected wall time with {e['jobs']} worker(s): "
-                  f"{e['wall_s'] / 3600:.2f} h (an upper bound: diverged trials leave their batch)"]
-    return "\n".join(lines) + "\n"
+    title = (f"Projected cost of this shard ({config.shard}) of the highway-depth search: {config.trials} trials, "
+             f"{e['epochs']} epochs, {e['train_images']} training images (+ {e['eval_images']} evaluated per epoch)")
+    return projection_markdown(title, e, [("arch", lambda r: str(r["arch"])), ("layers", lambda r: str(r["layers"])),
+                                          ("activation", lambda r: str(r["activation"])),
+                                          ("trials in batch", lambda r: str(r["models"]))],
+                               " (an upper bound: diverged trials leave their batch)")
 
 
 def _json(value: Any) -> Any:

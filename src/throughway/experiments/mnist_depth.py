@@ -23,7 +23,7 @@ from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import add_options, option, quick_config
 from ..study.options import config_from_args as study_config_from_args
-from .batching import project_batches, run_batched
+from .batching import project_batches, projection_markdown, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
 
@@ -406,17 +406,12 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
     """`estimate` as a table and a projected wall time."""
     e = estimate(config, jobs, steps)
-    lines = [f"Projected cost of the {NAME} study: {len(config.archs)} architectures x {len(config.depths)} depths x "
+    title = (f"Projected cost of the {NAME} study: {len(config.archs)} architectures x {len(config.depths)} depths x "
              f"{config.seeds} seeds, {config.epochs} epochs, {e['train_images']} training images (+ {e['eval_images']} "
-             f"evaluated per epoch); {e['jobs']} worker(s) of {e['threads_per_job']} thread(s); measured with load "
-             f"average {e['load_average']:.2f}", "",
-             "| d | models in batch | s per step | s per epoch | s for all epochs |", "|---|---|---|---|---|"]
-    for r in e["batches"]:
-        lines.append(f"| {r['batch'][0].config.depth} | {r['models']} | {r['step_s']:.3f} | {r['epoch_s']:.1f} | "
-                     f"{r['total_s']:.0f} |")
-    lines += ["", f"serial sum {e['serial_s'] / 3600:.2f} h; projected wall time with {e['jobs']} worker(s): "
-                  f"{e['wall_s'] / 3600:.2f} h"]
-    return "\n".join(lines) + "\n"
+             f"evaluated per epoch)")
+    return projection_markdown(title, e,
+                               [("d", lambda r: str(r["batch"][0].config.depth)),
+                                ("models in batch", lambda r: str(r["models"]))])
 
 
 def json_config(config: Config) -> dict[str, Any]:
