@@ -599,7 +599,8 @@ def _conv_table(root: Path) -> str:
     return "\n".join([
         "| run | epochs | test error (%) | paper |",
         "|---|---|---|---|",
-        f"| 10-layer conv highway net, width 16, MNIST (`highway-conv-mnist`, our schedule) | "
+        f"| 10-layer conv highway net, width 16, MNIST (`mnist-10-ours`, `highway-conv-mnist-ours`: our layout and "
+        f"schedule; the recipe was called `highway-conv-mnist` then) | "
         f"{long['epochs_completed']} | {long['test_error_pct']:.2f} | 0.57 (best of 5 runs; 0.60 ± 0.03 mean) |",
         f"| the same, a separate {short['epochs_completed']}-epoch run (the schedule follows the epoch count) | "
         f"{short['epochs_completed']} | {short['test_error_pct']:.2f} | |",
