@@ -38,7 +38,7 @@ LANCZOS_TOL = 1e-6  # residual ≤ tol · |θ|; see lanczos()
 def _data() -> tuple[torch.Tensor, torch.Tensor, str]:
     """The condensed whitened-MNIST set (computed in the parent, so children do not load MNIST)."""
     try:
-        from throughway.experiments.shortcut_common import whitened_data
+        from throughway.study.shortcut import whitened_data
 
         data = whitened_data(linear=True)
         return data.x.clone(), data.y.clone(), data.description

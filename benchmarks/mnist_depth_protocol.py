@@ -33,7 +33,7 @@ import time
 import torch
 
 from throughway.data import DataSplits, Split
-from throughway.experiments.batching import makespan
+from throughway.study.batching import makespan
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
 from throughway.train.batched import BatchedOptimizer, BatchedStep, StackedModels, train_epoch

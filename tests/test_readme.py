@@ -1,4 +1,4 @@
-"""The README's generated blocks (throughway.experiments.readme): CI fails when they differ from results/."""
+"""The README's generated blocks (throughway.readme): CI fails when they differ from results/."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from throughway.cli import main
-from throughway.experiments import readme
+from throughway import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from throughway.data.whiten import second_moment_dataset, whiten
-from throughway.experiments.shortcut_common import BatchedGD, network_kwargs
+from throughway.study.shortcut import network_kwargs
+from throughway.train.full_batch import BatchedGD
 from throughway.layers.shortcut import ShortcutUnit
 from throughway.models import create_model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from throughway.experiments.common import StudySummary
+from throughway.study.runs import StudySummary
 
 
 def test_study_summary_records_errors_throttles_and_forces(tmp_path):

@@ -318,7 +318,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .experiments import get_experiment
 
     if args.readme is not None:
-        from .experiments.readme import update_readme
+        from .readme import update_readme
 
         if args.dir is not None:
             raise ValueError("report: give either DIR or --readme README, not both")
@@ -382,7 +382,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .experiments import analyze
+    from .study import analyze
 
     if args.analysis == "redraw":
         for path in analyze.redraw(args.dir, compare=args.compare):

@@ -32,7 +32,7 @@ from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
-from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "config_from_args", "needs_data_message"]

@@ -28,8 +28,10 @@ import torch
 from .._io import atomic_write_json, environment_info, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
 from ..study.options import option
-from .common import command_line, remake_report
-from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
+from ..study.runs import command_line, remake_report
+from ..study.shortcut import network_kwargs, whitened_data
+from ..study.runs import stored_study
+from ..train.full_batch import BatchedGD
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs"]
 
@@ -130,7 +132,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
     Resumable per network: traces already in results.json are kept.
     """
-    from .shortcut_common import optimal_linear_loss
+    from ..study.shortcut import optimal_linear_loss
 
     torch.set_num_threads(config.threads)
     out = Path(out)

@@ -30,8 +30,9 @@ from .._io import atomic_write_json, environment_info, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from ..study.options import option
-from .common import command_line, mean_std, remake_report
-from .shortcut_common import network_kwargs, stored_study, whitened_data
+from ..study.runs import command_line, mean_std, remake_report
+from ..study.shortcut import network_kwargs, whitened_data
+from ..study.runs import stored_study
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]

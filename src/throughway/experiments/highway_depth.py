@@ -55,8 +55,8 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
-from .batching import project_batches, projection_markdown, run_batched
-from .common import RunSpec, StudySummary, remake_report
+from ..study.batching import project_batches, projection_markdown, run_batched
+from ..study.runs import RunSpec, StudySummary, remake_report
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
            "write_report", "estimate", "estimate_text", "NAME", "parse_shard"]

@@ -32,8 +32,8 @@ from ..models import create_model
 from ..train import get_recipe
 from ..train.loop import fit
 from ..study.options import option
-from .common import command_line, remake_report
-from .shortcut_common import stored_study
+from ..study.runs import command_line, remake_report
+from ..study.runs import stored_study
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 

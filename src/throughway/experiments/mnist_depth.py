@@ -22,10 +22,11 @@ from .._io import environment_info, read_json
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import add_options, option, quick_config
+from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
-from .batching import project_batches, projection_markdown, run_batched
+from ..study.batching import project_batches, projection_markdown, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
-from .common import RunSpec, StudySummary, mean_std, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
@@ -41,13 +42,7 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "highway": ("mlp_highway", {"activation": "tanh", "gate_bias": -2.0}),
 }
 
-# gated-residual-v2 Table 1 (= v1 Table 2): test error (%), and Table 2 (= v1 Table 3): mean k.
-PAPER_TEST_ERROR: dict[str, dict[int, float]] = {
-    "plain": {2: 2.29, 10: 2.22, 20: 2.21, 50: 60.37, 100: 90.20},
-    "residual": {2: 2.20, 10: 1.64, 20: 1.61, 50: 1.62, 100: 1.50},
-    "gated": {2: 2.17, 10: 1.60, 20: 1.57, 50: 1.48, 100: 1.26},
-}
-PAPER_MEAN_K: dict[int, float] = {2: 5.58, 10: 2.54, 20: 1.73, 50: 1.04, 100: 0.67}
+# gated-residual-v2 Table 1 (test error, %) and Table 2 (mean k): study.papers.
 
 
 @dataclass(frozen=True)

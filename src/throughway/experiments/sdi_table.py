@@ -26,7 +26,7 @@ from typing import Any
 from .._io import atomic_write_json, environment_info
 from ..analysis.sdi import InitMoments, monte_carlo_sdi, paper_tsdi, sdi, sigmoid
 from ..study.options import option
-from .common import command_line, remake_report
+from ..study.runs import command_line, remake_report
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "PAPER_TABLE1", "linear_form"]

@@ -29,9 +29,9 @@ import torch
 from .._io import atomic_write_json, environment_info, read_json
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
-from .common import command_line, remake_report
-from .shortcut_common import (NETWORKS, BatchedGD, network_kwargs, optimal_linear_loss, stored_study,
-                              whitened_data)
+from ..study.runs import command_line, remake_report, stored_study
+from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whitened_data
+from ..train.full_batch import BatchedGD
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU"]
 

@@ -23,8 +23,10 @@ import torch
 
 from .._io import atomic_write_json, environment_info
 from ..study.options import option
-from .common import command_line, remake_report
-from .shortcut_common import BatchedGD, network_kwargs, stored_study, whitened_data
+from ..study.runs import command_line, remake_report
+from ..study.shortcut import network_kwargs, whitened_data
+from ..study.runs import stored_study
+from ..train.full_batch import BatchedGD
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 

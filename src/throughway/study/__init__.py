@@ -1,5 +1,9 @@
-"""What the experiments share: how an experiment declares its options (`options`), and the statistics
-and run scheduling of studies as they move here (issue 15)."""
+"""What the experiments share (issue 15): how an experiment declares its options (`options`),
+running a study's runs and its resume checks (`runs`), batching runs into stacked models
+(`batching`), the shortcut-network data and settings of the Demystifying studies (`shortcut`), the
+papers' reported numbers (`papers`), and the `analyze` command (`analyze`). `experiments` holds
+one module per paper table or figure, built from these.
+"""
 
 from .options import NO_QUICK, add_options, config_from_args, option, option_fields, quick_config
 

@@ -1,4 +1,4 @@
-"""Shared machinery of the experiments: running many independent runs, serially or in processes.
+"""Running a study's runs, and a study's resume checks (what every experiment shares).
 
 Runs of a study are independent, so `run_many` can spread them over worker processes (`jobs`),
 each limited to `threads` intra-op threads. For the MNIST studies' width-50 models per-operation
@@ -23,7 +23,8 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, read_json
 from ..train import RunConfig, run_training
 
-__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report", "StudySummary"]
+__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report", "StudySummary",
+           "stored_study", "check_same_settings"]
 
 
 @dataclass(frozen=True)
@@ -165,3 +166,38 @@ class StudySummary:
         atomic_write_json(self.path, summary)
         self.write_report()
         return summary
+
+
+def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resume: bool,
+                 legacy: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What a study stored in `out`/results.json, or None when there is none yet.
+
+    Raises FileExistsError when there is one and `resume` is False, and ValueError (see
+    `check_same_settings`) when it was computed with other values of `fields`; `legacy` gives the
+    value a field had in files written before it was recorded.
+    """
+    path = Path(out) / "results.json"
+    if not path.is_file():
+        return None
+    if not resume:
+        raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
+    stored = read_json(path)
+    check_same_settings({**(legacy or {}), **stored.get("config", {})}, config, fields, out)
+    return stored
+
+
+def check_same_settings(stored: dict[str, Any], config: Any, fields: Sequence[str], out: Any) -> None:
+    """Refuse to resume a study in `out` whose stored config differs from `config` in `fields`.
+
+    These are the settings that every finished cell depends on (a learning-rate grid, epochs, ...);
+    resuming with other values would mix cells computed under different settings in one table.
+    """
+    changed = []
+    for field in fields:
+        old, new = stored.get(field), getattr(config, field)
+        new = list(new) if isinstance(new, tuple) else new
+        if old != new:
+            changed.append(f"{field}: stored {old!r}, now {new!r}")
+    if changed:
+        raise ValueError(f"{out} was computed with other settings ({'; '.join(changed)}); "
+                         "use a new --out folder, or the stored settings, to resume")

@@ -96,7 +96,7 @@ def _test_suite_time(root: Path) -> str:
 
 def _mnist_depth_stem_dense_table(root: Path) -> str:
     """The one-seed study with the Dot-BN-ReLU first layer (the stem ablation), as its table.md."""
-    from . import mnist_depth
+    from .experiments import mnist_depth
 
     return mnist_depth.table_markdown(_json(root, "mnist-depth-stem-dense/results.json"))
 
@@ -215,7 +215,7 @@ def _highway_analysis_table(root: Path) -> str:
 # Section 3: distance to identity
 
 def _sdi_table(root: Path) -> str:
-    from .sdi_table import _form
+    from .experiments.sdi_table import _form
 
     summary = _json(root, "sdi/results.json")
     rows, eqs = summary["table1"], {e["layer"]: e for e in summary["equations"]}
@@ -246,7 +246,7 @@ def _sdi_table(root: Path) -> str:
 
 
 def _sdi_monte_carlo(root: Path) -> str:
-    from .sdi_table import _max_z
+    from .experiments.sdi_table import _max_z
 
     summary = _json(root, "sdi/results.json")
     return (f"Monte Carlo ({summary['config']['mc_samples']} draws of the real initialisers) agrees with the analytic "
@@ -478,7 +478,7 @@ def _hessian_figure3(root: Path) -> str:
 # Section 5: batched training and the highway search
 
 def _highway_depth_table(root: Path) -> str:
-    from . import highway_depth
+    from .experiments import highway_depth
 
     # The title, the loss table and the verdict table; the settings notes under them stay in table.md.
     return "\n\n".join(highway_depth.table_markdown(_json(root, "highway-depth/results.json")).split("\n\n")[:3])
@@ -487,7 +487,7 @@ def _highway_depth_table(root: Path) -> str:
 def _highway_depth_text(root: Path) -> str:
     import statistics
 
-    from . import highway_depth
+    from .experiments import highway_depth
 
     summary = _json(root, "highway-depth/results.json")
     config = summary["config"]

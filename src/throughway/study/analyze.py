@@ -35,8 +35,8 @@ from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, 
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
 from ..models import create_model, with_legacy_config
 from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
-from .common import command_line, mean_std
-from .mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
+from .runs import command_line, mean_std
+from .papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 
 __all__ = ["COMMANDS", "load_run", "redraw", "analyze_gates", "analyze_prune", "analyze_highway", "analyze_lesion",
            "GATES_FILE", "PRUNE_FILE", "HIGHWAY_FILE", "LESION_FILE"]

@@ -23,7 +23,7 @@ from ..data import DataSplits, Split, load_dataset
 from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
                              train_batched)
 from ..train.runner import build_model, resolve_recipe
-from .common import RunSpec, prepare_data
+from .runs import RunSpec, prepare_data
 
 __all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown"]
 
