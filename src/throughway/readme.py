@@ -101,6 +101,28 @@ def _mnist_depth_stem_dense_table(root: Path) -> str:
     return mnist_depth.table_markdown(_json(root, "mnist-depth-stem-dense/results.json"))
 
 
+def _mnist_depth_table(root: Path) -> str:
+    """The 5-seed study with the paper's first layer, as its table.md (finished or not)."""
+    from .experiments import mnist_depth
+
+    return mnist_depth.table_markdown(_json(root, "mnist-depth/results.json"))
+
+
+def _mnist_depth_findings(root: Path) -> str:
+    """The 5-seed study's findings against the paper (`mnist_depth.findings_markdown`)."""
+    from .experiments import mnist_depth
+
+    return mnist_depth.findings_markdown(_json(root, "mnist-depth/results.json"))
+
+
+def _mnist_depth_stem_ablation(root: Path) -> str:
+    """The 5-seed study (linear first layer) beside the one-seed Dot-BN-ReLU study."""
+    from .experiments import mnist_depth
+
+    return mnist_depth.stem_ablation_markdown(_json(root, "mnist-depth/results.json"),
+                                              _json(root, "mnist-depth-stem-dense/results.json"))
+
+
 def _mnist_depth_stem_dense_k_ratio(root: Path) -> str:
     """The range over depths of paper's mean k / our mean k in the stem ablation, e.g. "3.0–6.7"."""
     summary = _json(root, "mnist-depth-stem-dense/results.json")
@@ -654,6 +676,9 @@ def _batched_step(root: Path) -> str:
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "main-job-time": _main_job_time,
     "test-suite-time": _test_suite_time,
+    "mnist-depth-table": _mnist_depth_table,
+    "mnist-depth-findings": _mnist_depth_findings,
+    "mnist-depth-stem-ablation": _mnist_depth_stem_ablation,
     "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
     "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,

@@ -29,7 +29,7 @@ from ..report.stats import SIGNIFICANCE, paired_t_test
 from ..study.runs import RunSpec, StudySummary, mean_std, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
-           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
+           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
 
 NAME = "mnist-depth"
 DESCRIPTION = "gated-residual-v2 Table 1 and 2, figure 4: plain / residual / gated (and highway) MLPs on MNIST, d = 2..100"
@@ -315,6 +315,52 @@ def table_markdown(summary: dict[str, Any]) -> str:
     if "highway" in archs:
         notes.append("highway: not in the paper's table; tanh H, gate bias −2, dense first layer, same recipe.")
     return "\n".join(lines + [""] + notes) + "\n"
+
+
+def findings_markdown(summary: dict[str, Any]) -> str:
+    """What the study's finished cells say against the paper, as a markdown list: per architecture,
+    the depths where Table 1's error lies within our seeds' range and where it is below or above
+    it; Table 2's mean k against ours; and per depth the paired gated − residual verdict (p < 0.05).
+    Only cells with at least two finished seeds are judged."""
+    config = summary["config"]
+    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    lines = []
+    for arch in [a for a in config["archs"] if a in PAPER_TEST_ERROR]:
+        inside, below, above = [], [], []
+        for depth in config["depths"]:
+            cell = by.get((arch, depth))
+            values = [r["test_error_pct"] for r in (cell or {}).get("per_seed", [])]
+            paper = PAPER_TEST_ERROR[arch].get(depth)
+            if len(values) < 2 or paper is None:
+                continue
+            if min(values) <= paper <= max(values):
+                inside.append(str(depth))
+            elif paper < min(values):
+                below.append(f"{depth} (ours {min(values):.2f}–{max(values):.2f}, paper {paper:.2f})")
+            else:
+                above.append(f"{depth} (ours {min(values):.2f}–{max(values):.2f}, paper {paper:.2f})")
+        parts = [f"within our seeds' range at d = {', '.join(inside)}" if inside else "",
+                 f"below every seed of ours at d = {'; '.join(below)}" if below else "",
+                 f"above every seed of ours at d = {'; '.join(above)}" if above else ""]
+        text = "; ".join(p for p in parts if p)
+        lines.append(f"- **{arch}**, Table 1's error: {text or 'no depth with two finished seeds yet'}.")
+    ratios = []
+    for depth in config["depths"]:
+        cell = by.get(("gated", depth))
+        if cell and cell["k_mean"]["n"] >= 2 and cell["k_mean"]["mean"] and PAPER_MEAN_K.get(depth):
+            ratios.append((depth, PAPER_MEAN_K[depth] / cell["k_mean"]["mean"], cell["k_mean"]))
+    if ratios:
+        lines.append("- **Mean k** (Table 2 / ours): " + ", ".join(
+            f"d = {d}: {r:.2f} (ours {k['mean']:.2f} ± {k['std']:.2f})" for d, r, k in ratios) + ".")
+    for row in summary.get("comparisons") or []:
+        if len(row["seeds"]) < 2:
+            continue
+        last, tail = row["test_error_pct"], row["test_error_last10_pct"]
+        lines.append(f"- **d = {row['depth']}, gated − residual** over {len(row['seeds'])} seeds: last epoch "
+                     f"{last['mean_difference']:+.3f} points (p = {_format_p(last['p_value'])}: {last['verdict']}); "
+                     f"mean of the last 10 epochs {tail['mean_difference']:+.3f} (p = {_format_p(tail['p_value'])}: "
+                     f"{tail['verdict']}).")
+    return "\n".join(lines) + "\n" if lines else "- No cell has two finished seeds yet.\n"
 
 
 def _num(value: float | None) -> str:

@@ -1,0 +1,55 @@
+"""The MNIST depth study's report (issue 12): per-seed statistics, the paired test and the findings."""
+
+from __future__ import annotations
+
+from throughway.experiments.mnist_depth import (PAPER_TEST_ERROR, findings_markdown, middle_minus_ends,
+                                                paired_comparisons, table_markdown)
+from throughway.report.stats import paired_t_test
+from throughway.study.runs import mean_std
+
+
+def _cell(arch, depth, errors, ks=None):
+    per_seed = [{"seed": s, "test_error_pct": e, "test_error_last10_pct": e + 0.01,
+                 "k_mean": (ks[s] if ks else None), "k": None, "dead_gates": None, "k_middle_minus_ends": None}
+                for s, e in enumerate(errors)]
+    return {"arch": arch, "depth": depth, "per_seed": per_seed, "test_error_pct": mean_std(errors),
+            "test_error_best_pct": min(errors), "test_error_last10_pct": mean_std([e + 0.01 for e in errors]),
+            "k_mean": mean_std(ks or []), "k_middle_minus_ends": mean_std([]),
+            "runs": [{"run": f"{arch}-d{depth}-s{s}", "state": "finished", "epochs": 3} for s in range(len(errors))],
+            "paper_test_error_pct": PAPER_TEST_ERROR[arch][depth], "paper_k_mean": 0.67 if arch == "gated" else None}
+
+
+def _summary():
+    cells = [_cell("residual", 100, [1.9, 2.0, 2.1, 2.0, 1.95]),
+             _cell("gated", 100, [1.2, 1.3, 1.25, 1.28, 1.22], ks=[0.6, 0.7, 0.65, 0.7, 0.66])]
+    summary = {"config": {"depths": [100], "archs": ["residual", "gated"], "epochs": 3, "seeds": 5, "stem": "linear",
+                          "recipe": "gresnet-mnist", "train_on_full": True, "limit": None}, "cells": cells}
+    summary["comparisons"] = paired_comparisons(summary)
+    return summary
+
+
+def test_paired_comparison_pairs_by_seed_and_gives_a_verdict():
+    row = _summary()["comparisons"][0]
+    assert row["seeds"] == [0, 1, 2, 3, 4]
+    expected = paired_t_test([1.2, 1.3, 1.25, 1.28, 1.22], [1.9, 2.0, 2.1, 2.0, 1.95])
+    assert row["test_error_pct"]["p_value"] == expected.p_value < 0.05
+    assert row["test_error_pct"]["verdict"] == "gated better"
+
+
+def test_findings_say_where_the_papers_number_lies():
+    text = findings_markdown(_summary())
+    # the paper's 1.26 lies within the gated seeds' 1.20–1.30; its 1.50 is below every residual seed
+    assert "**gated**, Table 1's error: within our seeds' range at d = 100" in text
+    assert "**residual**, Table 1's error: below every seed of ours at d = 100 (ours 1.90–2.10, paper 1.50)" in text
+    assert "d = 100, gated − residual** over 5 seeds" in text and "gated better" in text
+    assert "Mean k** (Table 2 / ours): d = 100: 1.01" in text
+
+
+def test_table_shows_mean_std_best_and_the_test():
+    text = table_markdown(_summary())
+    assert "| 100 | 1.50 | 1.99 ± 0.07 | 1.90 | 1.26 | 1.25 ± 0.04 | 1.20 |" in text
+    assert "paired" in text and "gated better" in text
+
+
+def test_middle_minus_ends_sees_a_dip_in_the_middle():
+    assert middle_minus_ends([1.0, 1.0, 0.1, 0.1, 1.0, 1.0]) < 0 < middle_minus_ends([0.1, 0.1, 1.0, 1.0, 0.1, 0.1])
