@@ -1,0 +1,377 @@
+"""N small models of one shape held as stacked tensors: `StackedModels`, the batched model that
+`train.batched` drives (issue 15: the stacked *model*; its optimiser is `train.stacked_optim`).
+
+Activations are held feature-major, (N models, C channels, B samples), so that every Linear is one
+`torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view without a copy.
+Parameters live in one flat (N, P) matrix whose per-parameter views autograd fills in place.
+Plain, residual and gated residual MLPs of one depth share the gated residual layout
+(`canonical_name`) with a per-model shortcut and gate mask, so the gated residual paper's three
+architectures of one depth train as one stack (issue 16).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence, cast
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
+from ..layers.gates import GATE_FUNCTIONS
+from ..models import create_model
+
+__all__ = ["StackedModels", "backward", "canonical_name", "own_name", "SUPPORTED_MODELS", "MIXABLE_MODELS"]
+
+SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented")
+# The gated residual paper's three MLPs of one depth share every Linear and BatchNorm shape and differ
+# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one batch can hold all three
+# (issue 16). Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
+MIXABLE_MODELS: dict[str, tuple[bool, bool]] = {"mlp_plain": (False, False), "mlp_residual": (True, False),
+                                               "mlp_gated_residual": (True, True)}
+_MIXED_FAMILY = "mlp_plain|mlp_residual|mlp_gated_residual"
+_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+
+
+def backward(loss: torch.Tensor) -> None:
+    """`loss.backward()` without autograd's warning about the gradient layout: parameters and their
+    gradients are views into the flat (N, P) matrices on purpose (see StackedModels), and autograd
+    accumulates into them in place all the same."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LAYOUT_WARNING)
+        loss.backward()
+
+# ----------------------------------------------------------------------------------------------
+# The stacked model
+# ----------------------------------------------------------------------------------------------
+
+def _structure(module: nn.Module) -> list[str]:
+    """A description of the module tree that must be equal for models to be stacked."""
+    out = []
+    for name, m in module.named_modules():
+        extra = ""
+        if isinstance(m, ScalarGate):
+            extra = m.function
+        elif isinstance(m, nn.BatchNorm1d):
+            extra = f"{m.momentum},{m.eps},{m.affine},{m.track_running_stats}"
+        out.append(f"{name}:{type(m).__name__}:{extra}")
+    return out
+
+
+def canonical_name(kind: str, name: str) -> str:
+    """The name of a plain/residual/gated MLP's tensor in a mixed batch (the gated residual layout):
+    plain layer j's `blocks.j.branch.X` is `blocks.{j // 2}.branch.{j % 2}.X`; others are unchanged."""
+    if kind == "mlp_plain" and name.startswith("blocks.") and ".branch." in name:
+        _, layer, rest = name.split(".", 2)
+        j = int(layer)
+        return f"blocks.{j // 2}.branch.{j % 2}.{rest[len('branch.'):]}"
+    return name
+
+
+def own_name(kind: str, name: str) -> str:
+    """The inverse of `canonical_name`: a mixed batch's tensor name as model kind `kind` calls it."""
+    if kind == "mlp_plain" and name.startswith("blocks."):
+        _, block, _branch, half, rest = name.split(".", 4)
+        return f"blocks.{2 * int(block) + int(half)}.branch.{rest}"
+    return name
+
+
+def _config_of(model: nn.Module) -> dict[str, Any]:
+    """The `model.config` that create_model attaches ({} when there is none)."""
+    return cast(dict[str, Any], getattr(model, "config", {}))
+
+
+def _mixed_template(models: Sequence[nn.Module]) -> nn.Module:
+    # The gated residual layout: a gated model of the batch, else one built with the batch's shape.
+    for m in models:
+        if _config_of(m)["name"] == "mlp_gated_residual":
+            return m
+    config = {k: v for k, v in _config_of(models[0]).items() if k != "name"}
+    if config.get("depth", 0) % 2:
+        raise ValueError(f"depth={config.get('depth')}: plain nets join residual ones in a batch only at even depth")
+    return create_model("mlp_gated_residual", **config)
+
+
+def _leaves(model: nn.Module, kind: str) -> dict[str, str]:
+    """Every leaf module (layer, norm, activation) under its canonical name, with what defines it."""
+    out: dict[str, str] = {}
+    for name, m in model.named_modules():
+        if next(m.children(), None) is not None or not name or name.endswith((".gate", ".shortcut")):
+            continue  # containers; gates and shortcuts are what the masks stand for
+        extra = f"{m.momentum},{m.eps}" if isinstance(m, nn.BatchNorm1d) else ""
+        if isinstance(m, nn.Linear):
+            extra = f"{m.in_features},{m.out_features},{m.bias is not None}"
+        out[canonical_name(kind, name)] = f"{type(m).__name__}({extra})"
+    return out
+
+
+def _check_mixable(template: nn.Module, model: nn.Module, i: int) -> None:
+    kind = str(_config_of(model)["name"])
+    want, have = _leaves(template, "mlp_gated_residual"), _leaves(model, kind)
+    gates = {m.function for m in model.modules() if isinstance(m, ScalarGate)}
+    template_gates = {m.function for m in template.modules() if isinstance(m, ScalarGate)}
+    differing = sorted(n for n in set(want) | set(have) if want.get(n) != have.get(n))
+    if differing or (gates and gates != template_gates):
+        raise ValueError(f"model {i} ({kind}) does not fit the batch's gated residual layout (differs at "
+                         f"{differing[:3] or sorted(gates)}); a mixed batch holds plain, residual and gated residual "
+                         f"MLPs of one depth, width, norm, activation, stem and gate function")
+
+
+class StackedModels:
+    """N models of one shape held as stacked tensors; `forward` computes all N at once.
+
+    Parameters live in one flat matrix `flat` (N, P) (row i is model i's parameters in
+    `named_parameters` order) and are seen through per-parameter leaf views (N, *shape) whose
+    `.grad` are views into the flat gradient matrix `grad` (N, P), so that autograd accumulates
+    straight into it and the optimiser works on two large tensors. BatchNorm running statistics are
+    (N, C) tensors; `steps` counts training-mode forward passes (BatchNorm's num_batches_tracked).
+    """
+
+    def __init__(self, models: Sequence[nn.Module], device: str | torch.device = "cpu") -> None:
+        if not models:
+            raise ValueError("StackedModels needs at least one model")
+        kinds = [str(_config_of(m).get("name")) for m in models]
+        # Plain, residual and gated residual MLPs in one batch: all are held in the gated residual
+        # layout (`canonical_name`), with a per-model shortcut and gate mask (module docstring).
+        self.mixed = len(set(kinds)) > 1 and all(k in MIXABLE_MODELS for k in kinds)
+        self.kinds = list(kinds)
+        template = _mixed_template(models) if self.mixed else models[0]
+        structure = _structure(template)
+        for i, m in enumerate(models):
+            if self.mixed:
+                _check_mixable(template, m, i)
+            elif i and _structure(m) != structure:
+                raise ValueError(f"model {i} differs in structure from model 0; a batch holds models of one shape "
+                                 f"(or plain, residual and gated residual MLPs of one shape: {list(MIXABLE_MODELS)})")
+        self.template = template
+        self.device = torch.device(device)
+        self.names = [n for n, _ in template.named_parameters()]
+        self.shapes = {n: tuple(p.shape) for n, p in template.named_parameters()}
+        self.offsets: dict[str, int] = {}
+        total = 0
+        for n in self.names:
+            self.offsets[n] = total
+            total += math.prod(self.shapes[n]) if self.shapes[n] else 1
+        self.size = total
+        states = [self._canonical_state(i, m) for i, m in enumerate(models)]
+        with torch.no_grad():
+            self.flat = torch.stack([torch.cat([st[n].detach().reshape(-1) for n in self.names]) for st in states]
+                                    ).to(self.device).contiguous()
+        self.grad = torch.zeros_like(self.flat)
+        self.bn_names = [n for n, m in template.named_modules()
+                         if isinstance(m, nn.BatchNorm1d) and m.track_running_stats]
+        if any(isinstance(m, nn.BatchNorm1d) and not m.track_running_stats for m in template.modules()):
+            raise ValueError("BatchNorm without running statistics is not supported by batched training")
+        self.running: dict[str, torch.Tensor] = {}
+        for n in self.bn_names:
+            for key in ("running_mean", "running_var"):
+                self.running[f"{n}.{key}"] = torch.stack(
+                    [st[f"{n}.{key}"].detach() for st in states]).to(self.device).contiguous()
+        self.steps = torch.tensor([int(st[f"{n}.num_batches_tracked"]) for st in states
+                                   for n in self.bn_names[:1]] or [0] * len(models), dtype=torch.long)
+        self._make_masks()
+        self._make_views()
+
+    def _canonical_state(self, i: int, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Model i's parameters and buffers under the template's names (a k of 1 where it has no gate)."""
+        own = dict(model.state_dict())
+        if not self.mixed:
+            return own
+        out = {canonical_name(self.kinds[i], name): value for name, value in own.items()}
+        for name in self.names:
+            if name not in out:  # the k of a block without a gate: held, masked, never trained
+                out[name] = torch.ones(self.shapes[name])
+        return out
+
+    def _make_masks(self) -> None:
+        # (N, 1, 1): 1 where model i's blocks add their input (residual, gated), 0 for plain; True
+        # where its blocks scale the branch by g(k) (gated), False where by 1.
+        flags = [MIXABLE_MODELS[k] if self.mixed else (True, True) for k in self.kinds]
+        self.shortcut_mask = torch.tensor([float(f[0]) for f in flags], device=self.device).view(-1, 1, 1)
+        self.gate_mask = torch.tensor([f[1] for f in flags], device=self.device).view(-1, 1, 1)
+
+    def has_gates(self, position: int) -> bool:
+        """Whether the model at `position` has scalar gates k of its own (records k, saves k)."""
+        return bool(self.scalar_gate_names()) and (not self.mixed or MIXABLE_MODELS[self.kinds[position]][1])
+
+    @property
+    def n(self) -> int:
+        """The number of models in the stack."""
+        return self.flat.shape[0]
+
+    def _make_views(self) -> None:
+        self.params: dict[str, torch.Tensor] = {}
+        n = self.flat.shape[0]
+        for name in self.names:
+            o, shape = self.offsets[name], self.shapes[name]
+            size = math.prod(shape) if shape else 1
+            leaf = self.flat[:, o:o + size].view(n, *shape).detach().requires_grad_(True)
+            leaf.grad = self.grad[:, o:o + size].view(n, *shape)
+            self.params[name] = leaf
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only the models at positions `keep` (in that order); used to drop diverged models."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+        self.flat = self.flat.index_select(0, index).contiguous()
+        self.grad = torch.zeros_like(self.flat)
+        self.running = {k: v.index_select(0, index).contiguous() for k, v in self.running.items()}
+        self.steps = self.steps.index_select(0, index.cpu())
+        self.kinds = [self.kinds[i] for i in keep]
+        self._make_masks()
+        self._make_views()
+
+    # -- per-model state ------------------------------------------------------------------------
+    def state_dict_of(self, i: int, snap: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Model i's state dict (parameters and buffers, CPU copies), loadable into the template's class;
+        from `snap` (a `snapshot`) instead of the live tensors when given."""
+        out: dict[str, torch.Tensor] = {}
+        flat = snap["flat"] if snap is not None else self.flat
+        running = {k: snap[f"running.{k}"] for k in self.running} if snap is not None else self.running
+        steps = snap["steps"] if snap is not None else self.steps
+        row = flat[i].detach().to("cpu")
+        for name in self.names:
+            o, shape = self.offsets[name], self.shapes[name]
+            size = math.prod(shape) if shape else 1
+            out[name] = row[o:o + size].view(shape).clone()
+        for n in self.bn_names:
+            out[f"{n}.running_mean"] = running[f"{n}.running_mean"][i].detach().to("cpu").clone()
+            out[f"{n}.running_var"] = running[f"{n}.running_var"][i].detach().to("cpu").clone()
+            out[f"{n}.num_batches_tracked"] = steps[i].clone()
+        if self.mixed:  # back to the model's own names; a k it does not have is dropped
+            kind = self.kinds[i]
+            out = {own_name(kind, n): v for n, v in out.items()
+                   if MIXABLE_MODELS[kind][1] or not n.endswith(".gate.k")}
+        return out
+
+    def load_state_of(self, i: int, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite model i's parameters and buffers with `state` (from `state_dict_of`)."""
+        if self.mixed:
+            kind = self.kinds[i]
+            state = {canonical_name(kind, n): v for n, v in state.items()}
+            for name in self.names:
+                state.setdefault(name, torch.ones(self.shapes[name]))
+        with torch.no_grad():
+            for name in self.names:
+                o, shape = self.offsets[name], self.shapes[name]
+                size = math.prod(shape) if shape else 1
+                self.flat[i, o:o + size].copy_(state[name].reshape(-1))
+            for n in self.bn_names:
+                self.running[f"{n}.running_mean"][i].copy_(state[f"{n}.running_mean"])
+                self.running[f"{n}.running_var"][i].copy_(state[f"{n}.running_var"])
+                self.steps[i] = int(state[f"{n}.num_batches_tracked"])
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Copies of every stacked tensor (parameters, running statistics, step counts)."""
+        out = {"flat": self.flat.detach().clone(), "steps": self.steps.clone()}
+        out.update({f"running.{k}": v.clone() for k, v in self.running.items()})
+        return out
+
+    def restore(self, snap: dict[str, torch.Tensor]) -> None:
+        """Load a `snapshot` (same models, same order)."""
+        with torch.no_grad():
+            self.flat.copy_(snap["flat"])
+            self.steps.copy_(snap["steps"])
+            for k, v in self.running.items():
+                v.copy_(snap[f"running.{k}"])
+
+    def scalar_gate_names(self) -> list[str]:
+        """Names of the scalar gates' k parameters, in block order (as `scalar_gate_values`)."""
+        return [f"{n}.k" for n, m in self.template.named_modules() if isinstance(m, ScalarGate)]
+
+    # -- forward --------------------------------------------------------------------------------
+    # Activations are held feature-major, (N, C, B): each Linear is then one baddbmm W·h (+ b) whose
+    # output is already the (1, N·C, B) layout that F.batch_norm reduces over its last dimension
+    # without a copy, and the (N, classes, B) logits feed F.cross_entropy directly. The batch-major
+    # layout (N, B, C) needed a transposing copy around every BatchNorm, forward and backward
+    # (benchmarks/batched_throughput.py measures the step).
+    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        """Logits (N, B, classes) of every model (a view of `forward_logits`'s result)."""
+        return self.forward_logits(x, training).transpose(1, 2)
+
+    def forward_logits(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        """Logits (N, classes, B) of every model: `x` is (N, B, features) (each model its own batch)
+        or (B, features) (one batch for all, as in evaluation). In training mode BatchNorm uses batch
+        statistics and updates each model's running statistics, as nn.BatchNorm1d does."""
+        self._training = training
+        if training and self.bn_names:
+            self.steps += 1
+        if x.dim() == 3:
+            x = x.transpose(1, 2)  # (N, features, B): a strided view that the batched product reads as is
+        return self._module(self.template, "", x)
+
+    def _linear(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        w = self.params[f"{prefix}weight"]
+        b = self.params.get(f"{prefix}bias")
+        n, out_features, in_features = w.shape
+        if x.dim() == 2:  # one input batch (B, in) for every model: a single matrix product
+            y = torch.mm(w.reshape(n * out_features, in_features), x.t())
+            if b is not None:
+                y = y + b.reshape(-1, 1)
+            return y.view(n, out_features, x.shape[0])
+        if b is None:
+            return torch.bmm(w, x)
+        return torch.baddbmm(b.unsqueeze(2), w, x)
+
+    def _batch_norm(self, prefix: str, module: nn.BatchNorm1d, x: torch.Tensor) -> torch.Tensor:
+        n, channels, batch = x.shape
+        # (1, N·C, B): BatchNorm's statistics over the batch, one per model and channel.
+        w = self.params.get(f"{prefix}weight")
+        b = self.params.get(f"{prefix}bias")
+        h = F.batch_norm(x.reshape(1, n * channels, batch), self.running[f"{prefix}running_mean"].view(-1),
+                         self.running[f"{prefix}running_var"].view(-1),
+                         w.reshape(-1) if w is not None else None, b.reshape(-1) if b is not None else None,
+                         self._training, cast(float, module.momentum), module.eps)
+        return h.view(n, channels, batch)
+
+    def _gate(self, prefix: str, gate: ScalarGate) -> torch.Tensor:
+        return GATE_FUNCTIONS[gate.function](self.params[f"{prefix}k"]).view(-1, 1, 1)
+
+    def _module(self, m: nn.Module, prefix: str, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(m, nn.Linear):
+            return self._linear(prefix, x)
+        if isinstance(m, nn.Sequential):
+            for name, child in m.named_children():
+                x = self._module(child, f"{prefix}{name}.", x)
+            return x
+        if isinstance(m, nn.ReLU):
+            return torch.relu(x)
+        if isinstance(m, nn.Tanh):
+            return torch.tanh(x)
+        if isinstance(m, nn.Identity):
+            return x
+        if isinstance(m, nn.BatchNorm1d):
+            return self._batch_norm(prefix, m, x)
+        if isinstance(m, PlainBlock):
+            return self._module(m.branch, f"{prefix}branch.", x)
+        if isinstance(m, ResidualBlock):
+            if not isinstance(m.shortcut, nn.Identity):
+                raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
+            out = self._module(m.branch, f"{prefix}branch.", x)
+            if self.mixed:  # u = s·x + g·f_r(x): s = 0 for plain nets, g = 1 for ungated ones
+                g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", cast(ScalarGate, m.gate)), 1.0)
+                return torch.addcmul(x * self.shortcut_mask, g, out)
+            if isinstance(m.gate, ScalarGate):
+                return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate), out)  # x + g(k)·f_r(x), one pass
+            return out + x
+        if isinstance(m, AugmentedLayer):
+            g = self._gate(f"{prefix}gate.", m.gate)
+            return g * self._module(m.branch, f"{prefix}branch.", x) + (1.0 - g) * x
+        if isinstance(m, HighwayLayer):
+            if not isinstance(m.gate, TransformGate):
+                raise TypeError(f"{prefix}gate: batched training supports TransformGate only")
+            if x.dim() == 2:  # one shared input batch (B, C): every model's copy of it, feature-major
+                x = x.t().unsqueeze(0).expand(self.n, *x.t().shape)
+            t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x))
+            h = self._module(m.branch, f"{prefix}branch.", x)
+            # Highway eq. 3, H·T + x·(1 − T), computed as x + T·(H − x): the same value up to rounding
+            # in two elementwise passes instead of four (forward and backward alike).
+            return torch.addcmul(x, t, h - x)
+        if hasattr(m, "stem") and hasattr(m, "blocks") and hasattr(m, "head"):  # the MLP family
+            h = self._module(cast(nn.Module, m.stem), "stem.", x)
+            for i, block in enumerate(cast(nn.ModuleList, m.blocks)):
+                h = self._module(block, f"blocks.{i}.", h)
+            return self._module(cast(nn.Module, m.head), "head.", h)
+        raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by batched training "
+                        f"(supported models: {list(SUPPORTED_MODELS)})")
