@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--amp", action="store_true", help="bf16 autocast for the training forward pass")
     train.add_argument("--channels-last", action="store_true", help="NHWC memory format (conv nets)")
     train.add_argument("--compile", action="store_true", help="train through torch.compile(model)")
+    train.add_argument("--tensorboard", action="store_true",
+                       help="also write TensorBoard event files into --out (needs: pip install 'throughway[tensorboard]')")
     train.add_argument("--eval-batch-size", type=_positive_int,
                        help="images per evaluation forward (default 10000; e.g. 1000 for WRN-28-10 on a GPU)")
     _add_common(train)
@@ -246,6 +248,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     # Everything cheap is checked before the data is read or anything is written.
     check_device(args.device)
+    if args.tensorboard:
+        from .train.callbacks import require_tensorboard
+
+        try:
+            require_tensorboard()
+        except ImportError as exc:
+            raise ValueError(f"--tensorboard: {exc}") from None
     _check_recipe_options(args)
     model_kwargs: dict[str, Any] = {}
     for option, key in (("width", "width"), ("k_init", "k_init"), ("gate_bias", "gate_bias"),
@@ -277,7 +286,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, device=device)
     main_process = distributed.is_main_process()
     try:
-        results = run_training(config, out, resume=args.resume, progress=not args.quiet)
+        results = run_training(config, out, resume=args.resume, progress=not args.quiet, tensorboard=args.tensorboard)
     finally:
         distributed.cleanup()
     if not main_process or results.get("final") is None:

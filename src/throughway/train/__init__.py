@@ -1,19 +1,25 @@
-"""Training: recipes, the loop (fit / evaluate), checkpoints and single runs."""
+"""Training: recipes, the loop (fit / evaluate) and its callbacks, checkpoints and single runs."""
 
+from .callbacks import METRICS_FILE, MetricsCSV, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
 from .checkpoint import load_model, save_model
 from .flat import FlatOptimizer
-from .loop import History, TrainState, evaluate, fit
+from .loop import Callback, History, TrainState, evaluate, fit
 from .recipes import RECIPES, Recipe, build_optimizer, get_recipe, learning_rate_at, list_recipes, parameter_groups
 from .runner import RESULTS_FILE, RunConfig, RunExistsError, read_results, run_training
 
 __all__ = [
+    "Callback",
     "FlatOptimizer",
     "History",
+    "METRICS_FILE",
+    "MetricsCSV",
+    "ProgressPrinter",
     "RECIPES",
     "RESULTS_FILE",
     "Recipe",
     "RunConfig",
     "RunExistsError",
+    "TensorBoardLogger",
     "TrainState",
     "build_optimizer",
     "evaluate",
@@ -23,7 +29,9 @@ __all__ = [
     "list_recipes",
     "load_model",
     "parameter_groups",
+    "read_metrics_csv",
     "read_results",
     "run_training",
     "save_model",
+    "write_metrics_csv",
 ]

@@ -64,6 +64,7 @@ from torch.nn import functional as F
 from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_object, sha256_file
 from ..data import DataSplits, Split, load_dataset
 from ..models import create_model, with_legacy_config
+from .callbacks import write_metrics_csv
 from .checkpoint import MODEL_FILE, save_model
 from .loop import History
 from .recipes import Recipe, learning_rate_at
@@ -315,6 +316,7 @@ def _write_results(member: _Member, final: bool) -> None:
     member.results["diverged_at"] = member.history.diverged_at
     member.results["final"] = final_summary(member.history) if final else None
     atomic_write_json(member.out_dir / RESULTS_FILE, member.results)
+    write_metrics_csv(member.out_dir, member.history.epochs)  # as run_training writes it
 
 
 def _save_member_model(member: _Member, state: dict[str, torch.Tensor]) -> None:
@@ -328,7 +330,8 @@ def _save_member_model(member: _Member, state: dict[str, torch.Tensor]) -> None:
 def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
                   resume: bool = False, progress: bool = True, data: DataSplits | None = None,
                   state_dir: str | os.PathLike[str] | None = None, checkpoint: bool = True,
-                  eval_chunk: int = _EVAL_CHUNK, compile: bool = False) -> list[dict[str, Any]]:
+                  eval_chunk: int = _EVAL_CHUNK, compile: bool = False,
+                  label: str | None = None) -> list[dict[str, Any]]:
     """Train the models of `configs` together, model i writing its run directory `out_dirs[i]`;
     return their results dicts (those of `run_training`).
 
@@ -341,6 +344,8 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     backward and over the optimiser's update (minutes of compilation per batch, again once when a
     diverged model first leaves it; worth it only for long batches: measure with
     benchmarks/batched_throughput.py --compile).
+    `label` starts every progress line of the batch as `[label]` (default: the first and last run
+    directories' names, `first..last`), so that batches trained in parallel can be told apart.
     """
     if len(configs) != len(out_dirs) or not configs:
         raise ValueError(f"configs ({len(configs)}) and out_dirs ({len(out_dirs)}) must be equally long and non-empty")
@@ -359,13 +364,15 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         for d in dirs:
             locks.enter_context(RunDir(d).locked())
         RunDir(state_path).clean_tmp()
+        if label is None:
+            label = dirs[0].name if len(dirs) == 1 else f"{dirs[0].name}..{dirs[-1].name}"
         return _train_locked(configs, dirs, recipes, state_path, resume=resume, progress=progress, data=data,
-                             checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile)
+                             checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile, label=label)
 
 
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
                   resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
-                  compile: bool) -> list[dict[str, Any]]:
+                  compile: bool, label: str) -> list[dict[str, Any]]:
     saved = _load_state(state_path) if (resume and checkpoint) else None
 
     results: list[dict[str, Any] | None] = [None] * len(configs)
@@ -427,7 +434,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             members[i].generator.set_state(tensors[f"generator.{i}"])
         epoch = int(meta["epoch"])
         if progress:
-            print(f"  resuming batch {state_path} after epoch {epoch} ({len(active)} models active)",
+            print(f"[{label}] resuming batch {state_path} after epoch {epoch} ({len(active)} models active)",
                   file=sys.stderr, flush=True)
     else:
         active = list(todo)
@@ -465,7 +472,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             m.done = True
             _write_results(m, final=True)
             if progress:
-                print(f"  {m.out_dir.name}: diverged in epoch {epoch + 1} (loss {m.history.diverged_at['loss']}); "
+                print(f"[{label}] {m.out_dir.name}: diverged in epoch {epoch + 1} (loss {m.history.diverged_at['loss']}); "
                       f"history kept", file=sys.stderr, flush=True)
         if diverged_pos:
             keep = [pos for pos in range(k) if pos not in set(diverged_pos)]
@@ -496,7 +503,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                 _write_results(m, final=False)
             if progress:
                 best = min(range(len(active)), key=lambda p: sums[p])
-                print(f"  batch of {len(active)}: epoch {epoch + 1:>3}/{recipe0.epochs} train loss "
+                print(f"[{label}] batch of {len(active)}: epoch {epoch + 1:>3}/{recipe0.epochs} train loss "
                       f"{min(sums) / seen:.4g}..{max(sums) / seen:.4g} (best {members[active[best]].out_dir.name}) "
                       f"({epoch_time:.1f}s)", file=sys.stderr, flush=True)
         epoch += 1

@@ -42,7 +42,7 @@ CHECKPOINT_FILE = re.compile(r"checkpoint-e\d{4}\.safetensors")
 BATCH_FILE = re.compile(r"batch-e\d{4}\.safetensors")
 # atomic_write_bytes' temporary files, mkstemp(prefix=".<name>.", suffix=".tmp"), of the files the
 # toolkit writes into a run directory (a user's own .tmp files are left alone).
-_TMP_FILE = re.compile(r"\.(results\.json|checkpoint\.json|model\.safetensors|checkpoint-e\d{4}\.safetensors|"
+_TMP_FILE = re.compile(r"\.(results\.json|metrics\.csv|checkpoint\.json|model\.safetensors|checkpoint-e\d{4}\.safetensors|"
                        r"\.lock\.json|batch\.json|batch-e\d{4}\.safetensors)\.[A-Za-z0-9_]{8}\.tmp")
 # A lock file is read only to name the holder in a message; a larger one is not ours.
 MAX_HOLDER_BYTES = 4096

@@ -8,6 +8,10 @@ directory holds:
   `diverged`/`diverged_at`, and `final` (None until the run ends; then `test_error_pct`,
   `val_error_pct`, `train_loss`, `k_mean`, `diverged`, `epochs_completed`). It is rewritten
   atomically after every epoch, so a crashed run still shows its history.
+* metrics.csv: one row per epoch, every metric of the history's records (`callbacks.metrics_table`),
+  rewritten atomically with results.json, so it resumes with the run and holds each epoch once.
+* with `tensorboard=True`, TensorBoard event files (`callbacks.TensorBoardLogger`), written before
+  each checkpoint so that a resumed run logs no epoch twice.
 * checkpoint.json + checkpoint-eNNNN.safetensors after every epoch (see `checkpoint`).
 * model.safetensors when the run ends (the last finished epoch's weights, also for a diverged run).
 
@@ -35,6 +39,7 @@ from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from . import distributed
 from .checkpoint import (has_checkpoint, load_checkpoint, read_checkpoint_meta, save_checkpoint, save_model,
                          verify_checkpoint_file, MODEL_FILE)
+from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
 from .recipes import Recipe, get_recipe
@@ -243,7 +248,7 @@ def final_summary(history: History) -> dict[str, Any]:
 
 
 class _RunFiles:
-    """Callback that checkpoints, rewrites results.json every epoch, and restores on resume."""
+    """Callback that checkpoints, rewrites results.json and metrics.csv every epoch, and restores on resume."""
 
     def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
         # write=False: a non-zero rank of a distributed run, which reads checkpoints but writes nothing.
@@ -259,6 +264,7 @@ class _RunFiles:
         self.results["diverged_at"] = state.history.diverged_at
         self.results["final"] = final_summary(state.history) if final else None
         atomic_write_json(self.out_dir / RESULTS_FILE, self.results)
+        write_metrics_csv(self.out_dir, state.history.epochs)
 
     def on_fit_start(self, state: TrainState) -> None:
         """Restore the checkpoint when resuming, then write results.json."""
@@ -316,15 +322,20 @@ def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) 
 
 def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: bool = False,
                  progress: bool = True, data: DataSplits | None = None,
-                 callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+                 callbacks: Sequence[Any] = (), tensorboard: bool = False) -> dict[str, Any]:
     """Train one model as `config` says, writing results into `out_dir`; return the results dict.
 
     `data` may be passed to share loaded data between runs (it must match the config's dataset,
-    split and device). Raises RunExistsError when `out_dir` already holds a run and `resume` is
-    False, or holds a run of another config.
+    split and device). `callbacks` are added to `fit`'s after the run directory's own. `tensorboard`
+    also writes TensorBoard event files into `out_dir` (ImportError naming `throughway[tensorboard]`
+    when it is not installed). Progress lines start with `[<out_dir's name>]`, so that runs trained
+    in parallel can be told apart. Raises RunExistsError when `out_dir` already holds a run and
+    `resume` is False, or holds a run of another config.
     """
     out_dir = Path(out_dir)
     check_config(config)  # before the lock, the data and anything else that takes time
+    if tensorboard:
+        require_tensorboard()  # before the lock and the data, like every other check
     run = RunDir(out_dir)
     run.check_usable()
     main_process = distributed.is_main_process()
@@ -336,7 +347,7 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
                 print(f"  {out_dir}: finished earlier, skipped", file=sys.stderr, flush=True)
             return existing
         return _train(config, out_dir, resume=resume, progress=progress, data=data, callbacks=callbacks,
-                      main_process=main_process)
+                      main_process=main_process, tensorboard=tensorboard)
 
 
 def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool) -> dict[str, Any] | None:
@@ -380,7 +391,7 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool) -> dict[str, A
 
 
 def _train(config: RunConfig, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
-           callbacks: Sequence[Any], main_process: bool) -> dict[str, Any]:
+           callbacks: Sequence[Any], main_process: bool, tensorboard: bool = False) -> dict[str, Any]:
     recipe = resolve_recipe(config)
     if data is None:
         data = load_dataset(config.dataset, config.data_dir, train_on_full=config.train_on_full,
@@ -391,7 +402,9 @@ def _train(config: RunConfig, out_dir: Path, *, resume: bool, progress: bool, da
     distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
     files = _RunFiles(out_dir, results, resume, write=main_process)
     transform = RandomCropFlip(padding=4, flip_p=0.5) if recipe.augment == "crop-flip" else None
-    fit(model, data, recipe, [files, *callbacks], seed=config.seed, progress=progress, train_transform=transform,
-        amp=config.amp, channels_last=config.channels_last, compile_model=config.compile,
+    # The event files are written before each checkpoint (TensorBoardLogger: no epoch twice on resume).
+    logs = [TensorBoardLogger(out_dir)] if tensorboard and main_process else []
+    fit(model, data, recipe, [*logs, files, *callbacks], seed=config.seed, progress=progress, label=out_dir.name,
+        train_transform=transform, amp=config.amp, channels_last=config.channels_last, compile_model=config.compile,
         eval_batch_size=config.eval_batch_size or DEFAULT_EVAL_BATCH)
     return results

@@ -1,0 +1,256 @@
+"""Callbacks for `fit`: progress output, metrics.csv, TensorBoard.
+
+Each is an ordinary callback (loop.Callback): `fit(progress=True)` adds `ProgressPrinter`, and
+`runner.run_training` writes metrics.csv beside results.json (`write_metrics_csv`) and, with
+`tensorboard=True` (`throughway train --tensorboard`), adds `TensorBoardLogger`. A user's own
+training script can add any of them to `fit`'s callbacks.
+
+metrics.csv holds one row per epoch and every metric of the epoch record, in a stable column
+order (`metrics_table`): the fixed columns `METRICS_COLUMNS` first (present even when empty), then
+list-valued metrics spread over numbered columns (`k` becomes k_1 … k_n, block by block), then any
+other keys in the order they first appear. It is rewritten whole and atomically from the history
+after every epoch, so it always matches results.json, also after an interrupted and resumed run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence, TextIO
+
+from .._io import atomic_write_text, json_safe
+
+if TYPE_CHECKING:
+    from .loop import TrainState
+
+__all__ = ["ProgressPrinter", "MetricsCSV", "TensorBoardLogger", "METRICS_FILE", "METRICS_COLUMNS",
+           "metrics_table", "write_metrics_csv", "read_metrics_csv", "require_tensorboard", "TENSORBOARD_EXTRA"]
+
+METRICS_FILE = "metrics.csv"
+METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_error_pct", "val_loss", "val_error_pct", "test_loss",
+                   "test_error_pct", "k_mean", "epoch_time_s", "elapsed_s")
+TENSORBOARD_EXTRA = "throughway[tensorboard]"
+
+
+class ProgressPrinter:
+    """One line per epoch on `stream` (default stderr), and a tqdm bar per epoch when it is a terminal.
+
+    Every line starts with `[label] ` when a label is given, so that the lines of runs trained in
+    parallel (`--jobs`) say which run they belong to. A diverged run gets a line saying so at the end.
+    """
+
+    def __init__(self, label: str | None = None, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream
+        self._bar: Any = None
+        self._loss_sum, self._steps = 0.0, 0
+
+    @property
+    def prefix(self) -> str:
+        """What every line starts with: `[label] `, or two spaces without a label."""
+        return f"[{self.label}] " if self.label else "  "
+
+    def _out(self) -> TextIO:
+        return self.stream if self.stream is not None else sys.stderr
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def on_epoch_start(self, state: TrainState) -> None:
+        """Open the epoch's bar (only on a terminal, and only when the epoch's length is known)."""
+        self._loss_sum, self._steps = 0.0, 0
+        if state.steps_per_epoch and self._out().isatty():
+            from tqdm import tqdm
+
+            label = f"{self.label} " if self.label else ""
+            self._bar = tqdm(total=state.steps_per_epoch, desc=f"{label}epoch {state.epoch + 1}/{state.recipe.epochs}",
+                             leave=False, file=self._out())
+
+    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
+        """Advance the bar; show the epoch's mean loss so far every 20 steps."""
+        self._loss_sum += loss
+        self._steps += 1
+        if self._bar is not None:
+            self._bar.update(1)
+            if self._steps % 20 == 1:
+                self._bar.set_postfix(loss=f"{self._loss_sum / self._steps:.4f}")
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Print the epoch's line: training loss, validation and test error, mean k, time."""
+        self._close_bar()
+        val = f" val {record['val_error_pct']:.2f}%" if record.get("val_error_pct") is not None else ""
+        test = f" test {record['test_error_pct']:.2f}%" if record.get("test_error_pct") is not None else ""
+        kinfo = f" k̄ {record['k_mean']:.3f}" if record.get("k_mean") is not None else ""
+        stopped = f", stopped after step {record['stopped_at_step']}" if "stopped_at_step" in record else ""
+        print(f"{self.prefix}epoch {record['epoch']:>3}/{state.recipe.epochs} loss {record['train_loss']:.4f}"
+              f"{val}{test}{kinfo} ({record['epoch_time_s']:.1f}s{stopped})", file=self._out(), flush=True)
+
+    def on_fit_end(self, state: TrainState) -> None:
+        """Close the bar; say so when the run diverged."""
+        self._close_bar()
+        if state.history.diverged:
+            print(f"{self.prefix}diverged in epoch {(state.history.diverged_at or {}).get('epoch')} (loss "
+                  f"{(state.history.diverged_at or {}).get('loss')}); run ends, history kept",
+                  file=self._out(), flush=True)
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return value
+
+
+def metrics_table(epochs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The columns and rows of metrics.csv for the epoch records `epochs` (see the module docstring).
+
+    Values are those of results.json (non-finite numbers become empty cells, as they become null
+    there); a list-valued metric `name` fills columns name_1 … name_n; a missing value is empty.
+    """
+    records = [json_safe(dict(r)) for r in epochs]
+    columns = list(METRICS_COLUMNS)
+    spread: dict[str, int] = {}
+    for record in records:
+        for key, value in record.items():
+            if key in METRICS_COLUMNS:
+                continue
+            if isinstance(value, list) and all(not isinstance(v, (list, dict)) for v in value):
+                spread[key] = max(spread.get(key, 0), len(value))
+                if key not in columns and f"{key}_1" not in columns:
+                    columns.append(key)  # a placeholder, replaced by the numbered columns below
+            elif key not in columns:
+                columns.append(key)
+    expanded: list[str] = []
+    for column in columns:
+        expanded.extend([f"{column}_{i}" for i in range(1, spread[column] + 1)] if column in spread else [column])
+    rows = []
+    for record in records:
+        row: dict[str, Any] = {}
+        for key, value in record.items():
+            if key in spread and isinstance(value, list):
+                row.update({f"{key}_{i}": v for i, v in enumerate(value, 1)})
+            else:
+                row[key] = value
+        rows.append([_cell(row.get(column)) for column in expanded])
+    return expanded, rows
+
+
+def write_metrics_csv(run_dir: str | os.PathLike[str], epochs: Sequence[dict[str, Any]]) -> Path:
+    """Rewrite `run_dir`/metrics.csv atomically from the epoch records `epochs`; return its path."""
+    columns, rows = metrics_table(epochs)
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return atomic_write_text(Path(run_dir) / METRICS_FILE, text.getvalue())
+
+
+def read_metrics_csv(path: str | os.PathLike[str]) -> list[dict[str, float | None]]:
+    """The rows of a metrics.csv as dicts of numbers (empty cells as None); ValueError naming the file
+    and the column for a cell that is not a number."""
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    parsed = []
+    for i, row in enumerate(rows, 1):
+        values: dict[str, float | None] = {}
+        for column, cell in row.items():
+            try:
+                values[str(column)] = float(cell) if cell not in ("", None) else None
+            except ValueError:
+                raise ValueError(f"{path}: row {i}, column {column!r} is {cell!r}; accepted: a number or "
+                                 f"empty") from None
+        parsed.append(values)
+    return parsed
+
+
+class MetricsCSV:
+    """Callback: keep `run_dir`/metrics.csv equal to the history (rewritten after every epoch)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+
+    def on_fit_start(self, state: TrainState) -> None:
+        """Write the file for the history so far (empty, or restored by an earlier callback)."""
+        write_metrics_csv(self.run_dir, state.history.epochs)
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Rewrite the file with the new epoch."""
+        write_metrics_csv(self.run_dir, state.history.epochs)
+
+
+def require_tensorboard() -> Any:
+    """torch.utils.tensorboard.SummaryWriter; ImportError naming the extra to install when the
+    optional dependency `tensorboard` is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(f"TensorBoard logging needs the optional dependency tensorboard: "
+                          f"pip install '{TENSORBOARD_EXTRA}' (or pip install tensorboard) ({exc})") from exc
+    return SummaryWriter
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    scalars: dict[str, float] = {}
+    for key, value in record.items():
+        if key == "epoch":
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            scalars[key] = float(value)
+        elif isinstance(value, list):
+            for i, item in enumerate(value, 1):
+                if isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
+                    scalars[f"{key}/{i}"] = float(item)
+    return scalars
+
+
+class TensorBoardLogger:
+    """Callback: every epoch record's numbers as TensorBoard scalars (global step = the epoch) in `log_dir`.
+
+    List-valued metrics are logged per element (`k/1` … `k/n`). Each epoch is written and flushed
+    in `on_epoch_end`; place this callback before the one that checkpoints, so that the events are
+    never behind the checkpoint. On resume it writes no epoch twice: the first epoch a process logs
+    is T (the first after the checkpoint), and when `log_dir` already holds event files the writer
+    opens with `purge_step=T`, which hides any event of an epoch ≥ T that an interrupted process
+    wrote after its last checkpoint (that epoch is being trained again). When it holds none (a run
+    resumed with TensorBoard logging newly switched on), the epochs already in the history are
+    written first. Raises ImportError naming `throughway[tensorboard]` when tensorboard is missing.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        self.log_dir = Path(log_dir)
+        self._writer_class = require_tensorboard()
+        self._writer: Any = None
+
+    def _open(self, state: TrainState, first_epoch: int) -> None:
+        existing = self.log_dir.is_dir() and any(self.log_dir.glob("events.out.tfevents.*"))
+        self._writer = self._writer_class(log_dir=str(self.log_dir), purge_step=first_epoch if existing else None)
+        if not existing:
+            for record in state.history.epochs:
+                if int(record["epoch"]) < first_epoch:
+                    self._log(record)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        for tag, value in _scalars(record).items():
+            self._writer.add_scalar(tag, value, global_step=int(record["epoch"]))
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Write the epoch's scalars and flush them to disk."""
+        if self._writer is None:
+            self._open(state, int(record["epoch"]))
+        self._log(record)
+        self._writer.flush()
+
+    def on_fit_end(self, state: TrainState) -> None:
+        """Close the event file."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
