@@ -50,3 +50,14 @@ def fake_mnist_root(tmp_path, monkeypatch, fake_arrays):
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+class Crash:
+    """A training callback that interrupts training once epoch `after` is checkpointed, as a kill would."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def on_epoch_end(self, state, record):
+        if state.epoch == self.after:
+            raise KeyboardInterrupt

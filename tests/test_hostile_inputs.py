@@ -29,25 +29,16 @@ from throughway.models import create_model
 from throughway.train import RunConfig, load_model, read_results, run_training, save_model
 from throughway.train.checkpoint import MAX_MODEL_PARAMETERS, save_checkpoint
 from throughway.train.rundir import LOCK_FILE, RunDir
+from conftest import Crash
 
 ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
 CONFIG = RunConfig(model="mlp_plain", depth=2, epochs=2, model_kwargs={"width": 8})
 
 
-class _Crash:
-    """Interrupts training once epoch `after` is checkpointed (as a kill would)."""
-
-    def __init__(self, after: int) -> None:
-        self.after = after
-
-    def on_epoch_end(self, state, record):
-        if state.epoch == self.after:
-            raise KeyboardInterrupt
-
 
 def _interrupted_run(out: Path, config: RunConfig = CONFIG) -> Path:
     with pytest.raises(KeyboardInterrupt):
-        run_training(config, out, progress=False, callbacks=[_Crash(after=1)])
+        run_training(config, out, progress=False, callbacks=[Crash(after=1)])
     return out
 
 

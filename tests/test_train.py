@@ -12,6 +12,8 @@ from throughway.models import create_model
 from throughway.train import (RunConfig, RunExistsError, evaluate, fit, get_recipe, load_model, read_results,
                               run_training)
 
+from conftest import Crash
+
 
 def test_fit_learns_the_fixture(fake_data):
     model = create_model("mlp_gated_residual", depth=2, width=32)
@@ -61,16 +63,6 @@ def test_run_writes_results_and_model(tmp_path, fake_mnist_root):
     assert run_training(config, tmp_path / "run", resume=True, progress=False)["final"] == on_disk["final"]
 
 
-class _Crash:
-    """Interrupts training after `after` epochs, once the checkpoint for that epoch is written."""
-
-    def __init__(self, after: int) -> None:
-        self.after = after
-
-    def on_epoch_end(self, state, record):
-        if state.epoch == self.after:
-            raise KeyboardInterrupt
-
 
 @pytest.mark.parametrize("model,recipe,kwargs", [
     ("mlp_gated_residual", "gresnet-mnist", {"width": 16}),
@@ -80,7 +72,7 @@ def test_resume_ends_with_the_same_numbers(tmp_path, fake_mnist_root, model, rec
     config = RunConfig(model=model, depth=4, recipe=recipe, epochs=4, seed=3, model_kwargs=kwargs)
     straight = run_training(config, tmp_path / "straight", progress=False)
     with pytest.raises(KeyboardInterrupt):
-        run_training(config, tmp_path / "crashed", progress=False, callbacks=[_Crash(after=2)])
+        run_training(config, tmp_path / "crashed", progress=False, callbacks=[Crash(after=2)])
     partial = read_results(tmp_path / "crashed")
     assert partial["final"] is None and len(partial["history"]) == 2
     resumed = run_training(config, tmp_path / "crashed", resume=True, progress=False)
@@ -103,7 +95,7 @@ def test_resume_refuses_another_config(tmp_path, fake_mnist_root):
 def test_damaged_checkpoint_is_detected(tmp_path, fake_mnist_root):
     config = RunConfig(model="mlp_plain", depth=2, epochs=3, model_kwargs={"width": 8})
     with pytest.raises(KeyboardInterrupt):
-        run_training(config, tmp_path / "run", progress=False, callbacks=[_Crash(after=1)])
+        run_training(config, tmp_path / "run", progress=False, callbacks=[Crash(after=1)])
     checkpoint = next((tmp_path / "run").glob("checkpoint-e*.safetensors"))
     checkpoint.write_bytes(checkpoint.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(ValueError, match="checkpoint is damaged"):

@@ -18,6 +18,7 @@ from throughway.layers import ResidualBlock, dense_unit, scalar_gate_values
 from throughway.train import (METRICS_FILE, ProgressPrinter, RunConfig, TensorBoardLogger, fit, get_recipe,
                               read_metrics_csv, read_results, run_training)
 from throughway.train.callbacks import METRICS_COLUMNS, metrics_table
+from conftest import Crash
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -159,14 +160,6 @@ def test_progress_lines_name_the_run(capsys):
     assert len(lines) == 2 and all(line.startswith("[gated-d4-s0] epoch") for line in lines)
 
 
-class _Crash:
-    def __init__(self, after: int) -> None:
-        self.after = after
-
-    def on_epoch_end(self, state, record):
-        if state.epoch == self.after:
-            raise KeyboardInterrupt
-
 
 def _csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     with path.open(newline="") as handle:
@@ -179,7 +172,7 @@ def test_metrics_csv_resumes_with_the_run_each_epoch_once(tmp_path, fake_mnist_r
                        recipe_overrides={"batch_size": 32})
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        run_training(config, out, progress=False, callbacks=[_Crash(after=2)])
+        run_training(config, out, progress=False, callbacks=[Crash(after=2)])
     assert len(read_metrics_csv(out / METRICS_FILE)) == 2
     run_training(config, out, resume=True, progress=False)
     history = read_results(out)["history"]
@@ -244,7 +237,7 @@ def test_tensorboard_logger_writes_no_epoch_twice_on_resume(tmp_path, fake_mnist
                        recipe_overrides={"batch_size": 32})
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        run_training(config, out, progress=False, tensorboard=True, callbacks=[_Crash(after=2)])
+        run_training(config, out, progress=False, tensorboard=True, callbacks=[Crash(after=2)])
     run_training(config, out, resume=True, progress=False, tensorboard=True)
     steps = [step for tag, _, step in FakeWriter.events if tag == "train_loss"]
     assert steps == [1, 2, 3]  # epochs 1-2 by the first process, 3 by the resumed one
