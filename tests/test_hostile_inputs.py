@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -216,27 +217,35 @@ def test_a_held_lock_is_refused_naming_the_holder(tmp_path, fake_mnist_root, cap
 
 
 def test_two_processes_on_one_out(tmp_path, fake_mnist_root, capsys):
-    """One `train` process runs; a second on the same --out exits 2 naming the first; the first's run is complete."""
+    """One `train` process runs; a second on the same --out exits 2 naming the first; the first keeps its run.
+
+    The first process is given far more epochs than it can finish, so it is certainly still running
+    when the second tries (on a fast machine an 8-epoch run could end first and the test would prove
+    nothing); it is then interrupted, and its finished epochs must be
+    checkpointed intact (that such a checkpoint resumes is tested above).
+    """
     out = tmp_path / "run"
     env = {**os.environ, "THROUGHWAY_DATA": str(fake_mnist_root)}
-    first = subprocess.Popen([sys.executable, "-m", "throughway", *ARGS, "--epochs", "8", "--out", str(out)],
+    first = subprocess.Popen([sys.executable, "-m", "throughway", *ARGS, "--epochs", "100000", "--out", str(out)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not (out / "results.json").is_file():  # written once the lock is held
+        while not (out / "checkpoint.json").is_file():  # the lock is held and an epoch is finished
             assert first.poll() is None, first.communicate()
             assert time.monotonic() < deadline, "the first process did not start its run"
             time.sleep(0.05)
-        code, err = _run(capsys, ARGS + ["--epochs", "8", "--out", str(out)])
+        code, err = _run(capsys, ARGS + ["--epochs", "100000", "--out", str(out)])
         still_running = first.poll() is None
     finally:
+        first.send_signal(signal.SIGINT)
         stdout, stderr = first.communicate(timeout=300)
-    assert code == 2 and f"pid {first.pid}" in err and "in use" in err
     assert still_running, "the first process ended before the second tried; the test proved nothing"
-    assert first.returncode == 0, stderr
-    results = read_results(out)
-    assert results["final"]["epochs_completed"] == 8 and len(results["history"]) == 8
-    assert load_model(out / "model.safetensors") is not None
+    assert code == 2 and f"pid {first.pid}" in err and "in use" in err
+    assert first.returncode == 130, stderr
+    done = json.loads((out / "checkpoint.json").read_text())["epoch"]
+    assert done >= 1 and len(read_results(out)["history"]) == done
+    meta = json.loads((out / "checkpoint.json").read_text())
+    assert sha256_file(out / meta["file"]) == meta["sha256"]  # the interrupted run is intact to resume
 
 
 def test_stray_tmp_files_are_cleaned_on_the_next_start(tmp_path, fake_mnist_root, capsys):
