@@ -48,31 +48,27 @@ resumes where it stopped and ends with the same numbers.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import torch
-from safetensors.torch import load_file, save
 from torch.nn import functional as F
 
-from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_object, sha256_file
+from .._io import read_json
 from ..data import DataSplits, Split, load_dataset
-from ..models import create_model, with_legacy_config
-from .callbacks import write_metrics_csv
-from .checkpoint import MODEL_FILE, save_model
-from .loop import History
+from .batch_state import config_hash, load_batch_state, save_batch_state
+from .engine import EpochStats, Member, run_loop
+from .loop_state import History, TrainState, restore_progress
 from .recipes import Recipe, learning_rate_at
-from .rundir import BATCH_FILE, RunDir, member_file
+from .rundir import RunDir
 from .stacked import _MIXED_FAMILY, MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward
 from .stacked_optim import BatchedOptimizer
-from .runner import (RESULTS_FILE, RunConfig, RunExistsError, build_model, check_config, check_resumable,
-                     final_summary, read_results, resolve_recipe, results_header)
+from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
+                     check_resumable, read_results, resolve_recipe, results_header)
 
 __all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
            "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
@@ -89,8 +85,6 @@ SHARED_RECIPE_FIELDS = frozenset({"optimizer", "epochs", "batch_size", "betas", 
 # RunConfig fields shared by a batch (one data set, one device).
 _SHARED_CONFIG_FIELDS = ("model", "depth", "dataset", "train_on_full", "device", "limit", "data_dir")
 _EVAL_CHUNK = 2500
-_STATE_FORMAT = "throughway-batched-1"
-_STATE_JSON = "batch.json"
 
 
 def batch_family(model: str) -> str:
@@ -210,27 +204,6 @@ def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor,
     return EpochTotals(loss_sum, wrong, bad_step, bad_loss, seen)
 
 
-def _config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path]) -> str:
-    text = json.dumps([[str(d.resolve()), c.to_dict()] for c, d in zip(configs, out_dirs)], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass
-class _Member:
-    """One model of the batch: where it writes and what it has done."""
-
-    index: int
-    config: RunConfig
-    out_dir: Path
-    recipe: Recipe
-    results: dict[str, Any]
-    model_config: dict[str, Any]
-    generator: torch.Generator
-    history: History = field(default_factory=History)
-    elapsed_s: float = 0.0
-    done: bool = False
-
-
 def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
     for i, c in enumerate(configs):
         if c.model not in SUPPORTED_MODELS:
@@ -261,77 +234,11 @@ def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> Non
                              f"recipe field except {sorted(PER_MODEL_RECIPE_FIELDS)}")
 
 
-def _save_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: BatchedOptimizer,
-                members: Sequence[_Member], active: Sequence[int], snap: dict[str, torch.Tensor]) -> None:
-    tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
-    tensors.update({f"running.{k}": v for k, v in stack.running.items()})
-    tensors.update({f"optim.{k}": v for k, v in optimizer.state_tensors().items()})
-    for i in active:
-        tensors[f"generator.{i}"] = members[i].generator.get_state()
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    name = f"batch-e{epoch:04d}.safetensors"
-    path = atomic_write_bytes(state_dir / name, save(tensors))
-    try:  # the file the old batch.json names, deleted below: only a name this module writes, inside state_dir
-        previous = _state_file(state_dir, read_json_object(state_dir / _STATE_JSON).get("file")).name \
-            if (state_dir / _STATE_JSON).is_file() else None
-    except ValueError:
-        previous = None
-    atomic_write_json(state_dir / _STATE_JSON, {
-        "format": _STATE_FORMAT, "epoch": epoch, "file": name, "sha256": sha256_file(path),
-        "active": list(active), "step_count": optimizer.step_count,
-        "members": [{"history": m.history.to_dict(), "elapsed_s": m.elapsed_s, "done": m.done} for m in members],
-    })
-    if previous and previous != name:
-        (state_dir / previous).unlink(missing_ok=True)
-
-
-def _load_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
-    meta_path = state_dir / _STATE_JSON
-    if not meta_path.is_file():
-        return None
-    meta = read_json_object(meta_path, "a batch's state")
-    if meta.get("format") != _STATE_FORMAT:
-        raise ValueError(f"{meta_path}: unknown batch-state format {meta.get('format')!r}")
-    path = _state_file(state_dir, meta.get("file"))
-    if not path.is_file() or sha256_file(path) != meta.get("sha256"):
-        raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
-    if not (isinstance(meta.get("epoch"), int) and isinstance(meta.get("step_count"), int)
-            and isinstance(meta.get("active"), list) and all(isinstance(i, int) for i in meta["active"])
-            and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
-        raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers), 'active' (list of integers) or "
-                         f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
-    try:
-        return meta, load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
-        raise ValueError(f"{path}: not a readable safetensors file ({exc}); delete {state_dir} to restart the batch") from exc
-
-
-def _state_file(state_dir: Path, name: Any) -> Path:
-    return member_file(state_dir, name, BATCH_FILE, source=state_dir / _STATE_JSON, field="file")
-
-
-def _write_results(member: _Member, final: bool) -> None:
-    member.results["history"] = member.history.epochs
-    member.results["diverged"] = member.history.diverged
-    member.results["diverged_at"] = member.history.diverged_at
-    member.results["final"] = final_summary(member.history) if final else None
-    atomic_write_json(member.out_dir / RESULTS_FILE, member.results)
-    write_metrics_csv(member.out_dir, member.history.epochs)  # as run_training writes it
-
-
-def _save_member_model(member: _Member, state: dict[str, torch.Tensor]) -> None:
-    cfg = with_legacy_config(member.model_config)
-    name = cfg.pop("name")
-    model = create_model(name, **cfg)
-    model.load_state_dict(state)
-    save_model(member.out_dir / MODEL_FILE, model)
-
-
 def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
                   resume: bool = False, progress: bool = True, data: DataSplits | None = None,
                   state_dir: str | os.PathLike[str] | None = None, checkpoint: bool = True,
                   eval_chunk: int = _EVAL_CHUNK, compile: bool = False,
-                  label: str | None = None) -> list[dict[str, Any]]:
+                  label: str | None = None, callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """Train the models of `configs` together, model i writing its run directory `out_dirs[i]`;
     return their results dicts (those of `run_training`).
 
@@ -356,7 +263,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         check_config(c)  # cheap checks first: device, recipe, model arguments
     recipes = [resolve_recipe(c) for c in configs]
     _check_batch(configs, recipes)
-    state_path = Path(state_dir) if state_dir is not None else dirs[0].parent / ".batched" / _config_hash(configs, dirs)
+    state_path = Path(state_dir) if state_dir is not None else dirs[0].parent / ".batched" / config_hash(configs, dirs)
     for d in dirs:
         RunDir(d).check_usable()
     with contextlib.ExitStack() as locks:
@@ -367,19 +274,18 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         if label is None:
             label = dirs[0].name if len(dirs) == 1 else f"{dirs[0].name}..{dirs[-1].name}"
         return _train_locked(configs, dirs, recipes, state_path, resume=resume, progress=progress, data=data,
-                             checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile, label=label)
+                             checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile, label=label,
+                             callbacks=callbacks)
 
 
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
                   resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
-                  compile: bool, label: str) -> list[dict[str, Any]]:
-    saved = _load_state(state_path) if (resume and checkpoint) else None
-
+                  compile: bool, label: str, callbacks: Sequence[Any]) -> list[dict[str, Any]]:
+    saved = load_batch_state(state_path) if (resume and checkpoint) else None
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
     for i, (c, d) in enumerate(zip(configs, dirs)):
-        path = d / RESULTS_FILE
-        if path.is_file():
+        if (d / RESULTS_FILE).is_file():
             existing = read_results(d)
             if not resume:
                 raise RunExistsError(f"{d} already holds a run ({RESULTS_FILE}); pass --resume to continue "
@@ -401,20 +307,19 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     if len(data.train) < 2:
         raise ValueError("the training split needs at least 2 samples")
     models = [build_model(c, data) for c in configs]
-    members = []
+    stack = StackedModels(models, device=first.device)
+    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
+    members, writers = [], []
     for i, (c, d, r, model) in enumerate(zip(configs, dirs, recipes, models)):
         header = results_header(c, r, model, data)
         header["environment"]["batched"] = {
             "models": len(configs), "index": i,
             "note": "trained by throughway.train.batched with the other models of its batch; epoch_time_s "
                     "and elapsed_s are the whole batch's wall time"}
-        members.append(_Member(i, c, d, r, header, dict(cast(dict, model.config)),
-                               torch.Generator(device="cpu").manual_seed(c.seed)))
-
-    stack = StackedModels(models, device=first.device)
-    del models
-    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
-    epoch = 0
+        writers.append(ResultsFiles(d, header))
+        state = TrainState(model, optimizer, r, data, torch.Generator(device="cpu").manual_seed(c.seed), History(),
+                           steps_per_epoch=len(epoch_starts(len(data.train), r.batch_size)))
+        members.append(Member(state, [writers[-1], *callbacks], ended=i not in todo))
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
@@ -426,15 +331,13 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             v.copy_(tensors[f"running.{name}"])
         optimizer.load_state_tensors({k[len("optim."):]: v.to(stack.device) for k, v in tensors.items()
                                       if k.startswith("optim.")}, int(meta["step_count"]))
-        for m, entry in zip(members, meta["members"]):
-            m.history = History.from_dict(entry["history"])
-            m.elapsed_s = float(entry["elapsed_s"])
-            m.done = bool(entry["done"])
-        for i in active:
-            members[i].generator.set_state(tensors[f"generator.{i}"])
-        epoch = int(meta["epoch"])
+        for i, (m, entry) in enumerate(zip(members, meta["members"])):
+            restore_progress(m.state, entry)
+            m.ended = i not in active
+            if not m.ended:
+                m.state.generator.set_state(tensors[f"generator.{i}"])
         if progress:
-            print(f"[{label}] resuming batch {state_path} after epoch {epoch} ({len(active)} models active)",
+            print(f"[{label}] resuming batch {state_path} after epoch {meta['epoch']} ({len(active)} models active)",
                   file=sys.stderr, flush=True)
     else:
         active = list(todo)
@@ -443,86 +346,113 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             optimizer.select(active)
     for i in active:
         dirs[i].mkdir(parents=True, exist_ok=True)
-        _write_results(members[i], final=False)
 
-    recipe0 = recipes[0]
-    n, batch_size, device = len(data.train), recipe0.batch_size, stack.device
-    train_x, train_y = data.train.x.flatten(1), data.train.y
-    step = BatchedStep(stack, optimizer, compile=compile)
-    snap = stack.snapshot()
-    while active and epoch < recipe0.epochs:
-        lrs = [learning_rate_at(members[i].recipe, epoch) for i in active]
-        lr = torch.tensor(lrs, dtype=stack.flat.dtype, device=device).view(-1, 1)
-        started = time.perf_counter()
-        orders = torch.stack([torch.randperm(n, generator=members[i].generator) for i in active]).to(device)
-        k = len(active)
-        totals = train_epoch(step, train_x, train_y, orders, batch_size, lr)
-        loss_sum, wrong, bad_step, bad_loss, seen = (totals.loss_sum, totals.wrong, totals.bad_step,
-                                                     totals.bad_loss, totals.seen)
-        epoch_time = time.perf_counter() - started
+    def after_epoch(running: Sequence[Member]) -> None:
+        epoch = running[0].state.epoch
+        if checkpoint:
+            save_batch_state(state_path, epoch, stack, optimizer, members, [members.index(m) for m in running])
+        if progress:
+            losses = [m.state.history.epochs[-1]["train_loss"] for m in running]
+            best = min(range(len(running)), key=losses.__getitem__)
+            print(f"[{label}] batch of {len(running)}: epoch {epoch:>3}/{recipes[0].epochs} train loss "
+                  f"{min(losses):.4g}..{max(losses):.4g} (best {dirs[members.index(running[best])].name}) "
+                  f"({running[0].state.history.epochs[-1]['epoch_time_s']:.1f}s)", file=sys.stderr, flush=True)
 
-        diverged_pos = [pos for pos in range(k) if int(bad_step[pos]) >= 0]
-        for pos in diverged_pos:
-            # Back to the last finished epoch (as fit does), files written, and the model leaves the
-            # batch; its slices of every operation never mixed with the others'.
-            m = members[active[pos]]
-            m.history.diverged = True
-            m.history.diverged_at = {"epoch": epoch + 1, "step": int(bad_step[pos]), "loss": str(float(bad_loss[pos]))}
-            _save_member_model(m, stack.state_dict_of(pos, snap))
-            m.done = True
-            _write_results(m, final=True)
-            if progress:
-                print(f"[{label}] {m.out_dir.name}: diverged in epoch {epoch + 1} (loss {m.history.diverged_at['loss']}); "
-                      f"history kept", file=sys.stderr, flush=True)
-        if diverged_pos:
-            keep = [pos for pos in range(k) if pos not in set(diverged_pos)]
-            stack.select(keep)
-            optimizer.select(keep)
-            active = [active[pos] for pos in keep]
-            lrs = [lrs[pos] for pos in keep]
-            loss_sum, wrong = loss_sum[keep], wrong[keep]
-        if active:
-            val = _evaluate(stack, data.val, eval_chunk) if data.val is not None else None
-            test = _evaluate(stack, data.test, eval_chunk)
-            k_names = stack.scalar_gate_names()
-            k_values = torch.stack([stack.params[name].detach() for name in k_names], 1).tolist() if k_names else None
-            sums, wrongs = loss_sum.tolist(), wrong.tolist()
-            for pos, i in enumerate(active):
-                m = members[i]
-                m.elapsed_s += epoch_time
-                record: dict[str, Any] = {"epoch": epoch + 1, "lr": lrs[pos], "train_loss": sums[pos] / seen,
-                                          "train_error_pct": 100.0 * wrongs[pos] / seen}
-                record["val_loss"], record["val_error_pct"] = (val[0][pos], val[1][pos]) if val else (None, None)
-                record["test_loss"], record["test_error_pct"] = test[0][pos], test[1][pos]
-                if k_values is not None and stack.has_gates(pos):
-                    record["k"] = k_values[pos]
-                    record["k_mean"] = sum(k_values[pos]) / len(k_values[pos])
-                record["epoch_time_s"] = epoch_time
-                record["elapsed_s"] = m.elapsed_s
-                m.history.epochs.append(record)
-                _write_results(m, final=False)
-            if progress:
-                best = min(range(len(active)), key=lambda p: sums[p])
-                print(f"[{label}] batch of {len(active)}: epoch {epoch + 1:>3}/{recipe0.epochs} train loss "
-                      f"{min(sums) / seen:.4g}..{max(sums) / seen:.4g} (best {members[active[best]].out_dir.name}) "
-                      f"({epoch_time:.1f}s)", file=sys.stderr, flush=True)
-        epoch += 1
-        snap = stack.snapshot()
-        if checkpoint and active:
-            _save_state(state_path, epoch, stack, optimizer, members, active, snap)
-    for i in active:
-        m = members[i]
-        _save_member_model(m, stack.state_dict_of(active.index(i)))
-        m.done = True
-        _write_results(m, final=True)
+    engine = _StackEngine(stack, optimizer, [recipes[i] for i in active], data, eval_chunk, compile,
+                          [m for m in members if not m.ended], label if progress else None)
+    run_loop(engine, members, recipes[0].epochs, after_epoch=after_epoch)
     if checkpoint and state_path.is_dir():
         for f in state_path.iterdir():
             f.unlink()
         state_path.rmdir()
         if state_path.parent.name == ".batched" and not any(state_path.parent.iterdir()):
             state_path.parent.rmdir()
-    for m in members:
-        if results[m.index] is None:
+    for i, d in enumerate(dirs):
+        if results[i] is None:
             # A model that ended in an earlier process (diverged before an interruption) is read back.
-            results[m.index] = m.results if "history" in m.results else read_json(m.out_dir / RESULTS_FILE)
+            results[i] = writers[i].results if "history" in writers[i].results else read_json(d / RESULTS_FILE)
     return [r for r in results if r is not None]
+
+
+class _StackEngine:
+    """`train_batched`'s engine (train.engine.Engine): the active members as one `StackedModels`.
+
+    Differences from `fit`'s engine, by construction of a stacked step: `on_step_end` is not called
+    (it would cost a device synchronisation per step for N models), so a member's `state.stop` takes
+    effect at the end of the epoch; a member whose loss stops being finite keeps stepping to the
+    epoch's end (its slices never mix with the others') and is then rolled back, as `fit` rolls back.
+    `state.model` of each member holds its weights from the end of every epoch (`sync`)."""
+
+    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, recipes: list[Recipe], data: DataSplits,
+                 eval_chunk: int, compile: bool, members: list[Member], label: str | None) -> None:
+        self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
+        self.eval_chunk, self.members, self.label = eval_chunk, members, label
+        self.step = BatchedStep(stack, optimizer, compile=compile)
+        self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
+        self.lr = torch.zeros(0)
+        self.snap: dict[str, torch.Tensor] = {}
+
+    def begin(self) -> None:
+        """Remember the starting weights (a divergence in the first epoch goes back to them)."""
+        self.end_epoch()
+
+    def set_learning_rates(self, epoch: int) -> list[float]:
+        """Each member's own schedule (`learning_rate_at` of its recipe)."""
+        lrs = [learning_rate_at(r, epoch) for r in self.recipes]
+        self.lr = torch.tensor(lrs, dtype=self.stack.flat.dtype, device=self.stack.device).view(-1, 1)
+        return lrs
+
+    def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
+        """`train_epoch` over every member, each in its own generator's order."""
+        n = len(self.train_x)
+        orders = torch.stack([torch.randperm(n, generator=s.generator) for s in states]).to(self.stack.device)
+        totals = train_epoch(self.step, self.train_x, self.train_y, orders, self.recipes[0].batch_size, self.lr)
+        steps = len(epoch_starts(n, self.recipes[0].batch_size))
+        for s in states:
+            s.step += steps
+        bad = totals.bad_step.tolist()
+        diverged = {p: {"step": int(b), "loss": str(float(totals.bad_loss[p]))} for p, b in enumerate(bad) if b >= 0}
+        return EpochStats(totals.loss_sum.tolist(), totals.wrong.tolist(), totals.seen, steps, diverged)
+
+    def evaluate(self, which: str) -> list[tuple[float | None, float | None]] | None:
+        """Every member's loss and error on the val or test split (None without it)."""
+        split = getattr(self.data, which)
+        if split is None:
+            return None
+        losses, errors = _evaluate(self.stack, split, self.eval_chunk)
+        return list(zip(losses, errors))
+
+    def gate_values(self) -> list[list[float]]:
+        """Each member's k in block order; [] for members without gates (plain nets of a mixed batch)."""
+        names = self.stack.scalar_gate_names()
+        if not names:
+            return [[] for _ in range(self.stack.n)]
+        values = torch.stack([self.stack.params[name].detach() for name in names], 1).tolist()
+        return [values[p] if self.stack.has_gates(p) else [] for p in range(self.stack.n)]
+
+    def end_epoch(self) -> None:
+        """Copy every stacked tensor (what a diverged member goes back to)."""
+        self.snap = self.stack.snapshot()
+
+    def roll_back(self, position: int) -> None:
+        """Member `position`'s model gets its weights from the end of the last finished epoch."""
+        member = self.members[position]
+        member.state.model.load_state_dict(self.stack.state_dict_of(position, self.snap))
+        if self.label is not None:
+            where = member.state.history.diverged_at or {}
+            print(f"[{self.label}] {member.callbacks[0].out_dir.name}: diverged in epoch {where.get('epoch')} "
+                  f"(loss {where.get('loss')}); history kept", file=sys.stderr, flush=True)
+
+    def sync(self, position: int, state: TrainState) -> None:
+        """Copy member `position`'s weights out of the stack into its own model."""
+        state.model.load_state_dict(self.stack.state_dict_of(position))
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Drop every other member from the stack, the optimiser and the lr vector."""
+        self.stack.select(positions)
+        self.optimizer.select(positions)
+        self.recipes = [self.recipes[p] for p in positions]
+        self.members = [self.members[p] for p in positions]
+        self.lr = self.lr[list(positions)]
+        self.snap = {k: v.index_select(0, torch.tensor(list(positions), dtype=torch.long, device=v.device))
+                     for k, v in self.snap.items()}

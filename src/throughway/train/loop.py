@@ -29,8 +29,10 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `runner.run_training` adds.
 
-The hooks' contract does not depend on how many models the loop trains, so that a stacked ensemble
-(many models as one module) can run through the same hooks: `state.model` is whatever module is
+The epoch loop itself is `engine.run_loop`, shared with `batched.train_batched` (one loop for one
+model and for many stacked models); `fit` supplies the engine of one module (`_ModuleEngine`: the
+batches, the forward, the divergence check, the step and `on_step_end`). The hooks' contract does
+not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
 numbers belong in the record (a record's value may be a list, as `k` already is).
 
@@ -45,20 +47,22 @@ train.distributed).
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
+from .engine import EpochStats, Member, run_loop
 from .flat import FlatOptimizer
+from .inputs import model_device, resolve_data, to_device
+from .loop_state import Callback, History, TrainState
+from .loop_state import call as call_hook
 from .recipes import Recipe, build_optimizer, get_recipe, learning_rate_at
 
 __all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
@@ -69,84 +73,6 @@ DEFAULT_EVAL_BATCH = 10_000
 TrainData = Union[DataSplits, tuple[torch.Tensor, torch.Tensor], Sequence[torch.Tensor], Dataset, DataLoader]
 # loss_fn(outputs, targets) -> the batch's mean loss, a scalar tensor (as F.cross_entropy returns it).
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-_ACCEPTED_DATA = ("DataSplits, a pair of tensors (x, y), a torch.utils.data.Dataset of (x, y) items, "
-                  "or a torch.utils.data.DataLoader yielding (x, y) batches")
-
-
-@dataclass
-class History:
-    """Per-epoch records and the run's outcome.
-
-    Each record holds: `epoch` (1-based), `lr`, `train_loss` (mean mini-batch loss during the
-    epoch, in training mode, as Keras reports it and the paper's figure 4 plots),
-    `train_error_pct` (mini-batch errors during the epoch; None when the outputs are not class
-    scores for integer labels), `val_loss`/`val_error_pct` (None when training on the full set or
-    without a validation split), `test_loss`/`test_error_pct` (None without evaluation data), `k`
-    and `k_mean` for models with scalar gates, `epoch_time_s` and `elapsed_s`; and
-    `stopped_at_step` for an epoch a callback ended early.
-    """
-
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    diverged: bool = False
-    diverged_at: dict[str, Any] | None = None
-
-    def last(self) -> dict[str, Any] | None:
-        """The last epoch's record, or None before the first epoch ends."""
-        return self.epochs[-1] if self.epochs else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The history as a JSON-able dict (for checkpoints and results files)."""
-        return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "History":
-        """Rebuild a History from `to_dict`'s output."""
-        return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
-
-
-@dataclass
-class TrainState:
-    """What callbacks see and may change.
-
-    `epoch` counts finished epochs and `step` finished optimiser steps (both continue across a
-    resume); `steps_per_epoch` is None for a DataLoader without a length. `data` is the DataSplits
-    `fit` was given, else None. Setting `stop = True` ends training (see the module docstring).
-    """
-
-    model: nn.Module
-    optimizer: FlatOptimizer | torch.optim.Optimizer
-    recipe: Recipe
-    data: DataSplits | None
-    generator: torch.Generator
-    history: History
-    epoch: int = 0
-    elapsed_s: float = 0.0
-    stop: bool = False
-    step: int = 0
-    steps_per_epoch: int | None = None
-
-
-class Callback(Protocol):
-    """Hooks called by `fit`; every method is optional (`fit` calls only those a callback has).
-
-    The contract is the same whatever the number of models the loop trains (module docstring)."""
-
-    def on_fit_start(self, state: TrainState) -> None:
-        """Called once before training; may restore a checkpoint into `state`."""
-
-    def on_epoch_start(self, state: TrainState) -> None:
-        """Called before each epoch's first step (`state.epoch` is the number of finished epochs)."""
-
-    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
-        """Called after each optimiser step: `step` is the run's step count (1-based, continuing across
-        epochs and resumes; equal to `state.step`), `loss` the step's training loss. Setting
-        `state.stop = True` ends the epoch after this step and then training."""
-
-    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
-        """Called after each finished epoch with its record (already in `state.history`)."""
-
-    def on_fit_end(self, state: TrainState) -> None:
-        """Called once when training ends (finished, diverged or stopped)."""
 
 
 def _classifies(outputs: torch.Tensor, y: torch.Tensor) -> bool:
@@ -201,19 +127,12 @@ def _evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int,
 def _eval_batches(model: nn.Module, split: Split | DataLoader,
                   batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     if isinstance(split, DataLoader):
-        device = _model_device(model)
+        device = model_device(model)
         for batch in split:
-            yield _to_device(batch, device, "eval_data")
+            yield to_device(batch, device, "eval_data")
         return
     for start in range(0, len(split), batch_size):
         yield split.x[start:start + batch_size], split.y[start:start + batch_size]
-
-
-def _call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
-    for callback in callbacks:
-        method = getattr(callback, hook, None)
-        if method is not None:
-            method(*args)
 
 
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -226,79 +145,6 @@ def set_learning_rate(optimizer: torch.optim.Optimizer | FlatOptimizer, lr: floa
     untouched, so a learning-rate step keeps the momentum."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    raise ValueError("model has no parameters or buffers; fit needs a model with parameters to train")
-
-
-def _to_device(batch: Any, device: torch.device, argument: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
-        raise TypeError(f"{argument}: a DataLoader batch is {type(batch).__name__}; accepted: a pair of tensors (x, y)")
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
-def _pair(x: Any, y: Any, argument: str, device: torch.device) -> Split:
-    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-        raise TypeError(f"{argument}: (x, y) must both be tensors, got ({type(x).__name__}, {type(y).__name__})")
-    if x.dim() == 0 or y.dim() == 0 or len(x) != len(y):
-        raise ValueError(f"{argument}: x and y must have one row per sample and as many rows; got shapes "
-                         f"{tuple(x.shape)} and {tuple(y.shape)}")
-    return Split(x.to(device), y.to(device))
-
-
-def _stack_dataset(dataset: Dataset, argument: str, device: torch.device) -> Split:
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-        return _pair(*dataset.tensors, argument, device)
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        raise TypeError(f"{argument}: an iterable Dataset has no length to stack; pass it inside a DataLoader")
-    xs, ys = [], []
-    for i in range(len(dataset)):
-        item = dataset[i]
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise TypeError(f"{argument}: item {i} is {type(item).__name__}; accepted: a pair (x, y) per item "
-                            f"(or pass a DataLoader that builds the batches)")
-        xs.append(torch.as_tensor(item[0]))
-        ys.append(torch.as_tensor(item[1]))
-    if not xs:
-        raise ValueError(f"{argument}: the Dataset is empty")
-    return _pair(torch.stack(xs), torch.stack(ys), argument, device)
-
-
-def _user_split(data: Any, argument: str, device: torch.device) -> Split | DataLoader:
-    """A user's data as an in-memory Split on `device` where possible, else the DataLoader itself."""
-    if isinstance(data, DataLoader):
-        return data
-    if isinstance(data, Split):
-        return _pair(data.x, data.y, argument, device)
-    if isinstance(data, Dataset):
-        return _stack_dataset(data, argument, device)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        return _pair(data[0], data[1], argument, device)
-    raise TypeError(f"{argument}: got {type(data).__name__}; accepted: {_ACCEPTED_DATA}")
-
-
-def _resolve(model: nn.Module, data: Any, eval_data: Any) -> tuple[torch.device, Split | DataLoader,
-                                                                    Split | DataLoader | None,
-                                                                    Split | DataLoader | None, DataSplits | None]:
-    """(device, train, val, test, the DataSplits given or None)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: got {type(model).__name__}; accepted: a torch.nn.Module")
-    if isinstance(data, DataSplits):
-        if eval_data is not None:
-            raise ValueError("eval_data: DataSplits carries its own val and test splits; give eval_data only "
-                             "with tensors, a Dataset or a DataLoader")
-        device = data.train.x.device
-        if _model_device(model) != device:
-            raise ValueError(f"model is on {_model_device(model)} but the data on {device}; move one")
-        return device, data.train, data.val, data.test, data
-    device = _model_device(model)
-    train = _user_split(data, "data", device)
-    test = None if eval_data is None else _user_split(eval_data, "eval_data", device)
-    return device, train, None, test, None
 
 
 def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequence[Any] = (), *,
@@ -353,7 +199,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     if optimizer is not None and not isinstance(optimizer, (torch.optim.Optimizer, FlatOptimizer)):
         raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer, a "
                         f"FlatOptimizer, or None for the recipe's")
-    device, train, val, test, splits = _resolve(model, data, eval_data)
+    device, train, val, test, splits = resolve_data(model, data, eval_data)
     if isinstance(train, Split) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
     schedule = optimizer is None
@@ -361,65 +207,92 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
         optimizer = build_optimizer(model, recipe)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rank, world = distributed.rank_and_world()
-    n, batch_size = (len(train), recipe.batch_size) if isinstance(train, Split) else (0, 1)
+    n = len(train) if isinstance(train, Split) else 0
     # A last batch of one sample (per rank) would break BatchNorm's training statistics: fold it away.
-    starts = [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
+    starts = [s for s in range(0, n, recipe.batch_size) if n - s > 2 * world - 1 or s == 0]
     steps_per_epoch = len(starts) if isinstance(train, Split) else _loader_length(train)
     state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:
         callbacks = [*callbacks, ProgressPrinter(label=label)]
-    _call(callbacks, "on_fit_start", state)
-    if state.step == 0 and state.epoch > 0 and steps_per_epoch is not None:
-        state.step = state.epoch * steps_per_epoch  # a restored run continues its step count
-    if channels_last:
-        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
-    train_model: Callable[..., Any] = distributed.wrap_model(model)
-    if compile_model:
-        train_model = torch.compile(train_model)
-    compute_loss: LossFn = F.cross_entropy if loss_fn is None else loss_fn
-    snapshot = _snapshot(model)
+    engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule, device=device,
+                           loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
+                           amp=amp, channels_last=channels_last, compile_model=compile_model)
+    run_loop(engine, [Member(state, list(callbacks))], recipe.epochs)
+    return state.history
 
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+
+class _ModuleEngine:
+    """`fit`'s engine (train.engine.Engine) for one `nn.Module`: the member at position 0 of the loop."""
+
+    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer | FlatOptimizer, train: Split | DataLoader,
+                 evals: dict[str, Split | DataLoader | None],
+                 starts: list[int], *, schedule: bool, device: torch.device, loss_fn: LossFn | None,
+                 eval_batch_size: int, train_transform: Callable[[torch.Tensor], torch.Tensor] | None, amp: bool,
+                 channels_last: bool, compile_model: bool) -> None:
+        self.state, self.optimizer, self.train, self.evals, self.starts = state, optimizer, train, evals, starts
+        self.schedule, self.device, self.loss_fn, self.eval_batch_size = schedule, device, loss_fn, eval_batch_size
+        self.train_transform, self.amp, self.channels_last = train_transform, amp, channels_last
+        self.compile_model = compile_model
+        self.compute_loss: LossFn = F.cross_entropy if loss_fn is None else loss_fn
+        self.train_model: Callable[..., Any] = state.model
+        self.snapshot: dict[str, torch.Tensor] = {}
+
+    def begin(self) -> None:
+        """After on_fit_start (a restored checkpoint included): step count, memory format, wrappers, snapshot."""
+        state = self.state
+        if state.step == 0 and state.epoch > 0 and state.steps_per_epoch is not None:
+            state.step = state.epoch * state.steps_per_epoch  # a restored run continues its step count
+        if self.channels_last:
+            state.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
+        self.train_model = distributed.wrap_model(state.model)
+        if self.compile_model:
+            self.train_model = torch.compile(self.train_model)
+        self.end_epoch()
+
+    def set_learning_rates(self, epoch: int) -> list[float]:
+        """The recipe's schedule, unless the caller gave its own optimizer (its lr is then recorded)."""
+        if self.schedule:
+            lr = learning_rate_at(self.state.recipe, epoch)
+            set_learning_rate(self.optimizer, lr)
+            return [lr]
+        return [float(self.optimizer.param_groups[0]["lr"])]
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        train, rank, world = self.train, *distributed.rank_and_world()
         if not isinstance(train, Split):
             for batch in train:
-                yield _to_device(batch, device, "data")
+                x, y = to_device(batch, self.device, "data")
+                yield (x if self.train_transform is None else self.train_transform(x)), y
             return
-        order = torch.randperm(n, generator=generator).to(device)
-        for start in starts:
+        order = torch.randperm(len(train), generator=self.state.generator).to(self.device)
+        batch_size = self.state.recipe.batch_size
+        for start in self.starts:
             batch = order[start:start + batch_size]
             index = distributed.shard(batch, rank, world)
-            y = train.y[index]
-            if train_transform is None:
+            if self.train_transform is None:
                 x = train.x[index]
             else:
                 # Augment the whole global batch, then keep this rank's share: every rank draws the
                 # same random numbers, so a data-parallel step sees the images one process would.
-                x = distributed.shard(train_transform(train.x[batch]), rank, world)
-            yield x, y
+                x = distributed.shard(self.train_transform(train.x[batch]), rank, world)
+            yield x, train.y[index]
 
-    while state.epoch < recipe.epochs and not state.history.diverged and not state.stop:
-        epoch = state.epoch
-        if schedule:
-            lr = learning_rate_at(recipe, epoch)
-            set_learning_rate(optimizer, lr)
-        else:
-            lr = float(optimizer.param_groups[0]["lr"])
-        _call(callbacks, "on_epoch_start", state)
-        model.train()
-        started = time.perf_counter()
-        loss_sum, wrong, seen, classified, steps = 0.0, 0, 0, True, 0
-        for step, (x, y) in enumerate(batches()):
-            if not isinstance(train, Split) and train_transform is not None:
-                x = train_transform(x)
-            if channels_last and x.dim() == 4:
+    def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
+        """fit's steps: forward, loss, the divergence check before backward, step, on_step_end."""
+        state, optimizer, world = self.state, self.optimizer, distributed.rank_and_world()[1]
+        state.model.train()
+        stats = EpochStats([0.0], [0], 0, 0)
+        wrong, classified = 0, True
+        for step, (x, y) in enumerate(self._batches()):
+            if self.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-            if amp:
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-                    logits = train_model(x)
-                    loss = compute_loss(logits.float(), y)
+            if self.amp:
+                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                    logits = self.train_model(x)
+                    loss = self.compute_loss(logits.float(), y)
             else:
-                logits = train_model(x)
-                loss = compute_loss(logits, y)
+                logits = self.train_model(x)
+                loss = self.compute_loss(logits, y)
             batch_wrong = _wrong(logits.detach(), y)
             if batch_wrong is None:
                 classified, batch_wrong = False, torch.zeros((), device=loss.device)
@@ -437,55 +310,44 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
                 wrong_count, batch_seen = batch_wrong, len(y)
             # Divergence check: before the backward pass, so that no non-finite update is applied.
             if not math.isfinite(loss_value):
-                state.history.diverged = True
-                state.history.diverged_at = {"epoch": epoch + 1, "step": step, "loss": str(loss_value)}
+                stats.diverged[0] = {"step": step, "loss": str(loss_value)}
                 break
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += loss_value * batch_seen
+            stats.loss_sum[0] += loss_value * batch_seen
             wrong += int(wrong_count)
-            seen += batch_seen
-            steps += 1
+            stats.seen += batch_seen
+            stats.steps += 1
             state.step += 1
-            _call(callbacks, "on_step_end", state, state.step, loss_value)
+            call_hook(callbacks[0], "on_step_end", state, state.step, loss_value)
             if state.stop:
                 break
-        if state.history.diverged:
-            model.load_state_dict(snapshot)  # back to the last finished epoch's weights
-            break
-        if seen == 0:
-            raise ValueError("data: the DataLoader yielded no batches in an epoch")
+        stats.wrong = [wrong if classified else None]
+        return stats
 
-        epoch_time = time.perf_counter() - started
-        state.elapsed_s += epoch_time
-        record: dict[str, Any] = {
-            "epoch": epoch + 1,
-            "lr": lr,
-            "train_loss": loss_sum / seen,
-            "train_error_pct": 100.0 * wrong / seen if classified else None,
-        }
-        # Evaluation: recorded, never used to choose anything.
-        for name, split in (("val", val), ("test", test)):
-            if split is None:
-                record[f"{name}_loss"], record[f"{name}_error_pct"] = None, None
-            else:
-                record[f"{name}_loss"], record[f"{name}_error_pct"] = _evaluate(model, split, eval_batch_size, loss_fn)
-        ks = scalar_gate_values(model)
-        if ks:
-            record["k"] = ks
-            record["k_mean"] = sum(ks) / len(ks)
-        record["epoch_time_s"] = epoch_time
-        record["elapsed_s"] = state.elapsed_s
-        if state.stop and steps_per_epoch is not None and steps < steps_per_epoch:
-            record["stopped_at_step"] = steps
-        state.history.epochs.append(record)
-        state.epoch = epoch + 1
-        snapshot = _snapshot(model)
-        _call(callbacks, "on_epoch_end", state, record)
+    def evaluate(self, which: str) -> list[tuple[float | None, float | None]] | None:
+        """Loss and error of the model on the val or test data (None without it)."""
+        split = self.evals[which]
+        return None if split is None else [_evaluate(self.state.model, split, self.eval_batch_size, self.loss_fn)]
 
-    _call(callbacks, "on_fit_end", state)
-    return state.history
+    def gate_values(self) -> list[list[float]]:
+        """The model's scalar gates' k (scalar_gate_values)."""
+        return [scalar_gate_values(self.state.model)]
+
+    def end_epoch(self) -> None:
+        """Copy the weights a divergence in the next epoch goes back to."""
+        self.snapshot = _snapshot(self.state.model)
+
+    def roll_back(self, position: int) -> None:
+        """Back to the last finished epoch's weights."""
+        self.state.model.load_state_dict(self.snapshot)
+
+    def sync(self, position: int, state: TrainState) -> None:
+        """Nothing to do: the state's model is the one trained."""
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Nothing to do: the one member has ended when it is dropped."""
 
 
 def _loader_length(loader: DataLoader) -> int | None:

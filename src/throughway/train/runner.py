@@ -41,7 +41,9 @@ from .checkpoint import (has_checkpoint, load_checkpoint, read_checkpoint_meta, 
                          verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
+from .flat import FlatOptimizer
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
+from .loop_state import progress_entry, restore_progress
 from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
@@ -247,14 +249,15 @@ def final_summary(history: History) -> dict[str, Any]:
     }
 
 
-class _RunFiles:
-    """Callback that checkpoints, rewrites results.json and metrics.csv every epoch, and restores on resume."""
+class ResultsFiles:
+    """Callback that keeps a run directory's results.json and metrics.csv current every epoch and writes
+    model.safetensors at the end; shared by `run_training` and `train_batched` (one writer for both).
 
-    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
-        # write=False: a non-zero rank of a distributed run, which reads checkpoints but writes nothing.
-        self.out_dir, self.results, self.resume, self.write = out_dir, results, resume, write
-        # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
-        self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
+    `results` is the header (`results_header`); `write=False` (a non-zero rank of a distributed run)
+    writes nothing."""
+
+    def __init__(self, out_dir: Path, results: dict[str, Any], write: bool = True) -> None:
+        self.out_dir, self.results, self.write = out_dir, results, write
 
     def _write(self, state: TrainState, final: bool) -> None:
         if not self.write:
@@ -267,24 +270,11 @@ class _RunFiles:
         write_metrics_csv(self.out_dir, state.history.epochs)
 
     def on_fit_start(self, state: TrainState) -> None:
-        """Restore the checkpoint when resuming, then write results.json."""
-        if self.resume and has_checkpoint(self.out_dir):
-            meta = load_checkpoint(self.out_dir, model=state.model, optimizer=state.optimizer,
-                                   generator=state.generator)
-            state.epoch = int(meta["epoch"])
-            state.history = History.from_dict(meta["history"])
-            state.elapsed_s = float(meta.get("elapsed_s", 0.0))
-            if self.write:
-                print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
+        """Write results.json as the run starts (or resumes)."""
         self._write(state, final=False)
 
     def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
-        """Checkpoint the epoch and rewrite results.json."""
-        if not self.write:
-            return
-        save_checkpoint(self.out_dir, model=state.model, optimizer=state.optimizer, generator=state.generator,
-                        epoch=state.epoch, extra={"history": state.history.to_dict(), "elapsed_s": state.elapsed_s,
-                                                  **self.identity})
+        """Rewrite results.json and metrics.csv."""
         self._write(state, final=False)
 
     def on_fit_end(self, state: TrainState) -> None:
@@ -292,6 +282,39 @@ class _RunFiles:
         if self.write:
             save_model(self.out_dir / MODEL_FILE, state.model)
         self._write(state, final=True)
+
+
+def _own_optimizer(state: TrainState) -> torch.optim.Optimizer | FlatOptimizer:
+    if not isinstance(state.optimizer, (torch.optim.Optimizer, FlatOptimizer)):
+        raise TypeError("a run's own checkpoint needs the run's own optimiser; a batched run checkpoints the batch")
+    return state.optimizer
+
+
+class _RunFiles(ResultsFiles):
+    """`ResultsFiles` plus the run's own checkpoint every epoch, restored on resume (`run_training`)."""
+
+    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
+        super().__init__(out_dir, results, write)
+        self.resume = resume
+        # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
+        self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
+
+    def on_fit_start(self, state: TrainState) -> None:
+        """Restore the checkpoint when resuming, then write results.json."""
+        if self.resume and has_checkpoint(self.out_dir):
+            meta = load_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state),
+                                   generator=state.generator)
+            restore_progress(state, meta)
+            if self.write:
+                print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
+        super().on_fit_start(state)
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Checkpoint the epoch and rewrite results.json."""
+        if self.write:
+            save_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state), generator=state.generator,
+                            epoch=state.epoch, extra={**progress_entry(state), **self.identity})
+        super().on_epoch_end(state, record)
 
 
 def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:
