@@ -48,7 +48,7 @@ import math
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
 from ..study.batching import project_batches, projection_markdown, run_batched
+from ..study.options import add_options, option, quick_config
+from ..study.options import config_from_args as study_config_from_args
 from ..study.runs import RunSpec, StudySummary, remake_report
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
@@ -111,21 +113,26 @@ class Config:
     """The study's settings; the defaults are the paper's scale (FIGURE1_EPOCHS): 100 trials per
     architecture and depth, all 60,000 training images, 400 epochs."""
 
-    layers: tuple[int, ...] = (10, 20, 50, 100)
-    archs: tuple[str, ...] = ("plain", "highway")
-    trials: int = 100
-    epochs: int = FIGURE1_EPOCHS
-    search_seed: int = 0
+    layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
+                                     quick=(10, 20))
+    archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
+    trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4)
+    epochs: int = option(FIGURE1_EPOCHS, "epochs per trial (ours, an unchecked recollection of figure 1's x-axis; "
+                                         "the text does not state it)", quick=2)
+    search_seed: int = option(0, "seed of the random search")
     train_on_full: bool = True
-    limit: int | None = None
+    limit: int | None = option(None, "keep only the first N samples of each split", quick=3000)
     device: str = "cpu"
     data_dir: str | None = None
-    max_batch: int = 64
-    shard: str = "1/1"
-    merge: bool = False
-    quick: bool = False
-    init: str = "normalized"
-    compile: bool = False
+    max_batch: int = option(64, "most trials trained together in one batch")
+    shard: str = option("1/1", "i/N: train only the i-th of N disjoint slices of the trials (i = 1..N)")
+    merge: bool = option(False, "train nothing: build summary, table and figure from every run under --out "
+                                "(all shards)", negatable=False)
+    quick: bool = option(False, "made by --quick", quick=True, cli=False)
+    init: str = option("normalized", "weight init (normalized: Glorot uniform for tanh, He normal for ReLU nets)",
+                       choices=INIT_CHOICES)
+    compile: bool = option(False, "torch.compile each batch's step (minutes of compilation per batch; pays for "
+                                  "long batches)", negatable=False)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.archs) - set(ARCHITECTURES))
@@ -140,7 +147,8 @@ class Config:
         parse_shard(self.shard)
 
 
-QUICK = Config(layers=(10, 20), trials=4, epochs=2, limit=3000, quick=True)
+# What --quick runs (the fields' quick values): 10 and 20 layers, 4 trials, 2 epochs, 3000 images.
+QUICK = quick_config(Config)
 
 # Fields that may differ between the processes of one study (shards, merge, device).
 _PER_PROCESS = {"shard", "merge", "device", "data_dir", "max_batch", "compile"}
@@ -429,40 +437,13 @@ def _json(value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options."""
-    parser.add_argument("--quick", action="store_true", help="smoke run: 10 and 20 layers, 4 trials, 2 epochs, 3000 images")
-    parser.add_argument("--trials", type=int, help="random-search trials per architecture and depth (paper: 100)")
-    parser.add_argument("--epochs", type=int, help="epochs per trial (default 400: ours, an unchecked recollection of "
-                                                   "figure 1's x-axis; the text does not state it)")
-    parser.add_argument("--layers", type=int, nargs="+", help="network depths in layers (paper: 10 20 50 100)")
-    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures (default both)")
-    parser.add_argument("--search-seed", type=int, help="seed of the random search (default 0)")
-    parser.add_argument("--limit", type=int, help="keep only the first N samples of each split")
-    parser.add_argument("--max-batch", type=int, help="most trials trained together in one batch (default 64)")
-    parser.add_argument("--shard", help="i/N: train only the i-th of N disjoint slices of the trials (i = 1..N)")
-    parser.add_argument("--merge", action="store_true", help="train nothing: build summary, table and figure "
-                                                             "from every run under --out (all shards)")
-    parser.add_argument("--init", choices=list(INIT_CHOICES),
-                        help="weight init (default normalized: Glorot uniform for tanh, He normal for ReLU nets)")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile each batch's step (minutes of compilation per batch; pays for long batches)")
+    """The study's command-line options: one per Config field (study.options), and --estimate."""
+    add_options(parser, Config)
     parser.add_argument("--estimate", action="store_true",
                         help="train nothing: time a few steps of every batch and print the projected duration "
                              "for --jobs workers")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Build the Config from parsed options: --quick's settings, then every explicit option."""
-    config = QUICK if args.quick else Config()
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir, "merge": bool(args.merge),
-                               "compile": bool(args.compile)}
-    for option, key in (("trials", "trials"), ("epochs", "epochs"), ("search_seed", "search_seed"),
-                        ("limit", "limit"), ("max_batch", "max_batch"), ("shard", "shard"), ("init", "init")):
-        value = getattr(args, option)
-        if value is not None:
-            changes[key] = value
-    if args.layers:
-        changes["layers"] = tuple(args.layers)
-    if args.archs:
-        changes["archs"] = tuple(args.archs)
-    return replace(config, **changes)
+    """The Config the command line asks for: --quick's values, then every explicit option."""
+    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)
