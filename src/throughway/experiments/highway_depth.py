@@ -56,9 +56,8 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
-from ..study.batching import project_batches, projection_markdown, run_batched
-from ..study.options import add_options, option, quick_config
-from ..study.options import config_from_args as study_config_from_args
+from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
+from ..study.options import option, quick_config
 from ..study.runs import RunSpec, StudySummary, remake_report
 from .highway_depth_report import PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, observations, table_markdown
 
@@ -324,13 +323,5 @@ def _json(value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options: one per Config field (study.options), and --estimate."""
-    add_options(parser, Config)
-    parser.add_argument("--estimate", action="store_true",
-                        help="train nothing: time a few steps of every batch and print the projected duration "
-                             "for --jobs workers")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config the command line asks for: --quick's values, then every explicit option."""
-    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)
+    """The search's command-line options: one per Config field, and --estimate (study.batching)."""
+    add_estimate_options(parser, Config)

@@ -22,14 +22,14 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
-from ..study.options import add_options, option, quick_config
+from ..study.options import option, quick_config
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
-from ..study.batching import project_batches, projection_markdown, run_batched
+from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .mnist_depth_report import (LAST_EPOCHS, differences_from_paper, findings_markdown, stem_ablation_markdown,
                                  table_markdown)
-from ..study.runs import RunSpec, StudySummary, mean_std, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS",
@@ -150,13 +150,11 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     for depth in config.depths:
         for arch in config.archs:
             per_seed, status = [], []
-            for seed in range(config.seeds):
-                name = run_name(arch, depth, seed)
-                path = out / "runs" / name / RESULTS_FILE
-                if not path.is_file():
+            names = [run_name(arch, depth, seed) for seed in range(config.seeds)]
+            for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                if result is None:
                     status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
-                result = read_json(path)
                 history = result["history"]
                 curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h["train_loss"] for h in history],
                                 "test_error_pct": [h["test_error_pct"] for h in history]}
@@ -284,11 +282,8 @@ def read_back(value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options: one per Config field (study.options), and --estimate."""
-    add_options(parser, Config)
-    parser.add_argument("--estimate", action="store_true",
-                        help="train nothing: time a few steps of every batch and print the projected duration "
-                             "for --jobs workers")
+    """The study's command-line options: one per Config field, and --estimate (study.batching)."""
+    add_estimate_options(parser, Config)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
