@@ -26,6 +26,7 @@ import torch
 
 from .._io import atomic_write_json, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
+from ..report.tables import table_head
 from ..study.options import option
 from ..study.runs import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
@@ -73,10 +74,10 @@ def _trace_key(network: str, seed: int) -> str:
 def table_markdown(summary: dict[str, Any]) -> str:
     """Start and end of every trace: loss, max |λ|, P10 |λ|, condition number and index."""
     config = summary["config"]
-    lines = [f"Hessian along full-batch GD, depth {config['depth']}, lr {config['lr']}, {config['epochs']} epochs "
-             f"(Demystifying ResNet figures 5 and 6)", "",
-             "| network | seed | epoch | loss | max abs eigenvalue | P10 abs eigenvalue | condition | index | max grad norm (epoch) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = table_head(f"Hessian along full-batch GD, depth {config['depth']}, lr {config['lr']}, {config['epochs']} "
+                       f"epochs (Demystifying ResNet figures 5 and 6)",
+                       ["network", "seed", "epoch", "loss", "max abs eigenvalue", "P10 abs eigenvalue", "condition",
+                        "index", "max grad norm (epoch)"])
     for t in summary["traces"]:
         grads = [g if g is not None else -1 for g in t["gradient_norm"]]
         peak = int(np.argmax(grads)) if grads else 0

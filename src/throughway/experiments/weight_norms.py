@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..report.tables import table_head
 from ..study.options import option
 from ..study.runs import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
@@ -62,10 +63,9 @@ class Config:
 def table_markdown(summary: dict[str, Any]) -> str:
     """Average ‖W‖_F at the end of training (and its maximum along training) per depth."""
     config = summary["config"]
-    lines = [f"Average Frobenius norm of the weights, 2-shortcut zero init, lr {config['lr']} "
-             f"(Demystifying ResNet figure 3)", "",
-             "| activation | depth | epochs | final loss | final avg ‖W‖_F | max avg ‖W‖_F along training |",
-             "|---|---|---|---|---|---|"]
+    lines = table_head(f"Average Frobenius norm of the weights, 2-shortcut zero init, lr {config['lr']} "
+                       f"(Demystifying ResNet figure 3)",
+                       ["activation", "depth", "epochs", "final loss", "final avg ‖W‖_F", "max avg ‖W‖_F along training"])
     for activation in config["activations"]:
         for depth in config["depths"]:
             c = summary["curves"].get(f"{activation}-L{depth}")
