@@ -11,10 +11,13 @@ track the condition number and the index along training (figures 4, 5, 6). This 
   stays bounded for networks of about 10,000 parameters (see `benchmarks/hessian_speed.py`);
 * `HessianOperator`: the same Hessian as an operator (size, dtype, device, matvec, matmat) for
   larger models, with the loss and gradient at the same point;
-* `lanczos(...)`: extreme eigenvalues by Lanczos with full reorthogonalisation;
+* `lanczos(...)`: extreme eigenvalues by Lanczos with full reorthogonalisation (analysis.lanczos);
 * `condition_number` (max |λ| over the 10th percentile of |λ|, the paper's appendix B measure),
   `plain_condition_number` (max |λ| / min |λ|), `index` (fraction of negative eigenvalues),
-  `spectrum_summary`, `gradient_norm`.
+  `spectrum_summary` (analysis.spectrum), `gradient_norm`.
+
+This module computes the Hessian; every name of analysis.lanczos and analysis.spectrum is
+importable from here too.
 
 Parameters are those with requires_grad=True, flattened in `model.named_parameters()` order
 (row-major within each tensor). The paper orders them column-major; a permutation changes no
@@ -40,13 +43,15 @@ tolerance, and is None when at least a tenth of the spectrum is zero to toleranc
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, cast
+from typing import Callable, cast
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, jvp, vmap
+
+from .lanczos import LanczosResult, lanczos
+from .spectrum import (SingularHessianWarning, SpectrumSummary, apply_tolerance, condition_number, default_rtol,
+                       index, plain_condition_number, singular_to_tolerance, spectrum_summary)
 
 __all__ = [
     "squared_error_loss",
@@ -284,275 +289,6 @@ def exact_hessian(model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targe
         hessian[hi:, lo:hi] = rows[:, width:].T
         del rows
     return hessian
-
-
-@dataclass(frozen=True)
-class LanczosResult:
-    """Extreme eigenvalues found by `lanczos`.
-
-    `eigenvalues`: the k wanted Ritz values, ordered by the `which` criterion (largest first for
-    "largest" and "magnitude", smallest first for "smallest"); `converged`: a bool per value
-    (residual ≤ tol · max|Ritz value|); `residuals`: ‖H y − θ y‖ per Ritz pair; `steps`: Lanczos
-    steps (= products with H) taken.
-    """
-
-    eigenvalues: torch.Tensor
-    converged: torch.Tensor
-    residuals: torch.Tensor
-    steps: int
-
-    @property
-    def all_converged(self) -> bool:
-        """True when every wanted Ritz value met the tolerance."""
-        return bool(self.converged.all())
-
-
-def _as_operator(operator: Any, size: int | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int, torch.dtype, torch.device]:
-    if isinstance(operator, torch.Tensor):
-        if operator.ndim != 2 or operator.shape[0] != operator.shape[1]:
-            raise ValueError(f"lanczos: a matrix operator must be square; got {tuple(operator.shape)}")
-        matrix = operator
-        return (lambda v: matrix @ v), matrix.shape[0], matrix.dtype, matrix.device
-    if hasattr(operator, "matvec") and hasattr(operator, "size"):
-        return operator.matvec, int(operator.size), operator.dtype, operator.device
-    if callable(operator):
-        if size is None:
-            raise ValueError("lanczos: pass size= when the operator is a plain function v -> H v")
-        return operator, int(size), torch.float64, torch.device("cpu")
-    raise TypeError("lanczos: operator must be a square tensor, an object with size/matvec, or a function")
-
-
-_WHICH = ("largest", "smallest", "magnitude")
-
-
-def lanczos(operator: Any, k: int = 1, *, which: str = "largest", max_steps: int | None = None,
-            tol: float = 1e-8, seed: int = 0, size: int | None = None, check_every: int = 1) -> LanczosResult:
-    """The k extreme eigenvalues of a symmetric operator by Lanczos with full reorthogonalisation.
-
-    `operator`: a symmetric tensor, a `HessianOperator` (or anything with size, dtype, device and
-    matvec), or a function v ↦ H v (then pass `size`). `which`: "largest" (algebraic), "smallest"
-    or "magnitude" (largest |λ|). Every new Lanczos vector is orthogonalised twice against all
-    previous ones, so no spurious copies of converged eigenvalues appear. Stops when the k wanted
-    Ritz values have residual ≤ tol · max|θ|, or after `max_steps` (default min(P, 300)) steps. A
-    Ritz value's own error is about residual² / gap (Parlett, *The Symmetric Eigenvalue Problem*,
-    §11.7), so when only eigenvalues are wanted tol = 1e-6 already gives them to about 1e-12 relative
-    (on the depth-96 benchmark network: 46 steps, 1.9e-12). `check_every` steps between
-    convergence checks (each an eigh of the small tridiagonal matrix: microseconds). When
-    the Krylov space becomes invariant (e.g. a zero operator) it restarts from a fresh random vector
-    orthogonal to the previous ones, so extreme eigenvalues outside the first subspace are not missed.
-    """
-    if which not in _WHICH:
-        raise ValueError(f"which={which!r} is not known; accepted values: {list(_WHICH)}")
-    matvec, n, dtype, device = _as_operator(operator, size)
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k}: must be between 1 and the operator size {n}")
-    steps_limit = min(n, max_steps if max_steps is not None else 300)
-    steps_limit = max(steps_limit, k)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-
-    def random_vector() -> torch.Tensor:
-        return torch.randn(n, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)
-
-    basis = torch.zeros(steps_limit, n, dtype=dtype, device=device)
-    alphas: list[float] = []
-    betas: list[float] = []  # betas[j] couples vector j and j+1
-    q = random_vector()
-    q /= q.norm()
-    scale = 0.0
-    result: LanczosResult | None = None
-    for j in range(steps_limit):
-        basis[j] = q
-        w = matvec(q).to(dtype)
-        alpha = float(q @ w)
-        alphas.append(alpha)
-        for _ in range(2):  # full reorthogonalisation, twice ("twice is enough")
-            w = w - basis[: j + 1].T @ (basis[: j + 1] @ w)
-        beta = float(w.norm())
-        scale = max(scale, abs(alpha), beta)
-        breakdown = beta <= 1e-12 * max(scale, 1e-300)
-        last = j == steps_limit - 1
-        if (j + 1) % check_every == 0 or last or breakdown:
-            result = _ritz(alphas, betas, beta if not breakdown else 0.0, k, which, tol, j + 1, dtype, device)
-            if last or (result.all_converged and j + 1 >= k):
-                # A converged set found before a breakdown may still miss eigenvalues outside the
-                # first invariant subspace only when the start vector was orthogonal to them;
-                # a random start makes that a probability-zero event.
-                return result
-        if last:
-            break
-        if breakdown:
-            q = random_vector()
-            for _ in range(2):
-                q = q - basis[: j + 1].T @ (basis[: j + 1] @ q)
-            if float(q.norm()) <= 1e-10:  # the basis already spans the whole space
-                return _ritz(alphas, betas, 0.0, k, which, tol, j + 1, dtype, device)
-            betas.append(0.0)
-            q = q / q.norm()
-        else:
-            betas.append(beta)
-            q = w / beta
-    assert result is not None
-    return result
-
-
-def _ritz(alphas: list[float], betas: list[float], last_beta: float, k: int, which: str, tol: float,
-          steps: int, dtype: torch.dtype, device: torch.device) -> LanczosResult:
-    m = len(alphas)
-    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-    if m > 1:
-        off = torch.tensor(betas[: m - 1], dtype=torch.float64)
-        t += torch.diag(off, 1) + torch.diag(off, -1)
-    theta, vectors = torch.linalg.eigh(t)
-    residuals = (last_beta * vectors[-1, :]).abs()
-    if which == "largest":
-        order = torch.argsort(theta, descending=True)
-    elif which == "smallest":
-        order = torch.argsort(theta)
-    else:
-        order = torch.argsort(theta.abs(), descending=True)
-    order = order[: min(k, m)]
-    reference = float(theta.abs().max()) if m else 0.0
-    converged = residuals[order] <= tol * max(reference, 1e-300)
-    if steps < k:
-        converged = torch.zeros(len(order), dtype=torch.bool)
-    return LanczosResult(theta[order].to(dtype=dtype, device=device), converged.to(device),
-                         residuals[order].to(dtype=dtype, device=device), steps)
-
-
-def _abs_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
-    values = torch.as_tensor(eigenvalues, dtype=torch.float64).reshape(-1)
-    if values.numel() == 0:
-        raise ValueError("eigenvalues is empty")
-    if not torch.isfinite(values).all():
-        raise ValueError("eigenvalues contain NaN or infinity")
-    return values.abs()
-
-
-class SingularHessianWarning(UserWarning):
-    """A Hessian is singular to tolerance: its plain condition number and index are undefined."""
-
-
-def default_rtol(size: int) -> float:
-    """The default relative tolerance for a spectrum of `size` eigenvalues: size · eps(float64)."""
-    return max(1, int(size)) * torch.finfo(torch.float64).eps
-
-
-def singular_to_tolerance(min_abs: float, max_abs: float, size: int, rtol: float | None = None) -> bool:
-    """True when min |λ| ≤ rtol · max |λ| (rtol default `default_rtol(size)`), or the matrix is zero.
-
-    Works from stored summaries (min |λ|, max |λ|, P) as well as from spectra.
-    """
-    tol = (default_rtol(size) if rtol is None else float(rtol)) * max_abs
-    return max_abs == 0.0 or min_abs <= tol
-
-
-def condition_number(eigenvalues: torch.Tensor, low_percentile: float = 10.0, rtol: float | None = None) -> float | None:
-    """max |λ| / (the `low_percentile`-th percentile of |λ|): Demystifying ResNet appendix B.
-
-    The paper uses the 10th percentile because min |λ| is very unstable. The percentile is linear
-    interpolation between order statistics (numpy's default). Returns None when the ratio is
-    undefined: a zero Hessian (max |λ| = 0) or a percentile within the tolerance rtol · max |λ|
-    (rtol default P · eps, see the module docstring) — never NaN or infinity.
-    Use `spectrum_summary` to tell the two apart.
-    """
-    if not 0.0 <= low_percentile <= 100.0:
-        raise ValueError(f"low_percentile={low_percentile}: must be between 0 and 100")
-    values = _abs_eigenvalues(eigenvalues)
-    top = float(values.max())
-    low = float(torch.quantile(values, low_percentile / 100.0))
-    tol = (default_rtol(values.numel()) if rtol is None else float(rtol)) * top
-    if top == 0.0 or low <= tol:
-        return None
-    return top / low
-
-
-def plain_condition_number(eigenvalues: torch.Tensor, rtol: float | None = None) -> float | None:
-    """max |λ| / min |λ|, or None when the Hessian is singular to tolerance (including zero)."""
-    values = _abs_eigenvalues(eigenvalues)
-    low, top = float(values.min()), float(values.max())
-    return None if singular_to_tolerance(low, top, values.numel(), rtol) else top / low
-
-
-def index(eigenvalues: torch.Tensor, tol: float = 0.0) -> float:
-    """The fraction of eigenvalues below −tol (the index of a critical point; paper figure 6).
-
-    A zero Hessian has index 0. `spectrum_summary` reports None instead for a Hessian that is
-    singular to tolerance.
-    """
-    values = torch.as_tensor(eigenvalues, dtype=torch.float64).reshape(-1)
-    if values.numel() == 0:
-        raise ValueError("eigenvalues is empty")
-    return float((values < -abs(tol)).double().mean())
-
-
-@dataclass(frozen=True)
-class SpectrumSummary:
-    """What the paper's figures read off a Hessian spectrum (see `spectrum_summary`)."""
-
-    size: int
-    max_abs: float
-    low_abs: float
-    min_abs: float
-    low_percentile: float
-    condition: float | None
-    plain_condition: float | None
-    index: float | None
-    zero: bool
-    singular: bool
-    rtol: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as a JSON-able dict (None where undefined)."""
-        return asdict(self)
-
-
-def spectrum_summary(eigenvalues: torch.Tensor, low_percentile: float = 10.0, zero_tol: float = 0.0,
-                     rtol: float | None = None, warn: bool = True) -> SpectrumSummary:
-    """max |λ|, the low percentile of |λ|, min |λ|, both condition numbers, the index, whether the
-    Hessian is zero (max |λ| ≤ zero_tol) and whether it is singular to tolerance (min |λ| ≤
-    rtol · max |λ|, rtol default P · eps; see the module docstring).
-
-    Undefined values are None: both condition numbers of a zero Hessian; the plain condition
-    number and the index of a singular one (with a `SingularHessianWarning` when `warn`); the
-    paper's condition number when its percentile is within the tolerance.
-    """
-    values = _abs_eigenvalues(eigenvalues)
-    top = float(values.max())
-    bottom = float(values.min())
-    rtol = default_rtol(values.numel()) if rtol is None else float(rtol)
-    zero = top <= zero_tol
-    singular = zero or singular_to_tolerance(bottom, top, values.numel(), rtol)
-    if singular and not zero and warn:
-        warnings.warn(f"the Hessian is singular to tolerance (min |λ| = {bottom:.3g} ≤ {rtol:.2g} · max |λ| = "
-                      f"{rtol * top:.3g}): its plain condition number and index are undefined",
-                      SingularHessianWarning, stacklevel=2)
-    return SpectrumSummary(
-        size=int(values.numel()), max_abs=top,
-        low_abs=float(torch.quantile(values, low_percentile / 100.0)), min_abs=bottom,
-        low_percentile=low_percentile,
-        condition=None if zero else condition_number(eigenvalues, low_percentile, rtol),
-        plain_condition=None if singular else top / bottom,
-        index=None if singular else index(eigenvalues), zero=zero, singular=singular, rtol=rtol)
-
-
-def apply_tolerance(stored: dict[str, Any], prefix: str = "", rtol: float | None = None) -> dict[str, Any]:
-    """A stored spectrum summary (the fields of `SpectrumSummary.to_dict()`, each name after `prefix`)
-    with `singular` and `rtol` set from its min |λ|, max |λ| and size, and the undefined values
-    None: the plain condition number and index of a singular Hessian, the paper's condition number
-    when its percentile is within the tolerance. For results files written before the tolerance
-    existed; returns a new dict."""
-    out = dict(stored)
-    size, top, bottom, low = (stored[prefix + k] for k in ("size", "max_abs", "min_abs", "low_abs"))
-    rtol = default_rtol(size) if rtol is None else float(rtol)
-    singular = bool(stored.get(prefix + "zero")) or singular_to_tolerance(bottom, top, size, rtol)
-    out[prefix + "singular"] = singular
-    out[prefix + "rtol"] = rtol
-    if singular:
-        out[prefix + "plain_condition"] = None
-        out[prefix + "index"] = None
-    if top == 0.0 or low <= rtol * top:
-        out[prefix + "condition"] = None
-    return out
 
 
 def gradient_norm(model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor, *,

@@ -13,28 +13,28 @@ Where the data comes from on this platform (docs/design.md, "Data on this platfo
 
 Every cache folder holds a manifest with the SHA-256 of each array file; a mismatch on load is an
 error that names the file, never silently wrong data. The cache root is `--data-dir`, else
-$THROUGHWAY_DATA, else ~/.cache/throughway.
+$THROUGHWAY_DATA, else ~/.cache/throughway. The cache and its checks are in data.cache, the CIFAR
+reader in data.cifar; this module reads MNIST and Fashion-MNIST, dispatches by name
+(`load_arrays`) and re-exports both modules' public names.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
+from .cache import DATASET_SHAPES, ArraySplits, _cached, _split_validation, data_root, save_cache
+from .cifar import load_cifar10, load_cifar100, missing_cifar_files
 from .idx import read_idx
-from .safe_pickle import safe_load, safe_loads
+from .safe_pickle import safe_loads
 
 __all__ = [
     "ArraySplits",
@@ -67,154 +67,6 @@ FASHION_MNIST_SHA256 = {
     "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
 }
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-# MD5 of the official CIFAR python-version files (https://www.cs.toronto.edu/~kriz/cifar.html).
-CIFAR10_MD5 = {
-    "data_batch_1": "c99cafc152244af753f735de768cd75f",
-    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
-    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
-    "data_batch_4": "634d18415352ddfa80567beed471001a",
-    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
-    "test_batch": "40351d587109b95175f43aff81a1287e",
-}
-CIFAR100_MD5 = {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc"}
-
-# One image's shape (C, H, W) and the number of classes of each data set: known before loading, so a
-# run's arguments are checked against them before any download or decoding.
-DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
-    "mnist": ((1, 28, 28), 10), "fashion-mnist": ((1, 28, 28), 10),
-    "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
-}
-VALIDATION_SIZE = {"mnist": 10_000, "fashion-mnist": 10_000, "cifar10": 5_000, "cifar100": 5_000}
-CACHE_FORMAT = 1
-SPLIT_KEYS = ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")
-
-
-@dataclass(frozen=True)
-class ArraySplits:
-    """uint8 images (N, C, H, W) and uint8 labels (N,) for train, validation and test."""
-
-    name: str
-    num_classes: int
-    train_x: np.ndarray
-    train_y: np.ndarray
-    val_x: np.ndarray
-    val_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The six arrays (train, validation, test images and labels) by name."""
-        return {k: getattr(self, k) for k in SPLIT_KEYS}
-
-
-def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache root: `data_dir` if given, else $THROUGHWAY_DATA, else ~/.cache/throughway."""
-    if data_dir is not None:
-        return Path(data_dir).expanduser()
-    env = os.environ.get("THROUGHWAY_DATA")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "throughway"
-
-
-# ---------------------------------------------------------------------------------------------
-# Cache
-
-
-def save_cache(folder: Path, splits: ArraySplits, source: str) -> None:
-    """Write `splits` as a verified cache in `folder` (.npy files, then a manifest of their SHA-256)."""
-    files = {}
-    for key, array in splits.arrays().items():
-        buffer = io.BytesIO()
-        np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-        data = buffer.getvalue()
-        atomic_write_bytes(folder / f"{key}.npy", data)
-        files[f"{key}.npy"] = hashlib.sha256(data).hexdigest()
-    # The manifest is written last: a folder without one is an unfinished cache and is rebuilt.
-    atomic_write_json(folder / "manifest.json", {
-        "format": CACHE_FORMAT, "dataset": splits.name, "num_classes": splits.num_classes,
-        "source": source, "files": files,
-    })
-
-
-def _load_cache(folder: Path, name: str) -> ArraySplits | None:
-    # The cache is untrusted input: the manifest's fields are type-checked, every array's checksum,
-    # dtype, shape and label range are checked on every load, not only when the cache is built.
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        return None
-    manifest = read_json(manifest_path)
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{manifest_path}: holds {type(manifest).__name__}, expected a JSON object; "
-                         f"delete {folder} to rebuild the {name} cache")
-    if manifest.get("format") != CACHE_FORMAT or manifest.get("dataset") != name:
-        return None
-    files = manifest.get("files")
-    if not (isinstance(files, dict) and all(isinstance(files.get(f"{k}.npy"), str) for k in SPLIT_KEYS)):
-        raise ValueError(f"{manifest_path}: field 'files' must map each of {[f'{k}.npy' for k in SPLIT_KEYS]} to "
-                         f"its SHA-256 (a string); delete {folder} to rebuild the {name} cache")
-    num_classes = manifest.get("num_classes")
-    expected_classes = DATASET_SHAPES[name][1] if name in DATASET_SHAPES else None
-    if not (isinstance(num_classes, int) and not isinstance(num_classes, bool) and num_classes >= 2
-            and (expected_classes is None or num_classes == expected_classes)):
-        accepted = expected_classes if expected_classes is not None else "an integer ≥ 2"
-        raise ValueError(f"{manifest_path}: field 'num_classes' is {num_classes!r}; accepted: {accepted}; "
-                         f"delete {folder} to rebuild the {name} cache")
-    arrays = {}
-    for key in SPLIT_KEYS:
-        path = folder / f"{key}.npy"
-        expected = files[f"{key}.npy"]
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing from the {name} cache; delete {folder} to rebuild it")
-        if sha256_file(path) != expected:
-            raise ValueError(
-                f"{path}: checksum does not match the cache manifest (the file was changed or damaged); "
-                f"delete {folder} to rebuild the {name} cache"
-            )
-        try:
-            arrays[key] = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise ValueError(f"{path}: not a readable .npy array ({exc}); delete {folder} to rebuild the {name} cache") from exc
-    splits = ArraySplits(name=name, num_classes=num_classes, **arrays)
-    try:
-        _validate(splits)
-    except ValueError as exc:
-        raise ValueError(f"{folder}: {exc}; delete {folder} to rebuild the {name} cache") from exc
-    return splits
-
-
-def _cached(name: str, data_dir: str | os.PathLike[str] | None,
-            build: Callable[[Path], tuple[ArraySplits, str]]) -> ArraySplits:
-    folder = data_root(data_dir) / name
-    cached = _load_cache(folder, name)
-    if cached is not None:
-        return cached
-    splits, source = build(folder)
-    _validate(splits)
-    save_cache(folder, splits, source)
-    return splits
-
-
-def _validate(s: ArraySplits) -> None:
-    shape = DATASET_SHAPES[s.name][0] if s.name in DATASET_SHAPES else None
-    for prefix in ("train", "val", "test"):
-        x, y = getattr(s, f"{prefix}_x"), getattr(s, f"{prefix}_y")
-        if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
-            raise ValueError(f"{s.name} {prefix}: expected numpy arrays")
-        if x.dtype != np.uint8 or y.dtype != np.uint8 or x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
-            raise ValueError(f"{s.name} {prefix}: malformed arrays {x.dtype}{x.shape} / {y.dtype}{y.shape}")
-        if shape is not None and tuple(x.shape[1:]) != shape:
-            raise ValueError(f"{s.name} {prefix}: images of shape {tuple(x.shape[1:])}, expected {shape}")
-        if len(y) and int(y.max()) >= s.num_classes:
-            raise ValueError(f"{s.name} {prefix}: label {int(y.max())} outside 0..{s.num_classes - 1}")
-
-
-def _split_validation(name: str, num_classes: int, x: np.ndarray, y: np.ndarray,
-                      test_x: np.ndarray, test_y: np.ndarray) -> ArraySplits:
-    # The last VALIDATION_SIZE training images are held out, as in the classic mnist.pkl.gz.
-    n_val = VALIDATION_SIZE[name]
-    return ArraySplits(name, num_classes, x[:-n_val], y[:-n_val], x[-n_val:], y[-n_val:], test_x, test_y)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,83 +222,6 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None,
         return splits, f"IDX files in {directory}"
 
     return _cached("fashion-mnist", data_dir, build)
-
-
-# ---------------------------------------------------------------------------------------------
-# CIFAR
-
-
-def _read_cifar_file(path: Path, md5: str | None, label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: CIFAR batch not found")
-    if md5 is not None:
-        digest = hashlib.md5(path.read_bytes()).hexdigest()
-        if digest != md5:
-            raise ValueError(f"{path}: MD5 {digest} is not the official {md5}; the file is damaged or tampered with")
-    try:
-        with open(path, "rb") as handle:
-            entry = safe_load(handle)
-    except Exception as exc:  # noqa: BLE001 - any failure to parse is a damaged file
-        raise ValueError(f"{path}: not a readable CIFAR python batch ({exc})") from exc
-    if not isinstance(entry, dict):
-        raise ValueError(f"{path}: expected a dict in the CIFAR batch")
-    entry = {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
-    if "data" not in entry or label_key not in entry:
-        raise ValueError(f"{path}: CIFAR batch lacks 'data' or '{label_key}'")
-    data = np.asarray(entry["data"])
-    labels = np.asarray(entry[label_key])
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise ValueError(f"{path}: malformed CIFAR batch, data {data.dtype}{data.shape}, labels {labels.shape}")
-    return data.reshape(-1, 3, 32, 32), labels.astype(np.uint8)
-
-
-def _cifar_dir(root: Path, folder_name: str) -> Path:
-    return root / folder_name if (root / folder_name).is_dir() else root
-
-
-CIFAR_LAYOUT = {"cifar10": ("cifar-10-batches-py", ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
-                                                    "data_batch_5", "test_batch")),
-                "cifar100": ("cifar-100-python", ("train", "test"))}
-
-
-def missing_cifar_files(name: str, source_dir: str | os.PathLike[str]) -> list[Path]:
-    """The official python-version files of CIFAR `name` ("cifar10" or "cifar100") that `source_dir`
-    (or its cifar-10-batches-py/ or cifar-100-python/) lacks; empty when all are there. Reads nothing."""
-    if name not in CIFAR_LAYOUT:
-        raise ValueError(f"dataset={name!r} is not CIFAR; accepted values: {sorted(CIFAR_LAYOUT)}")
-    folder, files = CIFAR_LAYOUT[name]
-    directory = _cifar_dir(Path(source_dir).expanduser(), folder)
-    return [directory / f for f in files if not (directory / f).is_file()]
-
-
-def load_cifar10(source_dir: str | os.PathLike[str], verify: bool = True) -> ArraySplits:
-    """CIFAR-10 from the official python batches in `source_dir` (or its cifar-10-batches-py/).
-
-    Train 45,000 / validation 5,000 (the last 5,000 of data_batch_5) / test 10,000. With `verify`
-    each file must match its official MD5.
-    """
-    directory = _cifar_dir(Path(source_dir).expanduser(), "cifar-10-batches-py")
-    parts = [_read_cifar_file(directory / f"data_batch_{i}", CIFAR10_MD5[f"data_batch_{i}"] if verify else None,
-                              "labels") for i in range(1, 6)]
-    test_x, test_y = _read_cifar_file(directory / "test_batch", CIFAR10_MD5["test_batch"] if verify else None, "labels")
-    x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    splits = _split_validation("cifar10", 10, x, y, test_x, test_y)
-    _validate(splits)
-    return splits
-
-
-def load_cifar100(source_dir: str | os.PathLike[str], verify: bool = True) -> ArraySplits:
-    """CIFAR-100 (fine labels) from the official python files in `source_dir` (or its cifar-100-python/).
-
-    Train 45,000 / validation 5,000 (the last 5,000 of train) / test 10,000.
-    """
-    directory = _cifar_dir(Path(source_dir).expanduser(), "cifar-100-python")
-    x, y = _read_cifar_file(directory / "train", CIFAR100_MD5["train"] if verify else None, "fine_labels")
-    test_x, test_y = _read_cifar_file(directory / "test", CIFAR100_MD5["test"] if verify else None, "fine_labels")
-    splits = _split_validation("cifar100", 100, x, y, test_x, test_y)
-    _validate(splits)
-    return splits
 
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100")

@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info, read_json
+from .._io import environment_info
 from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
-from ..study.runs import RunSpec, StudySummary, mean_std, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "config_from_args", "needs_data_message"]
@@ -135,13 +135,10 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     for arch in config.archs:
         for variant in config.variants:
             errors, states = [], []
-            for seed in range(config.seeds):
-                name = run_name(arch, variant, seed)
-                path = out / "runs" / name / RESULTS_FILE
-                if not path.is_file():
+            for name, result in read_runs(out / "runs", [run_name(arch, variant, s) for s in range(config.seeds)]):
+                if result is None:
                     states.append({"run": name, "state": "not started", "epochs": 0})
                     continue
-                result = read_json(path)
                 curves[name] = {"history": result["history"]}
                 final = result.get("final")
                 states.append({"run": name, "state": "finished" if final else "running",

@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import atomic_write_json, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
+from ..report.tables import table_head
 from ..study.options import option
-from ..study.runs import command_line, remake_report
+from ..study.runs import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
-from ..study.runs import stored_study
 from ..train.full_batch import BatchedGD
+from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs"]
 
@@ -74,10 +74,10 @@ def _trace_key(network: str, seed: int) -> str:
 def table_markdown(summary: dict[str, Any]) -> str:
     """Start and end of every trace: loss, max |λ|, P10 |λ|, condition number and index."""
     config = summary["config"]
-    lines = [f"Hessian along full-batch GD, depth {config['depth']}, lr {config['lr']}, {config['epochs']} epochs "
-             f"(Demystifying ResNet figures 5 and 6)", "",
-             "| network | seed | epoch | loss | max abs eigenvalue | P10 abs eigenvalue | condition | index | max grad norm (epoch) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = table_head(f"Hessian along full-batch GD, depth {config['depth']}, lr {config['lr']}, {config['epochs']} "
+                       f"epochs (Demystifying ResNet figures 5 and 6)",
+                       ["network", "seed", "epoch", "loss", "max abs eigenvalue", "P10 abs eigenvalue", "condition",
+                        "index", "max grad norm (epoch)"])
     for t in summary["traces"]:
         grads = [g if g is not None else -1 for g in t["gradient_norm"]]
         peak = int(np.argmax(grads)) if grads else 0
@@ -134,24 +134,16 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     """
     from ..study.shortcut import optimal_linear_loss
 
-    torch.set_num_threads(config.threads)
-    out = Path(out)
-    path = out / "results.json"
-    traces: dict[str, Any] = {}
-    stored = stored_study(out, NAME, config, ("depth", "epochs", "lr", "hessian_points", "zero_scale"), resume)
-    if stored is not None:
-        traces = {_trace_key(t["network"], t["seed"]): t for t in stored.get("traces", [])}
+    study = ResumableStudy(out, NAME, config, ("depth", "epochs", "lr", "hessian_points", "zero_scale"), resume, progress=progress)
+    traces: dict[str, Any] = {_trace_key(t["network"], t["seed"]): t for t in study.stored_part("traces", [])}
     data = whitened_data(linear=True, data_dir=config.data_dir)
     x, y = data.x.to(config.device), data.y.to(config.device)
     marks = hessian_epochs(config.epochs, config.hessian_points)
 
     def save() -> dict[str, Any]:
         ordered = [traces[k] for k in (_trace_key(n, s) for n in config.networks for s in config.seeds) if k in traces]
-        summary = {"experiment": NAME, "config": asdict(config), "data": data.description, "hessian_epochs": marks,
-                   "optimal_linear_loss": optimal_linear_loss(x, y), "traces": ordered, "paper": PAPER_STATEMENT,
-                   "command": command_line(), "environment": environment_info(config.device)}
-        atomic_write_json(path, summary)
-        return summary
+        return study.save(data=data.description, hessian_epochs=marks, optimal_linear_loss=optimal_linear_loss(x, y),
+                          traces=ordered, paper=PAPER_STATEMENT)
 
     for network in config.networks:
         if all(_trace_key(network, s) in traces for s in config.seeds):
@@ -185,11 +177,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             new[seed]["diverged_at"] = gd.diverged_at[r]
             traces[_trace_key(network, seed)] = new[seed]
         save()
-        if progress:
-            print(f"[{NAME}] {network}: {time.perf_counter() - started:.0f} s; final losses "
-                  f"{[round(new[s]['hessian'][-1]['loss'], 4) for s in config.seeds if new[s]['hessian']]}",
-                  file=sys.stderr, flush=True)
-    summary = save()
-    write_report(out)
-    return summary
+        study.progress(f"{network}: {time.perf_counter() - started:.0f} s; final losses "
+                       f"{[round(new[s]['hessian'][-1]['loss'], 4) for s in config.seeds if new[s]['hessian']]}")
+    return study.finish(save, write_report)
 

@@ -18,21 +18,20 @@ Writes results.json (every cell, resumable), table.md and figure4_condition_vs_d
 from __future__ import annotations
 
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import atomic_write_json, read_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from ..study.options import option
-from ..study.runs import command_line, mean_std, remake_report
+from ..study.runs import mean_std, remake_report
 from ..study.shortcut import network_kwargs, whitened_data
-from ..study.runs import stored_study
+from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]
@@ -244,24 +243,15 @@ def write_report(out: str | os.PathLike[str]) -> str:
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Compute every (network, depth, run) cell (resumable: finished cells in results.json are kept)."""
-    torch.set_num_threads(config.threads)
-    out = Path(out)
-    path = out / "results.json"
-    cells: dict[str, Any] = {}
-    theorem2: list[dict[str, Any]] = []
-    previous = stored_study(out, NAME, config, ("zero_scale",), resume)
-    if previous is not None:
-        cells = previous.get("cells", {})
-        theorem2 = previous.get("theorem2", [])
+    study = ResumableStudy(out, NAME, config, ("zero_scale",), resume, progress=progress)
+    cells: dict[str, Any] = study.stored_part("cells", {})
+    theorem2: list[dict[str, Any]] = study.stored_part("theorem2", [])
     data = whitened_data(linear=True, data_dir=config.data_dir)
     x, y = data.x.to(config.device), data.y.to(config.device)
 
     def save() -> dict[str, Any]:
-        summary = {"experiment": NAME, "config": asdict(config), "data": data.description, "cells": cells,
-                   "points": summarize(config, cells), "theorem2": theorem2, "paper": PAPER_STATEMENT,
-                   "command": command_line(), "environment": environment_info(config.device)}
-        atomic_write_json(path, summary)
-        return summary
+        return study.save(data=data.description, cells=cells, points=summarize(config, cells), theorem2=theorem2,
+                          paper=PAPER_STATEMENT)
 
     # Redo the Theorem 2 check (seconds) when the stored one is for other depths or predates a check.
     stale = (sorted({r["depth"] for r in theorem2}) != sorted(set(config.theorem2_depths))
@@ -285,11 +275,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                               **spectrum_summary(eig).to_dict(),
                               "hessian_seconds": formed, "total_seconds": time.perf_counter() - started}
                 save()
-                if progress:
-                    c = cells[key]["condition"]
-                    print(f"[{NAME}] {key}: condition {c if c is None else f'{c:.4g}'} "
-                          f"({cells[key]['total_seconds']:.1f} s)", file=sys.stderr, flush=True)
-    summary = save()
-    write_report(out)
-    return summary
+                c = cells[key]["condition"]
+                study.progress(f"{key}: condition {c if c is None else f'{c:.4g}'} "
+                               f"({cells[key]['total_seconds']:.1f} s)")
+    return study.finish(save, write_report)
 

@@ -38,7 +38,8 @@ so a job array spreads the search over machines; `--merge` (or `throughway repor
 summary, table and figure from every run directory under DIR/runs, whichever shard wrote it.
 
 Writes, in the output folder: runs/<arch>-L<layers>-t<trial>/ (one run directory each),
-results.json (the summary), table.md and figure1.png.
+results.json (the summary), table.md and figure1.png; the table and the observations are made in
+experiments.highway_depth_report (re-exported here).
 """
 
 from __future__ import annotations
@@ -48,18 +49,21 @@ import math
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import environment_info, read_json
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError
-from ..study.batching import project_batches, projection_markdown, run_batched
+from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
+from ..study.options import option, quick_config
 from ..study.runs import RunSpec, StudySummary, remake_report
+from .highway_depth_report import PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, observations, table_markdown
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
-           "write_report", "estimate", "estimate_text", "NAME", "parse_shard"]
+           "write_report", "estimate", "estimate_text", "NAME", "parse_shard", "observations", "table_markdown",
+           "PAPER_SEARCH_TRIALS"]
 
 NAME = "highway-depth"
 DESCRIPTION = "highway §3.1 figure 1: random search, plain vs highway MLPs of 10-100 layers on MNIST (batched)"
@@ -83,13 +87,6 @@ SEARCH_SPACE: dict[str, str] = {
 NORMALIZED_INIT = {"tanh": "glorot_uniform", "relu": "he_normal"}
 INIT_CHOICES = ("normalized", *INIT_SCHEMES)
 
-PAPER_OBSERVATIONS = (
-    "10- and 20-layer plain nets reach a mean loss below 1e-4",
-    "plain nets become harder to optimise as depth grows",
-    "50- and 100-layer highway nets perform like the 10- and 20-layer ones",
-    "the 100-layer highway net's loss is more than two orders of magnitude below the 100-layer plain net's",
-)
-
 
 # Figure 1's x-axis (see the module docstring): the epochs of the paper's scale, the default.
 FIGURE1_EPOCHS = 400
@@ -111,21 +108,26 @@ class Config:
     """The study's settings; the defaults are the paper's scale (FIGURE1_EPOCHS): 100 trials per
     architecture and depth, all 60,000 training images, 400 epochs."""
 
-    layers: tuple[int, ...] = (10, 20, 50, 100)
-    archs: tuple[str, ...] = ("plain", "highway")
-    trials: int = 100
-    epochs: int = FIGURE1_EPOCHS
-    search_seed: int = 0
+    layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
+                                     quick=(10, 20))
+    archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
+    trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4)
+    epochs: int = option(FIGURE1_EPOCHS, "epochs per trial (ours, an unchecked recollection of figure 1's x-axis; "
+                                         "the text does not state it)", quick=2)
+    search_seed: int = option(0, "seed of the random search")
     train_on_full: bool = True
-    limit: int | None = None
+    limit: int | None = option(None, "keep only the first N samples of each split", quick=3000)
     device: str = "cpu"
     data_dir: str | None = None
-    max_batch: int = 64
-    shard: str = "1/1"
-    merge: bool = False
-    quick: bool = False
-    init: str = "normalized"
-    compile: bool = False
+    max_batch: int = option(64, "most trials trained together in one batch")
+    shard: str = option("1/1", "i/N: train only the i-th of N disjoint slices of the trials (i = 1..N)")
+    merge: bool = option(False, "train nothing: build summary, table and figure from every run under --out "
+                                "(all shards)", negatable=False)
+    quick: bool = option(False, "made by --quick", quick=True, cli=False)
+    init: str = option("normalized", "weight init (normalized: Glorot uniform for tanh, He normal for ReLU nets)",
+                       choices=INIT_CHOICES)
+    compile: bool = option(False, "torch.compile each batch's step (minutes of compilation per batch; pays for "
+                                  "long batches)", negatable=False)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.archs) - set(ARCHITECTURES))
@@ -140,7 +142,8 @@ class Config:
         parse_shard(self.shard)
 
 
-QUICK = Config(layers=(10, 20), trials=4, epochs=2, limit=3000, quick=True)
+# What --quick runs (the fields' quick values): 10 and 20 layers, 4 trials, 2 epochs, 3000 images.
+QUICK = quick_config(Config)
 
 # Fields that may differ between the processes of one study (shards, merge, device).
 _PER_PROCESS = {"shard", "merge", "device", "data_dir", "max_batch", "compile"}
@@ -250,115 +253,6 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             "trials": [{k: v for k, v in t.items() if k != "train_loss"} for t in trials]}
 
 
-PAPER_SEARCH_TRIALS = 100  # highway §3.1: 100 runs of random search per architecture and depth
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return "all diverged" if math.isinf(value) else f"{value:.2e}"
-
-
-def observations(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Each of the paper's observations (highway §3.1, PAPER_OBSERVATIONS) beside what our numbers
-    say and a verdict: "holds", "does not hold", or "not measured" while a cell it needs is empty;
-    observation 1 (a loss the 10- and 20-layer plain nets reach) is "inconclusive" rather than "does
-    not hold" when it is not reached by a search with fewer trials than the paper's 100.
-
-    "Loss" is the best trial's final training loss (figure 1 left); observation 1 quotes the top-10
-    mean too. Observation 3 holds when the best 50- and 100-layer highway losses are within a factor
-    of 10 of the better of the 10- and 20-layer ones (the paper gives no tolerance: ours). A cell
-    whose finished trials all diverged counts as an infinite loss."""
-    by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
-
-    def best(arch: str, layers: int) -> float | None:
-        cell = by.get((arch, layers))
-        if not cell:
-            return None
-        if cell["best"]:
-            return cell["best"]["final_train_loss"]
-        return math.inf if cell.get("finished", 0) > 0 else None
-
-    def top(arch: str, layers: int) -> float | None:
-        cell = by.get((arch, layers))
-        return cell["top10"]["mean_final_train_loss"] if cell else None
-
-    def verdict(ok: bool | None) -> str:
-        return "not measured" if ok is None else ("holds" if ok else "does not hold")
-
-    layers = sorted({c["layers"] for c in summary["cells"]})
-    out = []
-    shallow = [(n, best("plain", n), top("plain", n)) for n in (10, 20) if n in layers]
-    values = [b for _, b, _ in shallow]
-    reached = None if not values or None in values else all(v is not None and v < 1e-4 for v in values)
-    first = verdict(reached)
-    config = summary.get("config", {})
-    trials = config.get("trials", PAPER_SEARCH_TRIALS)
-    if reached is False and trials < PAPER_SEARCH_TRIALS:
-        # Not reaching a loss in a smaller search than the paper's is no evidence that it cannot be reached.
-        first = (f"inconclusive: not reached with {trials} trials of {config.get('epochs')} epochs per depth "
-                 f"(the paper: {PAPER_SEARCH_TRIALS} trials; its epochs unstated)")
-    out.append(("; ".join(f"plain {n} layers: best {_fmt(b)}, top-10 mean {_fmt(t)}" for n, b, t in shallow)
-                or "not run", first))
-    plain = [(n, best("plain", n)) for n in layers]
-    known = [v for _, v in plain if v is not None]
-    out.append(("plain best by depth: " + ", ".join(f"{n}: {_fmt(v)}" for n, v in plain),
-                verdict(None if len(known) < 2 or None in [v for _, v in plain]
-                        else all(a <= b for a, b in zip(known, known[1:])) and known[-1] > known[0])))
-    high = [(n, best("highway", n)) for n in layers]
-    ref = [v for n, v in high if n in (10, 20) and v is not None]
-    deep = [(n, v) for n, v in high if n in (50, 100)]
-    ok = None
-    if ref and deep and all(v is not None for _, v in deep):
-        ok = all(v is not None and v <= 10 * min(ref) for _, v in deep)
-    out.append(("highway best by depth: " + ", ".join(f"{n}: {_fmt(v)}" for n, v in high), verdict(ok)))
-    p100, h100 = best("plain", 100), best("highway", 100)
-    if p100 is not None and h100 is not None and h100 > 0:
-        ratio = p100 / h100 if math.isfinite(h100) else 0.0
-        out.append((f"100 layers: plain {_fmt(p100)} / highway {_fmt(h100)} = {ratio:.3g}×", verdict(ratio > 100)))
-    else:
-        out.append(("100 layers: not (yet) available for both", verdict(None)))
-    return [(paper, ours, v) for paper, (ours, v) in zip(PAPER_OBSERVATIONS, out)]
-
-
-def table_markdown(summary: dict[str, Any]) -> str:
-    """The table of best (and mean of top 10) final training loss per depth, and the observations."""
-    config = summary["config"]
-    by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
-    archs = config["archs"]
-    header = ["layers"]
-    for arch in archs:
-        header += [f"{arch} best", f"{arch} top-10 mean", f"{arch} trials (finished/diverged/total)"]
-    lines = ["Final training loss (cross-entropy) — highway paper §3.1 / figure 1", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for layers in config["layers"]:
-        row = [str(layers)]
-        for arch in archs:
-            cell = by[(arch, layers)]
-            row += [_fmt(cell["best"]["final_train_loss"]) if cell["best"] else "—",
-                    _fmt(cell["top10"]["mean_final_train_loss"]) + (f" (n={cell['top10']['n']})" if cell["top10"]["n"] < 10 else ""),
-                    f"{cell['finished']}/{cell['diverged']}/{config['trials']}"
-                    + (f" ({cell['running']} running)" if cell["running"] else "")]
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "| the paper says (highway §3.1) | ours | verdict |", "|---|---|---|"]
-    lines += [f"| {paper} | {ours} | {v} |" for paper, ours, v in observations(summary)]
-    notes = [f"{config['epochs']} epochs per trial, {config['trials']} trials per architecture and depth "
-             f"(paper: 100), recipe highway-mnist (SGD + momentum, exponential decay), batch 100, "
-             f"{'60,000' if config['train_on_full'] else '50,000'} training images"
-             + (f" (only the first {config['limit']})" if config["limit"] else "") + ".",
-             "Loss: the mean training cross-entropy of the last epoch (training mode); diverged trials rank last.",
-             "Layers: L = the first plain layer + L − 1 plain (71 units) or highway (50 blocks) layers; the "
-             "softmax output layer is not counted (highway §3.1).",
-             "Initialisation: " + {"normalized": "normalized (highway §3.1 [16, 17]): Glorot uniform for tanh nets, "
-                                                 "He normal for ReLU nets"}.get(
-                 config.get("init", "glorot_uniform"), config.get("init", "glorot_uniform"))
-             + ("" if "init" in config else " (written before the init option existed)") + "; transform-gate "
-             "biases as searched.",
-             "Search space (ours; the paper gives only the gate-bias range): "
-             + "; ".join(f"{k}: {v}" for k, v in summary["search_space"].items()) + "."]
-    return "\n".join(lines + [""] + notes) + "\n"
-
-
 def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md and figure1.png from `out`/results.json alone; return the table text."""
     from ..report.highway_depth_plots import plot_figure1
@@ -429,40 +323,5 @@ def _json(value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options."""
-    parser.add_argument("--quick", action="store_true", help="smoke run: 10 and 20 layers, 4 trials, 2 epochs, 3000 images")
-    parser.add_argument("--trials", type=int, help="random-search trials per architecture and depth (paper: 100)")
-    parser.add_argument("--epochs", type=int, help="epochs per trial (default 400: ours, an unchecked recollection of "
-                                                   "figure 1's x-axis; the text does not state it)")
-    parser.add_argument("--layers", type=int, nargs="+", help="network depths in layers (paper: 10 20 50 100)")
-    parser.add_argument("--archs", nargs="+", choices=list(ARCHITECTURES), help="architectures (default both)")
-    parser.add_argument("--search-seed", type=int, help="seed of the random search (default 0)")
-    parser.add_argument("--limit", type=int, help="keep only the first N samples of each split")
-    parser.add_argument("--max-batch", type=int, help="most trials trained together in one batch (default 64)")
-    parser.add_argument("--shard", help="i/N: train only the i-th of N disjoint slices of the trials (i = 1..N)")
-    parser.add_argument("--merge", action="store_true", help="train nothing: build summary, table and figure "
-                                                             "from every run under --out (all shards)")
-    parser.add_argument("--init", choices=list(INIT_CHOICES),
-                        help="weight init (default normalized: Glorot uniform for tanh, He normal for ReLU nets)")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile each batch's step (minutes of compilation per batch; pays for long batches)")
-    parser.add_argument("--estimate", action="store_true",
-                        help="train nothing: time a few steps of every batch and print the projected duration "
-                             "for --jobs workers")
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Build the Config from parsed options: --quick's settings, then every explicit option."""
-    config = QUICK if args.quick else Config()
-    changes: dict[str, Any] = {"device": args.device, "data_dir": args.data_dir, "merge": bool(args.merge),
-                               "compile": bool(args.compile)}
-    for option, key in (("trials", "trials"), ("epochs", "epochs"), ("search_seed", "search_seed"),
-                        ("limit", "limit"), ("max_batch", "max_batch"), ("shard", "shard"), ("init", "init")):
-        value = getattr(args, option)
-        if value is not None:
-            changes[key] = value
-    if args.layers:
-        changes["layers"] = tuple(args.layers)
-    if args.archs:
-        changes["archs"] = tuple(args.archs)
-    return replace(config, **changes)
+    """The search's command-line options: one per Config field, and --estimate (study.batching)."""
+    add_estimate_options(parser, Config)

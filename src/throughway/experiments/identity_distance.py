@@ -17,23 +17,20 @@ Writes results.json, table.md and identity_distance.png.
 from __future__ import annotations
 
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, environment_info
 from ..analysis.distance import IdentityDistance
 from ..data import load_dataset
 from ..models import create_model
 from ..train import get_recipe
 from ..train.loop import fit
 from ..study.options import option
-from ..study.runs import command_line, remake_report
-from ..study.runs import stored_study
+from ..study.runs import remake_report
+from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -151,25 +148,17 @@ def write_report(out: str | os.PathLike[str]) -> str:
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train each architecture with the callback (resumable per architecture), then report."""
-    torch.set_num_threads(config.threads)
-    out = Path(out)
-    path = out / "results.json"
-    runs: dict[str, Any] = {}
     # Studies stored before the first layer was an option were built with the dense one.
-    stored = stored_study(out, NAME, config, ("depth", "width", "epochs", "recipe", "seed", "limit", "stem"), resume,
-                          legacy={"stem": "dense"})
-    if stored is not None:
-        # runs logged before the nearest-identity distance existed are redone
-        runs = {r["arch"]: r for r in stored["runs"] if "nearest_identity_sq" in r["distance"][0]}
+    study = ResumableStudy(out, NAME, config, ("depth", "width", "epochs", "recipe", "seed", "limit", "stem"), resume,
+                           legacy={"stem": "dense"}, progress=progress)
+    # runs logged before the nearest-identity distance existed are redone
+    stored = study.stored["runs"] if study.stored is not None else []
+    runs: dict[str, Any] = {r["arch"]: r for r in stored if "nearest_identity_sq" in r["distance"][0]}
     data = load_dataset("mnist", config.data_dir, device=config.device, limit=config.limit)
     recipe = get_recipe(config.recipe, epochs=config.epochs)
 
     def save() -> dict[str, Any]:
-        summary = {"experiment": NAME, "config": asdict(config),
-                   "runs": [runs[a] for a in config.archs if a in runs], "command": command_line(),
-                   "environment": environment_info(config.device)}
-        atomic_write_json(path, summary)
-        return summary
+        return study.save(runs=[runs[a] for a in config.archs if a in runs])
 
     for arch in config.archs:
         if arch in runs:
@@ -183,9 +172,6 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                       "diverged": history.diverged, "distance": callback.records, "block_kinds": callback.kinds,
                       "relation": relate(callback.records), "seconds": time.perf_counter() - started}
         save()
-        if progress:
-            print(f"[{NAME}] {arch}: {runs[arch]['relation']} ({runs[arch]['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    summary = save()
-    write_report(out)
-    return summary
+        study.progress(f"{arch}: {runs[arch]['relation']} ({runs[arch]['seconds']:.0f} s)")
+    return study.finish(save, write_report)
 

@@ -7,7 +7,8 @@ paper's figure 2 MNIST net) trains beside them with the same recipe: it is not i
 
 Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
 (the summary that tables and figures are made from), table.md, figure4_train_loss.png and
-table1_test_error_by_depth.png.
+table1_test_error_by_depth.png. The tables and findings are made in experiments.mnist_depth_report
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ from typing import Any
 from .._io import environment_info, read_json
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
-from ..study.options import add_options, option, quick_config
+from ..study.options import option, quick_config
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
-from ..study.batching import project_batches, projection_markdown, run_batched
+from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
-from ..study.runs import RunSpec, StudySummary, mean_std, remake_report, run_many
+from .mnist_depth_report import (LAST_EPOCHS, differences_from_paper, findings_markdown, stem_ablation_markdown,
+                                 table_markdown)
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
-           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS"]
+           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS",
+           "differences_from_paper"]
 
 NAME = "mnist-depth"
 DESCRIPTION = "gated-residual-v2 Table 1 and 2, figure 4: plain / residual / gated (and highway) MLPs on MNIST, d = 2..100"
@@ -88,23 +92,6 @@ class Config:
 QUICK = quick_config(Config)
 
 
-def differences_from_paper(config: dict[str, Any]) -> list[str]:
-    """What this study's settings change from the paper's protocol (printed with every table)."""
-    out = []
-    if config.get("stem", "dense") != "linear":
-        out.append("first layer Dot-BN-ReLU instead of the paper's linear layer")
-    if config["epochs"] != 100:
-        out.append(f"{config['epochs']} epochs instead of the paper's 100 (errors are not converged)")
-    if not config["train_on_full"]:
-        out.append("trained on 50,000 images, 10,000 held out for validation (the paper: all 60,000)")
-    if config["limit"] is not None:
-        out.append(f"only the first {config['limit']} images of each split")
-    missing = sorted(set(PAPER_MEAN_K) - set(config["depths"]))
-    if missing:
-        out.append(f"depths {missing} not run")
-    return out
-
-
 def run_name(arch: str, depth: int, seed: int) -> str:
     """The folder name of one run: <arch>-d<depth>-s<seed>."""
     return f"{arch}-d{depth}-s{seed}"
@@ -125,9 +112,6 @@ def specs(config: Config) -> list[RunSpec]:
                     data_dir=config.data_dir, model_kwargs={"width": config.width, **kwargs},
                 )))
     return out
-
-
-LAST_EPOCHS = 10  # "the mean of the last 10 epochs" (issue 12): less sensitive to one epoch's noise
 
 
 def _run_record(result: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -166,13 +150,11 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     for depth in config.depths:
         for arch in config.archs:
             per_seed, status = [], []
-            for seed in range(config.seeds):
-                name = run_name(arch, depth, seed)
-                path = out / "runs" / name / RESULTS_FILE
-                if not path.is_file():
+            names = [run_name(arch, depth, seed) for seed in range(config.seeds)]
+            for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                if result is None:
                     status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
-                result = read_json(path)
                 history = result["history"]
                 curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h["train_loss"] for h in history],
                                 "test_error_pct": [h["test_error_pct"] for h in history]}
@@ -225,176 +207,6 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
             row[key] = {**test.to_dict(), "verdict": verdict}
         out.append(row)
     return out
-
-
-def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
-    stat = cell[key]
-    unfinished = [r for r in cell["runs"] if r["state"] in ("running", "not started")]
-    if stat["mean"] is None:
-        if not unfinished:
-            return "—"
-        r = max(unfinished, key=lambda r: r["epochs"])
-        return "not run" if r["state"] == "not started" else f"(unfinished: epoch {r['epochs']}/{epochs})"
-    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
-    if any(r["state"] == "diverged" for r in cell["runs"]):
-        at = next(r for r in cell["runs"] if r["state"] == "diverged")["diverged_at"] or {}
-        text += f" (diverged, epoch {at.get('epoch', '?')})"
-    if unfinished:
-        text += f" ({stat['n']}/{len(cell['runs'])} seeds)"
-    return text
-
-
-def _format_p(p: float | None) -> str:
-    if p is None:
-        return "—"
-    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
-
-
-def table_markdown(summary: dict[str, Any]) -> str:
-    """Markdown tables: test error beside Table 1 (mean ± std and best over seeds, last epoch; mean of
-    the last 10 epochs), mean k beside Table 2, and the paired gated − residual test per depth."""
-    config = summary["config"]
-    epochs = config["epochs"]
-    archs = config["archs"]
-    seeds = config["seeds"]
-    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
-    lines = [f"Test error (%) at the last epoch — gated-residual-v2 Table 1 (paper) beside ours "
-             f"(mean ± std over {seeds} seed{'s' if seeds > 1 else ''}; best seed)", ""]
-    header = ["d"]
-    for arch in archs:
-        header += ([f"{arch} (paper)"] if arch in PAPER_TEST_ERROR else []) + [f"{arch} (ours)", "best"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for depth in config["depths"]:
-        row = [str(depth)]
-        for arch in archs:
-            cell = by[(arch, depth)]
-            if arch in PAPER_TEST_ERROR:
-                paper = cell["paper_test_error_pct"]
-                row.append(f"{paper:.2f}" if paper is not None else "—")
-            row.append(_format_cell(cell, "test_error_pct", epochs))
-            best = cell.get("test_error_best_pct")
-            row.append(f"{best:.2f}" if best is not None else "—")
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
-              "| d | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
-    for depth in config["depths"]:
-        lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
-                                                 for arch in archs) + " |")
-    if "gated" in archs:
-        lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours "
-                  "(mean ± std over seeds)", "",
-                  "| d | mean k (paper) | mean k (ours) | dead gates (k ≤ 0) per seed | k: middle third − outer thirds |",
-                  "|---|---|---|---|---|"]
-        for depth in config["depths"]:
-            cell = by[("gated", depth)]
-            paper = cell["paper_k_mean"]
-            dead = ", ".join(str(r["dead_gates"]) for r in cell.get("per_seed", []) if r.get("dead_gates") is not None)
-            lines.append(f"| {depth} | {f'{paper:.2f}' if paper is not None else '—'} | "
-                         f"{_format_cell(cell, 'k_mean', epochs)} | {dead or '—'} of {max(depth // 2, 0)} | "
-                         f"{_format_cell(cell, 'k_middle_minus_ends', epochs) if depth >= 6 else '—'} |")
-    comparisons = summary.get("comparisons") or []
-    if comparisons:
-        lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test; "
-                  f"\"better\" only where p < {SIGNIFICANCE})", "",
-                  "| d | seeds | last epoch: difference ± s.e. | p | verdict | last 10 epochs: difference ± s.e. | p | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for row in comparisons:
-            cols = [str(row["depth"]), str(len(row["seeds"]))]
-            for key in ("test_error_pct", "test_error_last10_pct"):
-                t = row[key]
-                diff = "—" if t["mean_difference"] is None else (
-                    f"{t['mean_difference']:+.3f}" + (f" ± {t['standard_error']:.3f}" if t["standard_error"] is not None else ""))
-                cols += [diff, _format_p(t["p_value"]), t["verdict"]]
-            lines.append("| " + " | ".join(cols) + " |")
-    notes = [f"{epochs} epochs, recipe {config['recipe']}, {seeds} seed(s), first layer "
-             f"{_STEM_WORDS.get(config.get('stem', 'dense'), config.get('stem'))}, trained on "
-             f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."]
-    cuts = differences_from_paper(config)
-    if cuts:
-        notes.append(("--quick cut: " if config.get("quick") else "Differences from the paper: ") + "; ".join(cuts) + ".")
-    if "highway" in archs:
-        notes.append("highway: not in the paper's table; tanh H, gate bias −2, dense first layer, same recipe.")
-    return "\n".join(lines + [""] + notes) + "\n"
-
-
-def findings_markdown(summary: dict[str, Any]) -> str:
-    """What the study's finished cells say against the paper, as a markdown list: per architecture,
-    the depths where Table 1's error lies within our seeds' range and where it is below or above
-    it; Table 2's mean k against ours; and per depth the paired gated − residual verdict (p < 0.05).
-    Only cells with at least two finished seeds are judged."""
-    config = summary["config"]
-    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
-    lines = []
-    for arch in [a for a in config["archs"] if a in PAPER_TEST_ERROR]:
-        inside, below, above = [], [], []
-        for depth in config["depths"]:
-            cell = by.get((arch, depth))
-            values = [r["test_error_pct"] for r in (cell or {}).get("per_seed", [])]
-            paper = PAPER_TEST_ERROR[arch].get(depth)
-            if len(values) < 2 or paper is None:
-                continue
-            if min(values) <= paper <= max(values):
-                inside.append(str(depth))
-            elif paper < min(values):
-                below.append(f"{depth} (ours {min(values):.2f}–{max(values):.2f}, paper {paper:.2f})")
-            else:
-                above.append(f"{depth} (ours {min(values):.2f}–{max(values):.2f}, paper {paper:.2f})")
-        parts = [f"within our seeds' range at d = {', '.join(inside)}" if inside else "",
-                 f"below every seed of ours at d = {'; '.join(below)}" if below else "",
-                 f"above every seed of ours at d = {'; '.join(above)}" if above else ""]
-        text = "; ".join(p for p in parts if p)
-        lines.append(f"- **{arch}**, Table 1's error: {text or 'no depth with two finished seeds yet'}.")
-    ratios = []
-    for depth in config["depths"]:
-        cell = by.get(("gated", depth))
-        if cell and cell["k_mean"]["n"] >= 2 and cell["k_mean"]["mean"] and PAPER_MEAN_K.get(depth):
-            ratios.append((depth, PAPER_MEAN_K[depth] / cell["k_mean"]["mean"], cell["k_mean"]))
-    if ratios:
-        lines.append("- **Mean k** (Table 2 / ours): " + ", ".join(
-            f"d = {d}: {r:.2f} (ours {k['mean']:.2f} ± {k['std']:.2f})" for d, r, k in ratios) + ".")
-    for row in summary.get("comparisons") or []:
-        if len(row["seeds"]) < 2:
-            continue
-        last, tail = row["test_error_pct"], row["test_error_last10_pct"]
-        lines.append(f"- **d = {row['depth']}, gated − residual** over {len(row['seeds'])} seeds: last epoch "
-                     f"{last['mean_difference']:+.3f} points (p = {_format_p(last['p_value'])}: {last['verdict']}); "
-                     f"mean of the last 10 epochs {tail['mean_difference']:+.3f} (p = {_format_p(tail['p_value'])}: "
-                     f"{tail['verdict']}).")
-    return "\n".join(lines) + "\n" if lines else "- No cell has two finished seeds yet.\n"
-
-
-def _num(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
-
-
-_STEM_WORDS = {"linear": "linear (a single Dot, the paper's)", "dense": "Dot-BN-ReLU (not the paper's)"}
-
-
-def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) -> str:
-    """A table of this study's cells (the paper's linear first layer) beside `ablation`, a study run
-    with the Dot-BN-ReLU first layer: test error and mean k per depth, with the paper's numbers."""
-    ours = {(c["arch"], c["depth"]): c for c in summary["cells"]}
-    other = {(c["arch"], c["depth"]): c for c in ablation["cells"]}
-
-    def fmt(cell: dict[str, Any] | None, key: str) -> str:
-        if cell is None or cell[key]["mean"] is None:
-            return "—"
-        stat = cell[key]
-        return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
-
-    lines = ["| d | arch | paper | first layer linear (paper's) | first layer Dot-BN-ReLU | k: paper | k: linear | k: Dot-BN-ReLU |",
-             "|---|---|---|---|---|---|---|---|"]
-    for depth in summary["config"]["depths"]:
-        for arch in ("residual", "gated"):
-            a, b = ours.get((arch, depth)), other.get((arch, depth))
-            if a is None:
-                continue
-            paper = PAPER_TEST_ERROR[arch].get(depth)
-            k_paper = PAPER_MEAN_K.get(depth) if arch == "gated" else None
-            lines.append(f"| {depth} | {arch} | {_num(paper)} | {fmt(a, 'test_error_pct')} | "
-                         f"{fmt(b, 'test_error_pct')} | {_num(k_paper)} | "
-                         f"{fmt(a, 'k_mean') if arch == 'gated' else '—'} | {fmt(b, 'k_mean') if arch == 'gated' else '—'} |")
-    return "\n".join(lines) + "\n"
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
@@ -470,11 +282,8 @@ def read_back(value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options: one per Config field (study.options), and --estimate."""
-    add_options(parser, Config)
-    parser.add_argument("--estimate", action="store_true",
-                        help="train nothing: time a few steps of every batch and print the projected duration "
-                             "for --jobs workers")
+    """The study's command-line options: one per Config field, and --estimate (study.batching)."""
+    add_estimate_options(parser, Config)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -18,20 +18,20 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import read_json
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
-from ..study.runs import command_line, remake_report, stored_study
+from ..study.runs import remake_report
 from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whitened_data
 from ..train.full_batch import BatchedGD
+from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU"]
 
@@ -153,27 +153,17 @@ def write_report(out: str | os.PathLike[str]) -> str:
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train every (network, depth) over the whole grid (resumable per cell), then report."""
-    torch.set_num_threads(config.threads)
-    out = Path(out)
-    path = out / "results.json"
-    cells: dict[str, Any] = {}
-    stored = stored_study(out, NAME, config, ("activation", "lr_exponents", "epochs", "seeds", "subset", "zero_scale"),
-                          resume)
-    if stored is not None:
-        cells = stored.get("cells", {})
+    study = ResumableStudy(out, NAME, config, ("activation", "lr_exponents", "epochs", "seeds", "subset",
+                                               "zero_scale"), resume, progress=progress)
+    cells: dict[str, Any] = study.stored_part("cells", {})
     linear = config.activation == "linear"
     data = whitened_data(linear=linear, data_dir=config.data_dir, subset=config.subset)
     x, y = data.x.to(config.device), data.y.to(config.device)
     lrs = [10.0 ** e for e in config.lr_exponents]
 
     def save() -> dict[str, Any]:
-        summary = {"experiment": NAME, "config": asdict(config), "data": data.description, "cells": cells,
-                   "points": summarize(config, cells),
-                   "optimal_linear_loss": optimal_linear_loss(x, y),
-                   "paper": PAPER_STATEMENT[config.activation], "command": command_line(),
-                   "environment": environment_info(config.device)}
-        atomic_write_json(path, summary)
-        return summary
+        return study.save(data=data.description, cells=cells, points=summarize(config, cells),
+                          optimal_linear_loss=optimal_linear_loss(x, y), paper=PAPER_STATEMENT[config.activation])
 
     for depth in config.depths:
         for network in config.networks:
@@ -198,13 +188,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                           "diverged_at": gd.diverged_at, "loss_curve_every": curve_every, "loss_curves": loss_curves,
                           "seconds": time.perf_counter() - started}
             save()
-            if progress:
-                best = min((v for v in finals if v is not None), default=None)
-                print(f"[{NAME}] {config.activation} {key}: best final loss {best} "
-                      f"({cells[key]['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    summary = save()
-    write_report(out)
-    return summary
+            best = min((v for v in finals if v is not None), default=None)
+            study.progress(f"{config.activation} {key}: best final loss {best} ({cells[key]['seconds']:.0f} s)")
+    return study.finish(save, write_report)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

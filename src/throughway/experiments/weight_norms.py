@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, environment_info
+from ..report.tables import table_head
 from ..study.options import option
-from ..study.runs import command_line, remake_report
+from ..study.runs import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
-from ..study.runs import stored_study
 from ..train.full_batch import BatchedGD
+from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -65,10 +63,9 @@ class Config:
 def table_markdown(summary: dict[str, Any]) -> str:
     """Average ‖W‖_F at the end of training (and its maximum along training) per depth."""
     config = summary["config"]
-    lines = [f"Average Frobenius norm of the weights, 2-shortcut zero init, lr {config['lr']} "
-             f"(Demystifying ResNet figure 3)", "",
-             "| activation | depth | epochs | final loss | final avg ‖W‖_F | max avg ‖W‖_F along training |",
-             "|---|---|---|---|---|---|"]
+    lines = table_head(f"Average Frobenius norm of the weights, 2-shortcut zero init, lr {config['lr']} "
+                       f"(Demystifying ResNet figure 3)",
+                       ["activation", "depth", "epochs", "final loss", "final avg ‖W‖_F", "max avg ‖W‖_F along training"])
     for activation in config["activations"]:
         for depth in config["depths"]:
             c = summary["curves"].get(f"{activation}-L{depth}")
@@ -93,23 +90,14 @@ def write_report(out: str | os.PathLike[str]) -> str:
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train one network per (activation, depth) (resumable per curve), then report."""
-    torch.set_num_threads(config.threads)
-    out = Path(out)
-    path = out / "results.json"
-    curves: dict[str, Any] = {}
-    stored = stored_study(out, NAME, config, ("lr", "epochs", "relu_epochs", "relu_subset", "seed", "zero_scale"),
-                          resume)
-    if stored is not None:
-        curves = stored.get("curves", {})
+    study = ResumableStudy(out, NAME, config, ("lr", "epochs", "relu_epochs", "relu_subset", "seed", "zero_scale"),
+                           resume, progress=progress)
+    curves: dict[str, Any] = study.stored_part("curves", {})
     sets = {a: whitened_data(linear=a == "linear", data_dir=config.data_dir,
                              subset=None if a == "linear" else config.relu_subset) for a in config.activations}
 
     def save() -> dict[str, Any]:
-        summary = {"experiment": NAME, "config": asdict(config), "data": {a: s.description for a, s in sets.items()},
-                   "curves": curves, "paper": PAPER_STATEMENT, "command": command_line(),
-                   "environment": environment_info(config.device)}
-        atomic_write_json(path, summary)
-        return summary
+        return study.save(data={a: s.description for a, s in sets.items()}, curves=curves, paper=PAPER_STATEMENT)
 
     for activation in config.activations:
         x, y = sets[activation].x.to(config.device), sets[activation].y.to(config.device)
@@ -134,10 +122,6 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             curves[key] = {"activation": activation, "depth": depth, "avg_frobenius": norms, "loss": losses,
                            "diverged_at": gd.diverged_at[0], "seconds": time.perf_counter() - started}
             save()
-            if progress:
-                print(f"[{NAME}] {key}: final avg ‖W‖_F {norms[-1]}, loss {losses[-1]} "
-                      f"({curves[key]['seconds']:.0f} s)", file=sys.stderr, flush=True)
-    summary = save()
-    write_report(out)
-    return summary
+            study.progress(f"{key}: final avg ‖W‖_F {norms[-1]}, loss {losses[-1]} ({curves[key]['seconds']:.0f} s)")
+    return study.finish(save, write_report)
 

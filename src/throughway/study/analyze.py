@@ -5,12 +5,13 @@ latest checkpoint of a run that has not finished), reloads the run's dataset as 
 (dataset, train_on_full, limit, data_dir), writes a results JSON, the printed text (<what>.txt) and PNG
 figures into RUN_DIR/analysis/ (or `out`), and returns a text that puts the paper's number or claim
 beside ours. Figures are drawn from the JSON files by report.analysis_plots, so they can be redrawn
-without a model.
+without a model. What the commands share (loading the run, its data, the result header) is in
+study.analysis_runs.
 
 * gates   (gated-residual-v2 Table 2, figure 5 left; figure 7 for a gated CIFAR ResNet): k per block,
           mean k, dead gates (k ≤ 0).
 * prune   (gated-residual-v2 §3.1, figure 5 right): remove blocks greedily by k and in random orders,
-          physically (`analysis.prune`), test accuracy after each removal.
+          physically (`analysis.prune`), test accuracy after each removal (study.analyze_prune).
 * highway (highway paper §4, figures 2 and 3): transform-gate maps, layers × blocks.
 * lesion  (highway paper §4.2, figure 4): training-set error with one layer's gates closed.
 """
@@ -20,37 +21,28 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Sequence
 
 import torch
-from safetensors.torch import load_file
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json, sha256_file
-from ..analysis.gates import (highway_layer_change, highway_sample_activations, k_statistics, model_family,
-                              projection_blocks, transform_gate_biases, transform_gate_statistics)
-from ..analysis.lesion import check_prunable, layers_per_block, lesion, removal_curve, removal_order
-from ..data import DataSplits, load_dataset
+from .._io import atomic_write_json, read_json
+from ..analysis.gates import (highway_layer_change, highway_sample_activations, k_statistics, projection_blocks,
+                              transform_gate_biases, transform_gate_statistics)
+from ..analysis.lesion import lesion
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
-from ..train import RESULTS_FILE, evaluate, load_model, read_results
-from ..models import create_model, with_legacy_config
-from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
-from .runs import command_line, mean_std
-from .papers import PAPER_MEAN_K, PAPER_TEST_ERROR
+from ..train import evaluate
+from .analysis_runs import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, _blocks,
+                            _blocks_1based, _config, _finish_text, _header, _load_data, _out_dir, _paper_caveat,
+                            _paper_setting_differences, _require_family, load_run)
+from .analyze_prune import analyze_prune
+from .papers import PAPER_MEAN_K
 
 __all__ = ["COMMANDS", "load_run", "redraw", "analyze_gates", "analyze_prune", "analyze_highway", "analyze_lesion",
            "GATES_FILE", "PRUNE_FILE", "HIGHWAY_FILE", "LESION_FILE"]
 
-GATES_FILE, PRUNE_FILE, HIGHWAY_FILE, LESION_FILE = "gates.json", "prune.json", "highway.json", "lesion.json"
 COMMANDS = ("gates", "prune", "highway", "lesion", "redraw")
 
-# gated-residual-v2 §3.1 (abstract and figure 5 right), stated as text only: no curve values are given.
-PAPER_PRUNE_CLAIMS = {
-    "random_half_removed": "a gated residual net (d = 100) retains over 90% of its performance after half of its "
-                           "layers have been removed at random",
-    "residual": "a residual net suffers a performance decrease after just a few layers are removed",
-    "greedy": "greedy removal (smallest k first) is slightly better than random for gated residual nets",
-}
 # highway paper §4 (figures 2 and 4), MNIST 50-layer net, stated as text only.
 PAPER_HIGHWAY_CLAIMS = {
     "biases": "most transform-gate biases decreased further during training (initialised to −2 for MNIST)",
@@ -60,148 +52,6 @@ PAPER_HIGHWAY_CLAIMS = {
                "within the first 15 layers (figure 3)",
     "lesion": "lesioning early layers hurts; many later layers (about 15 to 45) barely matter on MNIST",
 }
-
-
-def _config(model: torch.nn.Module) -> dict[str, Any]:
-    return cast(dict, model.config)  # every registered model carries its config (create_model)
-
-
-def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    return cast(torch.nn.ModuleList, model.blocks)
-
-
-def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
-    return Path(out) if out is not None else run_dir / "analysis"
-
-
-def _checkpoint_model(run_dir: Path, results: dict[str, Any], device: str) -> tuple[torch.nn.Module, int]:
-    """The model weights of the run's latest checkpoint (checked against the SHA-256 that
-    checkpoint.json records) in the model that results.json describes, and the epoch they are from."""
-    meta = read_checkpoint_meta(run_dir)  # validated: its file name cannot lead outside run_dir
-    path = run_dir / meta["file"]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing")
-    if sha256_file(path) != meta.get("sha256"):
-        raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON} (the run may have just written a "
-                         f"newer checkpoint: try again)")
-    config = with_legacy_config(dict((results.get("model") or {}).get("config") or {}))
-    if "name" not in config:
-        raise ValueError(f"{run_dir / RESULTS_FILE}: no model.config to rebuild the model from")
-    prefix = "model."
-    state = {k[len(prefix):]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)}
-    # results.json is untrusted too: its model config must fit the checkpoint's tensors before anything is built.
-    config = check_model_config(config, {k: tuple(v.shape) for k, v in state.items()}, run_dir / RESULTS_FILE)
-    model = create_model(config.pop("name"), **config)
-    model.load_state_dict(state)
-    return model.to(device).eval(), int(meta["epoch"])
-
-
-def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
-             checkpoint: bool = False) -> tuple[dict[str, Any], torch.nn.Module]:
-    """The run's results.json and its trained model (eval mode). Raises FileNotFoundError naming the
-    missing file, and ValueError for a directory that is not a single training run.
-
-    checkpoint=True analyses a run that has not finished: the model comes from its latest checkpoint,
-    and the returned results' `final` is {"snapshot": True, "epochs_completed", "test_error_pct"} of
-    that epoch (figures then say "after epoch N")."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: run directory not found")
-    results = read_results(run_dir)
-    if "config" not in results or "model" not in results.get("config", {}):
-        raise ValueError(f"{run_dir / RESULTS_FILE}: not a single training run (no config.model); "
-                         f"analyze needs the directory of one `throughway train` run")
-    model_path = run_dir / MODEL_FILE
-    if checkpoint:
-        if not (run_dir / CHECKPOINT_JSON).is_file():
-            raise FileNotFoundError(f"{run_dir / CHECKPOINT_JSON}: not found; --checkpoint needs a run that is "
-                                    f"still training or was interrupted" +
-                                    (" (this one has finished: drop --checkpoint)" if model_path.is_file() else ""))
-        model, epoch = _checkpoint_model(run_dir, results, device)
-        history = results.get("history") or []
-        record: dict[str, Any] = next((r for r in history if r.get("epoch") == epoch), {})
-        results = {**results, "final": {"snapshot": True, "epochs_completed": epoch,
-                                        "test_error_pct": record.get("test_error_pct")}}
-        return results, model
-    if not model_path.is_file():
-        hint = " (it has a checkpoint: add --checkpoint to analyse that)" if (run_dir / CHECKPOINT_JSON).is_file() else ""
-        raise FileNotFoundError(f"{model_path}: not found; the run has not finished (model.safetensors is "
-                                f"written when training ends){hint}")
-    return results, load_model(model_path, device=device)
-
-
-def _load_data(results: dict[str, Any], device: str, data_dir: str | None) -> DataSplits:
-    config = results["config"]
-    return load_dataset(config["dataset"], data_dir if data_dir is not None else config.get("data_dir"),
-                        train_on_full=bool(config.get("train_on_full")), device=device, limit=config.get("limit"))
-
-
-def _require_family(model: torch.nn.Module, run_dir: Path, accepted: Sequence[str], command: str) -> str:
-    try:
-        family = model_family(model)
-    except ValueError as exc:
-        raise ValueError(f"{run_dir}: `analyze {command}` needs a run of family {list(accepted)}; this run's "
-                         f"model {getattr(model, 'config', {}).get('name')!r} is none of them: {exc}") from exc
-    if family not in accepted:
-        raise ValueError(f"{run_dir}: `analyze {command}` needs a run of family {list(accepted)}, "
-                         f"but this run's model is {family!r}")
-    return family
-
-
-def _header(run_dir: Path, results: dict[str, Any], family: str, model: torch.nn.Module) -> dict[str, Any]:
-    config = results["config"]
-    return {
-        "run_dir": str(run_dir),
-        "command": command_line(),
-        "environment": environment_info(config.get("device")),
-        "family": family,
-        "model": model.config,
-        "depth": config["depth"],
-        "dataset": config["dataset"],
-        "train_on_full": bool(config.get("train_on_full")),
-        "run_final": results.get("final"),
-    }
-
-
-def _accuracy(split: Any) -> Callable[[torch.nn.Module], float]:
-    return lambda m: 100.0 - evaluate(m, split)[1]
-
-
-def _finish_text(out_dir: Path, name: str, lines: list[str]) -> str:
-    """The printout, also written to OUT/<name>.txt so the committed results keep it beside the JSON."""
-    text = "\n".join(lines)
-    atomic_write_text(out_dir / f"{name}.txt", text + "\n")
-    return text
-
-
-def _blocks_1based(indices: Sequence[int]) -> str:
-    return ", ".join(str(i + 1) for i in indices) if indices else "none"
-
-
-# The setting of gated-residual-v2 Tables 1 and 2 (§3.1): width 50, d = 2 .. 100, 100 epochs.
-PAPER_TABLE_EPOCHS, PAPER_TABLE_WIDTH = 100, 50
-
-
-def _paper_setting_differences(results: dict[str, Any], model: torch.nn.Module) -> list[str]:
-    """How the run differs from the setting of gated-residual-v2 Tables 1 and 2 (empty when it does not)."""
-    config = results["config"]
-    depth = int(config["depth"])
-    epochs = (results.get("final") or {}).get("epochs_completed") or config.get("epochs")
-    width = getattr(model, "config", {}).get("width")
-    differences = []
-    if depth not in PAPER_MEAN_K:
-        differences.append(f"depth {depth} (the tables have d = {', '.join(map(str, sorted(PAPER_MEAN_K)))})")
-    if epochs is not None and int(epochs) != PAPER_TABLE_EPOCHS:
-        differences.append(f"{int(epochs)} epoch{'s' if int(epochs) != 1 else ''} "
-                           f"(the paper trained {PAPER_TABLE_EPOCHS})")
-    if width is not None and int(width) != PAPER_TABLE_WIDTH:
-        differences.append(f"width {int(width)} (the paper's is {PAPER_TABLE_WIDTH})")
-    return differences
-
-
-def _paper_caveat(differences: Sequence[str]) -> str:
-    return ("  caveat: this run differs from the paper's setting: " + "; ".join(differences) +
-            ", so the paper's number is a distant reference, not a target") if differences else ""
 
 
 def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
@@ -252,156 +102,6 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
                      "at the beginning or the end")
     lines.append(f"  results: {out_dir / GATES_FILE}; figure: {figure}")
     return result, _finish_text(out_dir, "gates", lines)
-
-
-def _half_removed_ratio(curve: Sequence[float], half: int) -> float | None:
-    return curve[half] / curve[0] if curve and curve[0] > 0 and half < len(curve) else None
-
-
-def _removals_until(curve: Sequence[float], fraction: float) -> int | None:
-    """The first number of removals after which the accuracy is below `fraction` of the full model's."""
-    for removed, value in enumerate(curve):
-        if value < fraction * curve[0]:
-            return removed
-    return None
-
-
-# What plot_removal_curves reads from a prune result; a compared run is embedded with these keys only.
-_CURVE_KEYS = ("run_dir", "family", "depth", "dataset", "run_final", "num_blocks", "layers_per_block",
-               "full_accuracy_pct", "greedy", "random")
-
-
-def _curves_only(result: dict[str, Any]) -> dict[str, Any]:
-    curves = {key: result[key] for key in _CURVE_KEYS if key in result}
-    if "random" in curves:  # the figure draws mean ± std; the per-order curves stay in the compared file
-        curves["random"] = {key: curves["random"][key] for key in ("seed", "orders", "mean", "std")
-                            if key in curves["random"]}
-    return curves
-
-
-def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-                  strategy: str = "all", orders: int = 10, seed: int = 0, device: str = "cpu",
-                  data_dir: str | None = None, compare: Sequence[str | os.PathLike[str]] = (),
-                  progress: bool = True, checkpoint: bool = False) -> tuple[dict[str, Any], str]:
-    """Remove residual blocks one at a time, physically, and record test accuracy after each removal.
-
-    strategy: "greedy" (smallest k first; gated runs only), "random" (`orders` random orders from
-    `seed`, mean ± std) or "all" (greedy where there is k, and random). Writes prune.json, prune.txt
-    and prune_accuracy.png (gated-residual-v2 figure 5 right); `compare` adds the curves of other runs'
-    prune.json files to the figure (e.g. the residual run beside the gated one). Fully connected runs
-    only (analysis.lesion.PRUNABLE_MODELS)."""
-    if strategy not in ("greedy", "random", "all"):
-        raise ValueError(f"strategy={strategy!r}; accepted values: ['greedy', 'random', 'all']")
-    if orders < 1:
-        raise ValueError(f"orders={orders}: must be ≥ 1")
-    run_dir = Path(run_dir)
-    compared = []
-    for path in compare:
-        path = Path(path)
-        if path.is_dir():
-            path = path / PRUNE_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: --compare needs a prune.json written by `analyze prune`")
-        compared.append(read_json(path))
-    results, model = load_run(run_dir, device, checkpoint)
-    family = _require_family(model, run_dir, ("gated", "residual", "augmented"), "prune")
-    try:
-        check_prunable(model)
-    except ValueError as exc:
-        raise ValueError(f"{run_dir}: `analyze prune`: {exc}") from exc
-    has_k = family in ("gated", "augmented")
-    if strategy == "greedy" and not has_k:
-        raise ValueError(f"{run_dir}: greedy removal orders blocks by k, and this {family} run has no gates; "
-                         f"use --strategy random")
-    data = _load_data(results, device, data_dir)
-    metric = _accuracy(data.test)
-    count = len(_blocks(model))
-    result = {**_header(run_dir, results, family, model), "num_blocks": count,
-              "layers_per_block": layers_per_block(model), "split": "test", "removal": "physical (analysis.prune)",
-              "paper": {"claims": PAPER_PRUNE_CLAIMS,
-                        "test_error_pct": PAPER_TEST_ERROR.get(family, {}).get(int(results["config"]["depth"]))
-                        if results["config"].get("dataset") == "mnist" else None,
-                        "setting_differences": _paper_setting_differences(results, model)
-                        if results["config"].get("dataset") == "mnist" else [],
-                        "source": "gated-residual-v2 abstract and §3.1, figure 5 right"}}
-    full = metric(model)
-    result["full_accuracy_pct"] = full
-    if has_k and strategy in ("greedy", "all"):
-        order = removal_order(model, "greedy")
-        curve = removal_curve(model, order, metric)
-        result["greedy"] = {"order": order, "accuracy_pct": curve}
-        if progress:
-            print(f"  greedy: {curve[count // 2]:.2f}% after {count // 2} of {count} blocks removed",
-                  file=sys.stderr, flush=True)
-    if strategy in ("random", "all"):
-        generator = torch.Generator().manual_seed(seed)
-        all_orders, curves = [], []
-        for i in range(orders):
-            order = removal_order(model, "random", generator)
-            curves.append(removal_curve(model, order, metric))
-            all_orders.append(order)
-            if progress:
-                print(f"  random order {i + 1}/{orders}: {curves[-1][count // 2]:.2f}% after {count // 2} removed",
-                      file=sys.stderr, flush=True)
-        columns = [mean_std([c[r] for c in curves]) for r in range(count + 1)]
-        result["random"] = {"seed": seed, "orders": all_orders, "accuracy_pct": curves,
-                            "mean": [c["mean"] for c in columns], "std": [c["std"] for c in columns]}
-
-    half = count // 2
-    summary: dict[str, Any] = {"half_removed_blocks": half}
-    if "random" in result:
-        mean = result["random"]["mean"]
-        ratios = [_half_removed_ratio(c, half) for c in result["random"]["accuracy_pct"]]
-        summary["random_half_removed_accuracy_pct"] = mean[half]
-        summary["random_half_removed_ratio"] = mean_std([r for r in ratios if r is not None])
-        summary["random_removals_until_below_90pct"] = _removals_until(mean, 0.9)
-        summary["random_accuracy_after_removals"] = {str(r): mean[r] for r in (1, 2, 3, 5, 10, half) if r <= count}
-        summary["random_drop_after_few_removals_pct_points"] = {str(r): mean[0] - mean[r] for r in (1, 2, 3, 5)
-                                                                if r <= count}
-    if "greedy" in result:
-        greedy = result["greedy"]["accuracy_pct"]
-        summary["greedy_half_removed_accuracy_pct"] = greedy[half]
-        summary["greedy_half_removed_ratio"] = _half_removed_ratio(greedy, half)
-        summary["greedy_removals_until_below_90pct"] = _removals_until(greedy, 0.9)
-        if "random" in result:
-            diffs = [g - r for g, r in zip(greedy, result["random"]["mean"])]
-            summary["greedy_minus_random_mean_pct_points"] = sum(diffs[1:]) / max(1, len(diffs) - 1)
-            summary["greedy_minus_random_first_half_pct_points"] = sum(diffs[1:half + 1]) / max(1, half)
-    result["summary"] = summary
-    # the compared curves travel inside prune.json, so `analyze redraw` draws them without --compare
-    result["compare"] = [_curves_only(other) for other in compared]
-
-    out_dir = _out_dir(run_dir, out)
-    atomic_write_json(out_dir / PRUNE_FILE, result)
-    figure = plot_removal_curves([result, *compared], out_dir / "prune_accuracy.png")
-
-    lines = [f"{run_dir}: {family}, {count} blocks ({result['layers_per_block']} layers each); "
-             f"full test accuracy {full:.2f}% (paper's test error for this model: "
-             f"{result['paper']['test_error_pct'] if result['paper']['test_error_pct'] is not None else 'n/a'}%)"]
-    if result["paper"]["test_error_pct"] is not None and result["paper"]["setting_differences"]:
-        lines.append(_paper_caveat(result["paper"]["setting_differences"]))
-    if "random" in result:
-        r = summary["random_half_removed_ratio"]
-        lines.append(f"  random ({orders} order{'s' if orders != 1 else ''}), half of the layers removed ({half} blocks): accuracy "
-                     f"{summary['random_half_removed_accuracy_pct']:.2f}% = {100 * r['mean']:.1f}% ± {100 * r['std']:.1f}% "
-                     f"of the full model's")
-        until = summary["random_removals_until_below_90pct"]
-        lines.append(f"  random: mean accuracy first below 90% of the full model's after "
-                     f"{until if until is not None else 'never (all ' + str(count) + ')'} removed blocks")
-        per = result["layers_per_block"]
-        lines.append("  random, mean accuracy drop after a few removals: " + "; ".join(
-            f"{int(r) * per} layers −{d:.2f} points" for r, d in summary["random_drop_after_few_removals_pct_points"].items()))
-        lines.append(f"  paper: {PAPER_PRUNE_CLAIMS['random_half_removed'] if has_k else PAPER_PRUNE_CLAIMS['residual']}")
-    if "greedy" in result:
-        lines.append(f"  greedy (smallest k first), half removed: {summary['greedy_half_removed_accuracy_pct']:.2f}% "
-                     f"(ratio {100 * summary['greedy_half_removed_ratio']:.1f}%)")
-        if "random" in result:
-            lines.append(f"  greedy − random mean accuracy, averaged over 1..{count} removals: "
-                         f"{summary['greedy_minus_random_mean_pct_points']:+.2f} points "
-                         f"(over the first half: {summary['greedy_minus_random_first_half_pct_points']:+.2f})")
-        lines.append(f"  paper: {PAPER_PRUNE_CLAIMS['greedy']}")
-    lines.append(f"  results: {out_dir / PRUNE_FILE}; figure: {figure}")
-    return result, _finish_text(out_dir, "prune", lines)
 
 
 def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,

@@ -8,6 +8,7 @@ batches. Batches are independent, so `jobs` > 1 spreads them over spawned worker
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import heapq
 import multiprocessing
@@ -23,9 +24,11 @@ from ..data import DataSplits, Split, load_dataset
 from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
                              train_batched)
 from ..train.runner import build_model, resolve_recipe
+from .options import add_options
 from .runs import RunSpec, prepare_data
 
-__all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown"]
+__all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown",
+           "add_estimate_options"]
 
 
 def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunSpec]]:
@@ -123,6 +126,15 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
             "batches": rows, "serial_s": sum(r["total_s"] for r in rows),
             "wall_s": makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
+
+
+def add_estimate_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    """The options of a batched study: one per `config_cls` field (study.options), and --estimate,
+    which trains nothing and prints the study's `estimate_text` (the projection above) instead."""
+    add_options(parser, config_cls)
+    parser.add_argument("--estimate", action="store_true",
+                        help="train nothing: time a few steps of every batch and print the projected duration "
+                             "for --jobs workers")
 
 
 def projection_markdown(title: str, projection: dict[str, Any],

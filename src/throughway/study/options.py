@@ -38,17 +38,19 @@ _META = "throughway.option"
 
 
 def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[Any] | None = None,
-           cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False) -> Any:
+           cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False,
+           negatable: bool = True) -> Any:
     """A dataclass field that is also a command-line option.
 
     `default` is the paper's value (tuples for sequences: the dataclass is frozen); `help` is the
     option's help text; `quick` the value under --quick; `choices` the accepted values (for a tuple
     field, of each element); `cli=False` keeps the field off the command line; `flag` overrides the
     option name (default `--field-name`); `minimum` refuses smaller numbers (exit 2 via argparse);
-    `empty_ok` lets a tuple field be given with no values (e.g. to skip a part of a study).
+    `empty_ok` lets a tuple field be given with no values (e.g. to skip a part of a study);
+    `negatable=False` makes a bool field a plain switch (`--merge`, no `--no-merge`) that sets True.
     """
     metadata = {_META: {"help": help, "quick": quick, "choices": tuple(choices) if choices is not None else None,
-                        "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok}}
+                        "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok, "negatable": negatable}}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -102,7 +104,8 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
         quick = "" if meta["quick"] is NO_QUICK else f"; --quick: {meta['quick']}"
         text = f"{meta['help']} (default {shown}{quick})"
         if kind is bool and not is_tuple:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            action = argparse.BooleanOptionalAction if meta.get("negatable", True) else "store_true"
+            parser.add_argument(flag, dest=f.name, action=action, default=None, help=text)
             continue
         parser.add_argument(flag, dest=f.name, type=_converter(kind, f.name.replace("_", "-"), meta["minimum"]),
                             nargs=("*" if meta.get("empty_ok") else "+") if is_tuple else None, choices=meta["choices"], default=None, help=text)

@@ -16,15 +16,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence, overload
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overload
 
 import torch
 
 from .._io import atomic_write_json, atomic_write_text, read_json
-from ..train import RunConfig, run_training
+from ..train import RESULTS_FILE, RunConfig, run_training
 
 __all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report", "StudySummary",
-           "stored_study", "check_same_settings"]
+           "stored_study", "check_same_settings", "read_runs"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,14 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
             if on_done is not None:
                 on_done(name, error)
     return errors
+
+
+def read_runs(runs_dir: str | os.PathLike[str], names: Iterable[str]) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """(name, its results.json) for each run `names` of a study's `runs_dir`, in order; the results are
+    None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0})."""
+    for name in names:
+        path = Path(runs_dir) / name / RESULTS_FILE
+        yield name, read_json(path) if path.is_file() else None
 
 
 def mean_std(values: Sequence[float]) -> dict[str, Any]:

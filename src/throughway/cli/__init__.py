@@ -1,0 +1,76 @@
+"""`throughway ...`: the command line.
+
+    throughway list                          models, recipes and experiments, one per line, name first
+    throughway train --model NAME --depth D  one training run into --out
+    throughway reproduce EXPERIMENT          a paper's table or figure, with the paper's numbers beside ours
+    throughway report DIR                    remake an experiment's table and figures from DIR/results.json
+    throughway report --readme README.md [--check]   rewrite (check) the README's generated result blocks
+    throughway data fetch DATASET            fetch, verify and cache a dataset
+    throughway analyze gates|prune|highway|lesion RUN_DIR   what a finished run's gates learned
+
+(This text is `throughway --help`'s description. The parser is built in cli.parser, each command's
+work is done in cli.commands; this module dispatches and turns bad input into exit status 2.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from .commands import _cmd_analyze, _cmd_data, _cmd_list, _cmd_report, _cmd_reproduce, _cmd_sdi, _cmd_train
+from .parser import build_parser
+
+__all__ = ["main", "build_parser"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `throughway` console script; returns the exit status."""
+    from ..report.figures import figure_format
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with figure_format(getattr(args, "format", "png")):  # `--format` of the commands that draw
+        return _run(parser, args)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    try:
+        if getattr(args, "device", None) is not None and args.command != "train":
+            from ..train.runner import check_device
+
+            check_device(args.device)
+        if args.command == "list":
+            return _cmd_list()
+        if args.command == "train":
+            return _cmd_train(args)
+        if args.command == "reproduce":
+            return _cmd_reproduce(args)
+        if args.command == "report":
+            return _cmd_report(args)
+        if args.command == "data":
+            return _cmd_data(args)
+        if args.command == "sdi":
+            return _cmd_sdi(args)
+        if args.command == "analyze":
+            return _cmd_analyze(args)
+    except KeyboardInterrupt:
+        print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
+        # Bad input (options, files, JSON), a held lock, a full disk: a message naming the option or the
+        # file, and exit 2. OSError covers FileNotFoundError, NotADirectoryError and _io.WriteError.
+        if isinstance(exc, KeyError) and exc.args:
+            message = exc.args[0]
+        elif isinstance(exc, OSError) and exc.filename is None and len(exc.args) == 2:
+            message = exc.args[1]  # WriteError: its message already names the file
+        else:
+            message = str(exc)
+        print(f"throughway: error: {message}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""What each `throughway` sub-command does once its options are parsed: one `_cmd_<command>(args)`
+per command, returning the exit status (the dispatch and the error handling are in throughway.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+def _cmd_list() -> int:
+    from ..experiments import EXPERIMENTS
+    from ..models import list_models
+    from ..train import list_recipes
+
+    rows = [(m.name, "model", m.description) for m in list_models()]
+    rows += [(r.name, "recipe", r.source) for r in list_recipes()]
+    rows += [(name, "experiment", module.DESCRIPTION) for name, module in EXPERIMENTS.items()]
+    width = max(len(r[0]) for r in rows)
+    for name, kind, description in rows:
+        print(f"{name:<{width}}  {kind:<10}  {description}")
+    return 0
+
+
+
+# Model arguments that have their own option: giving them through --model-arg too is a conflict.
+_DEDICATED_MODEL_OPTIONS = {"depth": "--depth", "width": "--width", "k_init": "--k-init",
+                            "gate_bias": "--gate-bias", "activation": "--activation"}
+
+
+
+def _parse_model_args(items: Sequence[str], given: Sequence[str] = ("depth",)) -> dict[str, Any]:
+    """--model-arg KEY=VALUE pairs as a dict; VALUE is JSON when it parses, else the string.
+
+    Raises ValueError for a malformed pair, a key given twice, a non-finite number, or a key whose own
+    option (depth, width, k_init, gate_bias, activation) is among `given`, naming both."""
+    import json
+
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--model-arg {item!r}: expected KEY=VALUE, e.g. gated=true")
+        if key in _DEDICATED_MODEL_OPTIONS and key in given:
+            raise ValueError(f"--model-arg {item!r} conflicts with {_DEDICATED_MODEL_OPTIONS[key]}: give {key} "
+                             f"once, with {_DEDICATED_MODEL_OPTIONS[key]}")
+        if key in parsed:
+            raise ValueError(f"--model-arg {key}= is given twice; give each model argument once")
+        try:
+            parsed[key] = json.loads(text)
+        except json.JSONDecodeError:
+            parsed[key] = text
+        if isinstance(parsed[key], float) and not math.isfinite(parsed[key]):
+            raise ValueError(f"--model-arg {item!r}: {key} must be a finite number")
+    return parsed
+
+
+
+def _check_recipe_options(args: argparse.Namespace) -> None:
+    """--momentum / --lr-decay only where the recipe uses them: an error naming both otherwise."""
+    from ..train import get_recipe
+
+    recipe = get_recipe(args.recipe)
+    if args.momentum is not None and recipe.optimizer != "sgd":
+        raise ValueError(f"--momentum with --recipe {recipe.name}: that recipe trains with {recipe.optimizer}, "
+                         f"which has no momentum option; --momentum applies to SGD recipes (e.g. highway-mnist)")
+    if args.lr_decay is not None and recipe.schedule != "exponential":
+        raise ValueError(f"--lr-decay with --recipe {recipe.name}: its learning-rate schedule is {recipe.schedule!r}; "
+                         f"--lr-decay applies to recipes with the exponential schedule (e.g. highway-mnist)")
+
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from ..train import RunConfig, run_training
+    from ..train.rundir import RunDir
+    from ..train.runner import check_config, check_device
+
+    # Everything cheap is checked before the data is read or anything is written.
+    check_device(args.device)
+    if args.tensorboard:
+        from ..train.callbacks import require_tensorboard
+
+        try:
+            require_tensorboard()
+        except ImportError as exc:
+            raise ValueError(f"--tensorboard: {exc}") from None
+    _check_recipe_options(args)
+    model_kwargs: dict[str, Any] = {}
+    for option, key in (("width", "width"), ("k_init", "k_init"), ("gate_bias", "gate_bias"),
+                        ("activation", "activation")):
+        value = getattr(args, option)
+        if value is not None:
+            model_kwargs[key] = value
+    model_kwargs.update(_parse_model_args(args.model_arg, given=["depth", *model_kwargs]))
+    overrides: dict[str, Any] = {}
+    for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay"):
+        value = getattr(args, option)
+        if value is not None:
+            overrides[option] = value
+    if args.k_decay:
+        overrides["k_decay"] = True
+    import dataclasses
+
+    from ..train import distributed
+
+    config = RunConfig(model=args.model, depth=args.depth, dataset=args.dataset, recipe=args.recipe,
+                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=args.device,
+                       limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
+                       recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
+                       compile=args.compile, eval_batch_size=args.eval_batch_size)
+    out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
+    check_config(config)
+    RunDir(out).check_usable()
+    device = distributed.init_from_env(args.device)  # torchrun: one process per device
+    config = dataclasses.replace(config, device=device)
+    main_process = distributed.is_main_process()
+    try:
+        results = run_training(config, out, resume=args.resume, progress=not args.quiet, tensorboard=args.tensorboard)
+    finally:
+        distributed.cleanup()
+    if not main_process or results.get("final") is None:
+        return 0
+    final = results["final"]
+    line = f"{out}: test error {final['test_error_pct']:.2f}% after {final.get('epochs_completed')} epochs" \
+        if final.get("test_error_pct") is not None else f"{out}: no epoch finished"
+    if final.get("diverged"):
+        line += " (diverged)"
+    if final.get("k_mean") is not None:
+        line += f", mean k {final['k_mean']:.3f}"
+    print(line)
+    return 0
+
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from ..experiments import get_experiment
+    from ..study.options import config_from_args
+
+    module = get_experiment(args.experiment)
+    if hasattr(module, "config_from_args"):
+        config = module.config_from_args(args)
+    else:
+        config = config_from_args(module.Config, args, device=args.device, data_dir=args.data_dir)
+    out = Path(args.out or (f"runs/{module.NAME}-quick" if getattr(args, "quick", False) else f"runs/{module.NAME}"))
+    jobs = args.jobs or (1 if args.device != "cpu" else max(1, os.cpu_count() or 1))
+    if getattr(args, "estimate", False):  # project the study's duration, train nothing
+        print(module.estimate_text(config, jobs))
+        return 0
+    module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+    print((out / "table.md").read_text())
+    print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
+    return 0
+
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .._io import read_json_object
+    from ..experiments import get_experiment
+
+    if args.readme is not None:
+        from ..readme import update_readme
+
+        if args.dir is not None:
+            raise ValueError("report: give either DIR or --readme README, not both")
+        names = update_readme(args.readme, args.results, check=args.check)
+        if args.check:
+            if names:
+                print(f"{args.readme}: generated blocks differ from the results files: {', '.join(names)}; "
+                      f"run `throughway report --readme {args.readme}`")
+                return 1
+            print(f"{args.readme}: every generated block matches the results files")
+            return 0
+        print(f"{args.readme}: rewrote {len(names)} block(s)" + (f": {', '.join(names)}" if names else ""))
+        return 0
+    if args.dir is None:
+        raise ValueError("report: give an experiment's output folder DIR, or --readme README")
+    path = Path(args.dir) / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")
+    name = read_json_object(path, "an experiment's summary").get("experiment")
+    if name is None:
+        raise ValueError(f"{path}: not an experiment summary (no 'experiment' field); is it a single run?")
+    print(get_experiment(name).write_report(args.dir))
+    return 0
+
+
+
+def _cmd_sdi(args: argparse.Namespace) -> int:
+    from ..analysis.sdi import LAYERS, monte_carlo_sdi, sdi
+
+    layers = list(LAYERS) if "all" in args.layer else args.layer
+    rows = []  # computed before anything is printed, so bad input gives an error and no half table
+    for layer in layers:
+        result = sdi(layer, args.width, args.init, kernel_size=args.kernel_size, target=args.target,
+                     gate_bias=args.gate_bias, k_init=args.k_init)
+        row = (f"| {layer} | {args.init if layer != 'gated' else f'k = {args.k_init:g}'} | {args.width} | "
+               f"{args.kernel_size or '—'} | {result.m_diagonal():.6g} | {result.m_off_diagonal():.6g} | "
+               f"{result.b_value():.6g} | {result.tsdi:.6g} |")
+        if args.mc:
+            if args.init == "paper_he":
+                row += " — (paper_he is not a toolkit initialiser) |"
+            else:
+                mc = monte_carlo_sdi(layer, args.width, args.init, samples=args.mc, kernel_size=args.kernel_size,
+                                     target=args.target, gate_bias=args.gate_bias, k_init=args.k_init)
+                row += f" {mc['tsdi']:.6g} ± {mc['tsdi_stderr']:.2g} |"
+        rows.append(row)
+    header = "| layer | init | n | kernel | M (identity position) | M (other) | B | TSDI |" + (" Monte Carlo ± s.e. |" if args.mc else "")
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    print("\n".join(rows))
+    if "highway" in layers:
+        print(f"\nhighway: transform gate W_t, b_t (initial b_t = {args.gate_bias:g}), target W_t = 0, b_t = c = {args.target:g}")
+    return 0
+
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from ..data import load_arrays
+
+    arrays = load_arrays(args.dataset, args.data_dir)
+    print(f"{args.dataset}: train {len(arrays.train_y)}, validation {len(arrays.val_y)}, test {len(arrays.test_y)} "
+          f"(verified and cached)")
+    return 0
+
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from ..study import analyze
+
+    if args.analysis == "redraw":
+        for path in analyze.redraw(args.dir, compare=args.compare):
+            print(path)
+        return 0
+    common = {"device": args.device, "checkpoint": args.checkpoint}
+    if args.analysis == "gates":
+        _, text = analyze.analyze_gates(args.run_dir, args.out, **common)
+    elif args.analysis == "prune":
+        _, text = analyze.analyze_prune(args.run_dir, args.out, strategy=args.strategy, orders=args.orders,
+                                        seed=args.seed, compare=args.compare, data_dir=args.data_dir,
+                                        progress=not args.quiet, **common)
+    elif args.analysis == "highway":
+        _, text = analyze.analyze_highway(args.run_dir, args.out, classes=args.classes, sample=args.sample,
+                                          seed=args.seed, data_dir=args.data_dir, **common)
+    else:
+        _, text = analyze.analyze_lesion(args.run_dir, args.out, split=args.split, data_dir=args.data_dir,
+                                         progress=not args.quiet, **common)
+    print(text)
+    return 0

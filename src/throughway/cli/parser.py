@@ -1,0 +1,179 @@
+"""The argument parser of every `throughway` sub-command (`build_parser`) and its option types."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from importlib import import_module
+
+__all__ = ["build_parser"]
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
+    return value
+
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
+    parser.add_argument("--data-dir", help="dataset cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway); "
+                                           "for CIFAR the folder holding the official python batches")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    from ..report.figures import FIGURE_FORMATS
+
+    parser.add_argument("--format", choices=list(FIGURE_FORMATS), default="png",
+                        help="file format of the figures: png (default), or svg / pdf (vector, for papers)")
+
+
+
+def _usage() -> str:
+    """The command summary that `throughway --help` prints: the first part of throughway.cli's docstring."""
+    return (import_module("throughway.cli").__doc__ or "").split("\n(This text")[0]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    from ..data import DATASETS
+    from ..experiments import EXPERIMENTS
+    from ..study.options import add_options
+
+    parser = argparse.ArgumentParser(prog="throughway", description=_usage(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("list", help="registered models, recipes and experiments, one per line, name first")
+
+    train = sub.add_parser("train", help="train one model; writes OUT/results.json and OUT/model.safetensors")
+    train.add_argument("--model", required=True, help="a registered model name (see `throughway list`)")
+    train.add_argument("--depth", type=int, required=True,
+                       help="the paper's d: number of middle layers (MLPs); the network's depth for conv nets "
+                            "(e.g. 28 for WRN-28-10, 32 for the ResNet n=5, 10 for the conv highway net)")
+    train.add_argument("--dataset", default="mnist", choices=list(DATASETS))
+    train.add_argument("--recipe", default="gresnet-mnist", help="a registered recipe name")
+    train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out", help="run directory (default runs/<model>-d<depth>-s<seed>)")
+    train.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    train.add_argument("--train-on-full", action="store_true", help="train on train+validation (60,000 for MNIST)")
+    train.add_argument("--limit", type=_positive_int, help="keep only the first N samples of each split (smoke tests)")
+    train.add_argument("--width", type=_positive_int, help="units per layer (default 50)")
+    train.add_argument("--k-init", type=_finite_float, help="initial k of scalar gates (default 1)")
+    train.add_argument("--gate-bias", type=_finite_float, help="initial transform-gate bias of highway layers")
+    train.add_argument("--activation", choices=["relu", "tanh"], help="activation of the layers")
+    train.add_argument("--lr", type=_finite_float, help="override the recipe's learning rate")
+    train.add_argument("--momentum", type=_finite_float, help="override the recipe's momentum (SGD)")
+    train.add_argument("--lr-decay", type=_finite_float, help="override the recipe's per-epoch decay factor")
+    train.add_argument("--batch-size", type=_positive_int, help="override the recipe's batch size")
+    train.add_argument("--weight-decay", type=_finite_float, help="override the recipe's weight decay")
+    train.add_argument("--k-decay", action="store_true", help="apply weight decay to k too (the paper's 'k decay')")
+    train.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="any model argument, VALUE parsed as JSON when it parses (e.g. gated=true, "
+                            "widen_factor=10, dropout=0.3, shortcut=A); repeatable")
+    train.add_argument("--amp", action="store_true", help="bf16 autocast for the training forward pass")
+    train.add_argument("--channels-last", action="store_true", help="NHWC memory format (conv nets)")
+    train.add_argument("--compile", action="store_true", help="train through torch.compile(model)")
+    train.add_argument("--tensorboard", action="store_true",
+                       help="also write TensorBoard event files into --out (needs: pip install 'throughway[tensorboard]')")
+    train.add_argument("--eval-batch-size", type=_positive_int,
+                       help="images per evaluation forward (default 10000; e.g. 1000 for WRN-28-10 on a GPU)")
+    _add_common(train)
+
+    reproduce = sub.add_parser("reproduce", help="reproduce a paper's table or figure")
+    exp_sub = reproduce.add_subparsers(dest="experiment", required=True)
+    for name, module in EXPERIMENTS.items():
+        exp = exp_sub.add_parser(name, help=module.DESCRIPTION, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(exp)
+        else:  # the Config dataclass declares every option (study.options)
+            add_options(exp, module.Config)
+        exp.add_argument("--out", help=f"output folder (default runs/{name}, or runs/{name}-quick with --quick)")
+        exp.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
+        exp.add_argument("--jobs", type=_positive_int,
+                         help="runs trained at once, in separate single-threaded processes "
+                              "(default: the number of CPU cores on a CPU device, 1 on a GPU)")
+        _add_common(exp)
+        _add_format(exp)
+
+    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "
+                                           "or (--readme) the README's generated blocks from results/")
+    report.add_argument("dir", nargs="?", help="an experiment's output folder")
+    report.add_argument("--readme", metavar="README", help="rewrite every <!-- generated:NAME --> block of this "
+                                                           "file from the JSON under results/ beside it")
+    report.add_argument("--results", metavar="DIR", help="with --readme: the results folder (default: results/ "
+                                                         "beside the README)")
+    report.add_argument("--check", action="store_true", help="with --readme: change nothing; exit 1 naming the "
+                                                             "blocks that differ from what the results give")
+    _add_format(report)
+
+    analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
+    analyze_sub = analyze.add_subparsers(dest="analysis", required=True)
+    gates = analyze_sub.add_parser("gates", help="k per block, mean k, dead gates of a gated residual run "
+                                                 "(gated-residual-v2 Table 2, figure 5 left)")
+    prune = analyze_sub.add_parser("prune", help="remove residual blocks greedily by k or at random, test accuracy "
+                                                 "after each removal (gated-residual-v2 figure 5 right)")
+    prune.add_argument("--strategy", choices=["greedy", "random", "all"], default="all",
+                       help="greedy: smallest k first (gated runs only); random: --orders random orders; "
+                            "all (default): greedy where there is k, and random")
+    prune.add_argument("--orders", type=_positive_int, default=10, help="random orders (default 10)")
+    prune.add_argument("--seed", type=int, default=0, help="seed of the random orders")
+    prune.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
+                       help="other runs' prune.json (or analysis folders) to draw in the same figure")
+    highway = analyze_sub.add_parser("highway", help="transform-gate maps of a highway run (highway paper figures 2, 3)")
+    highway.add_argument("--classes", type=int, nargs="+", default=[0, 7], help="classes for figure 3 (default 0 7)")
+    highway.add_argument("--sample", type=int, help="index of the training sample for figure 2 (default: random)")
+    highway.add_argument("--seed", type=int, default=0, help="seed that picks the sample when --sample is not given")
+    lesion = analyze_sub.add_parser("lesion", help="error with one layer's gates closed, per layer (highway paper figure 4)")
+    lesion.add_argument("--split", choices=["train", "val", "test"], default="train",
+                        help="split to evaluate (default train, as the paper)")
+    for command in (gates, prune, highway, lesion):
+        command.add_argument("run_dir", help="a finished run directory (results.json + model.safetensors)")
+        command.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
+        command.add_argument("--checkpoint", action="store_true",
+                             help="analyse the latest checkpoint of a run that has not finished (figures say "
+                                  "'after epoch N')")
+        _add_common(command)
+        _add_format(command)
+    redraw = analyze_sub.add_parser("redraw", help="redraw an analysis folder's figures from its JSON files")
+    redraw.add_argument("dir", help="a folder written by `analyze ...` (e.g. RUN_DIR/analysis)")
+    redraw.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
+                        help="other runs' prune.json to draw instead of the ones stored in its prune.json")
+    _add_format(redraw)
+
+    sdi_cmd = sub.add_parser("sdi", help="squared distance to identity (SDI/TSDI) of layers at initialisation "
+                                          "(gated-residual-v1 section 2)")
+    sdi_cmd.add_argument("--layer", nargs="+", default=["all"],
+                         choices=["all", "classical", "highway", "residual", "gated"], help="layer types (default all)")
+    sdi_cmd.add_argument("--width", type=_positive_int, default=50, help="n: units, or channels of a conv layer")
+    sdi_cmd.add_argument("--init", default="he_normal",
+                         help="he_normal, he_uniform, glorot_uniform, glorot_normal, torch_default, or paper_he "
+                              "(He weights and He-variance biases: the paper's convention)")
+    sdi_cmd.add_argument("--gate-bias", type=float, default=-4.0, help="initial transform-gate bias of highway layers")
+    sdi_cmd.add_argument("--target", type=float, default=-4.0, help="highway degeneration target c for b_t")
+    sdi_cmd.add_argument("--k-init", type=float, default=1.0, help="initial k of gated layers")
+    sdi_cmd.add_argument("--kernel-size", type=_positive_int, help="k for a k×k convolutional layer (default: dense)")
+    sdi_cmd.add_argument("--mc", type=int, default=0, help="also estimate TSDI from N draws of the real initialisers")
+
+    data = sub.add_parser("data", help="datasets")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser("fetch", help="fetch, verify and cache a dataset")
+    fetch.add_argument("dataset", choices=["mnist", "fashion-mnist"])
+    fetch.add_argument("--data-dir", help="cache folder")
+    return parser
