@@ -9,8 +9,10 @@ together: activations are held feature-major, (N models, C channels, B samples),
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
 parameter matrix. The stacked model is `train.stacked.StackedModels`, its optimiser
-`train.stacked_optim.BatchedOptimizer`; here are the step (`BatchedStep`), the epoch
-(`train_epoch`) and the trainer with its run directories and batch checkpoints (`train_batched`).
+`train.stacked_optim.BatchedOptimizer`, their step (`BatchedStep`) and epoch (`train_epoch`) are
+in `train.stacked_step`, the batch's checkpoint in `train.batch_state`; here is the trainer: the
+stack's engine of the one epoch loop (`train.engine.run_loop`, shared with `fit`) and the run
+directories of its members (`train_batched`).
 
 Design choices, measured by benchmarks/batched_throughput.py (its "design" lines print both for the
 benchmark's N and depth; the figures here are from N = 4, depth 2, on this shared machine under
@@ -51,15 +53,13 @@ import contextlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from torch.nn import functional as F
 
 from .._io import read_json
-from ..data import DataSplits, Split, load_dataset
+from ..data import DataSplits, load_dataset
 from .batch_state import config_hash, load_batch_state, save_batch_state
 from .engine import EpochStats, Member, run_loop
 from .loop_state import History, TrainState, restore_progress
@@ -67,6 +67,8 @@ from .recipes import Recipe, learning_rate_at
 from .rundir import RunDir
 from .stacked import _MIXED_FAMILY, MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward
 from .stacked_optim import BatchedOptimizer
+from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
+from .stacked_step import BatchedStep, EpochTotals, epoch_starts, evaluate_stack, train_epoch
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
                      check_resumable, read_results, resolve_recipe, results_header)
 
@@ -84,7 +86,6 @@ SHARED_RECIPE_FIELDS = frozenset({"optimizer", "epochs", "batch_size", "betas", 
                                   "nesterov", "k_decay", "schedule", "milestones"})
 # RunConfig fields shared by a batch (one data set, one device).
 _SHARED_CONFIG_FIELDS = ("model", "depth", "dataset", "train_on_full", "device", "limit", "data_dir")
-_EVAL_CHUNK = 2500
 
 
 def batch_family(model: str) -> str:
@@ -110,100 +111,6 @@ def batch_key(config: RunConfig) -> tuple[Any, ...]:
 # ----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def _evaluate(stack: StackedModels, split: Split, chunk: int = _EVAL_CHUNK) -> tuple[list[float], list[float]]:
-    """Per-model mean cross-entropy and error (%) on `split` in evaluation mode (as `evaluate`)."""
-    n_models, n = stack.n, len(split)
-    loss = torch.zeros(n_models, dtype=torch.float64, device=stack.device)
-    wrong = torch.zeros(n_models, dtype=torch.long, device=stack.device)
-    for start in range(0, n, chunk):
-        x, y = split.x[start:start + chunk], split.y[start:start + chunk]
-        logits = stack.forward_logits(x.flatten(1), training=False)  # (N, classes, B)
-        yy = y.unsqueeze(0).expand(n_models, -1)
-        ce = F.cross_entropy(logits, yy, reduction="none")  # (N, B)
-        loss += ce.sum(1, dtype=torch.float64)
-        finite = torch.isfinite(logits).all(dim=1)
-        wrong += ((logits.argmax(dim=1) != yy) | ~finite).sum(1)
-    return (loss / n).tolist(), (100.0 * wrong.double() / n).tolist()
-
-
-class BatchedStep:
-    """One training step of every model of a stack: forward in training mode, per-model mean
-    cross-entropy, backward into the flat gradient, and the optimiser's update with per-model
-    learning rates; `fit`'s inner loop for N models at once (tests/test_batched.py).
-
-    `compile=True` runs the forward and the loss through torch.compile (fusing BatchNorm, the
-    activations and the gates' elementwise work; the backward is compiled with it) and the
-    optimiser's update through its own compiled function. Compilation happens on the first call
-    (tens of seconds to minutes, more with depth), and again when the number of models changes
-    (a diverged model leaves the batch), so it pays only for long batches.
-    """
-
-    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, compile: bool = False) -> None:
-        self.stack, self.optimizer = stack, optimizer
-        self._forward_loss = torch.compile(self._forward_loss_eager) if compile else self._forward_loss_eager
-
-    def _forward_loss_eager(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.stack.forward_logits(x, training=True)  # (N, classes, B)
-        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
-        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
-        return losses, wrong
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Train on `x` (N, B, features), `y` (N, B) with learning rates `lr` (N, 1); return each
-        model's mean loss on the batch (N,) before the update and its number of errors (N,)."""
-        losses, wrong = self._forward_loss(x, y)
-        self.stack.grad.zero_()
-        backward(losses.sum())  # each model's loss depends on its own parameters only
-        self.optimizer.step(lr)
-        return losses.detach(), wrong
-
-
-@dataclass
-class EpochTotals:
-    """What `train_epoch` measured, per model of the stack: summed loss·batch size, errors, the
-    first step whose loss was not finite (−1: none) and that loss, and the samples seen per model."""
-
-    loss_sum: torch.Tensor
-    wrong: torch.Tensor
-    bad_step: torch.Tensor
-    bad_loss: torch.Tensor
-    seen: int
-
-
-def epoch_starts(n: int, batch_size: int) -> list[int]:
-    """The first index of each mini-batch of an epoch over n samples, as `fit` makes them: a final
-    batch of one sample is folded away (it would break BatchNorm's training statistics)."""
-    return [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]
-
-
-def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
-                batch_size: int, lr: torch.Tensor) -> EpochTotals:
-    """One epoch of every model of `step`'s stack: model i visits the flattened training inputs
-    `train_x` (n, features) and labels `train_y` (n,) in the order `orders[i]` (a permutation of
-    range(n)), in mini-batches of `batch_size` (`epoch_starts`). A model whose loss stops being
-    finite keeps stepping to the epoch's end (its slices never mix with the others'); the caller
-    restores and drops it (see `train_batched`)."""
-    k, n = orders.shape
-    device = step.stack.device
-    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
-    wrong = torch.zeros(k, dtype=torch.long, device=device)
-    bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
-    bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
-    seen = 0
-    for i, start in enumerate(epoch_starts(n, batch_size)):
-        index = orders[:, start:start + batch_size]
-        x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
-        losses, batch_wrong = step(x, y, lr)
-        with torch.no_grad():
-            bad = ~torch.isfinite(losses) & (bad_step < 0)
-            bad_step = torch.where(bad, torch.full_like(bad_step, i), bad_step)
-            bad_loss = torch.where(bad, losses.float(), bad_loss)
-            loss_sum += losses.double() * y.shape[1]
-            wrong += batch_wrong
-        seen += y.shape[1]
-    return EpochTotals(loss_sum, wrong, bad_step, bad_loss, seen)
-
-
 def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
     for i, c in enumerate(configs):
         if c.model not in SUPPORTED_MODELS:
@@ -419,7 +326,7 @@ class _StackEngine:
         split = getattr(self.data, which)
         if split is None:
             return None
-        losses, errors = _evaluate(self.stack, split, self.eval_chunk)
+        losses, errors = evaluate_stack(self.stack, split, self.eval_chunk)
         return list(zip(losses, errors))
 
     def gate_values(self) -> list[list[float]]:
