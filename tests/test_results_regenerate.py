@@ -258,7 +258,11 @@ def data_root(tmp_path_factory) -> Iterator[Path]:
 def run_cli(argv: list[str], where: str) -> str:
     """Run `throughway argv` in this process; its stdout, or a failure naming the recorded command."""
     out, err = io.StringIO(), io.StringIO()
-    threads = torch.get_num_threads()  # the experiments set their own; the other tests keep theirs
+    # One thread, as the recorded commands ran (OMP_NUM_THREADS=1): on 2 cores shared with another
+    # process, 2 threads made the mnist-depth quick run 17 times slower here (340 s instead of 20 s).
+    # The thread count of the other tests is restored.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(argv)
