@@ -224,15 +224,6 @@ def _by_kind(kind: str, sub: str | None = None) -> list[Recorded]:
 # the case's id and xfails strictly: when the committed result is regenerated the entry must go.
 
 KNOWN_PROBLEMS: dict[str, str] = {
-    "mnist-depth/COMMAND.txt:6-top-level keys": (
-        "results/mnist-depth/results.json has no top-level 'errors' key, which every `reproduce mnist-depth` "
-        "summary writes: it was assembled from the run directory's results.json files by hand "
-        "(its 'command' field also records the program as /work/study-wt/src/throughway/cli.py), not "
-        "written by the recorded command"),
-    "gates-stem-dense/COMMAND.txt:5-json keys": (
-        "results/gates-stem-dense/residual-d100-s0/prune.json has no top-level 'compare' key, which "
-        "`analyze prune` now always writes (the compared curves stored for `analyze redraw`): it predates that "
-        "format"),
 }
 
 
@@ -695,6 +686,9 @@ SCRIPTS: dict[str, dict[str, list[str] | None] | None] = {
     # --help only: even its smallest options take about 7 s (its fixed matmul-ceiling measurements),
     # and the recorded --compile minutes
     "benchmarks/batched_throughput.py": None,
+    # runs both contenders at depth 2 with 1 seed on 640 images, eager (its docstring's check; a few seconds)
+    "benchmarks/mnist_depth_protocol.py": {"--depths": ["2"], "--seeds": ["1"], "--samples": ["640"],
+                                           "--rounds": ["1"], "--compile": None},
     # runs from a copy of its folder (it writes cost.json beside itself): 1 timed step per width (about 4 s)
     "results/highway-conv-authors/measure_cost.py": {"--steps": ["1"]},
 }
