@@ -68,7 +68,8 @@ from .rundir import RunDir
 from .stacked import _MIXED_FAMILY, MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward
 from .stacked_optim import BatchedOptimizer
 from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked_step import BatchedStep, EpochTotals, epoch_starts, evaluate_stack, train_epoch
+from .stacked_step import BatchedStep, EpochTotals, epoch_starts, train_epoch
+from .stacked_step import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
                      check_resumable, read_results, resolve_recipe, results_header)
 
@@ -326,7 +327,7 @@ class _StackEngine:
         split = getattr(self.data, which)
         if split is None:
             return None
-        losses, errors = evaluate_stack(self.stack, split, self.eval_chunk)
+        losses, errors = _evaluate(self.stack, split, self.eval_chunk)
         return list(zip(losses, errors))
 
     def gate_values(self) -> list[list[float]]:
