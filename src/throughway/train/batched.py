@@ -227,7 +227,8 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
         writers.append(ResultsFiles(d, header))
         state = TrainState(model, optimizer, r, data, torch.Generator(device="cpu").manual_seed(c.seed), History(),
                            steps_per_epoch=len(epoch_starts(len(data.train), r.batch_size)))
-        members.append(Member(state, [writers[-1], *callbacks], ended=i not in todo))
+        notes = [_DivergenceNote(f"[{label}] {d.name}")] if progress else []
+        members.append(Member(state, [writers[-1], *notes, *callbacks], ended=i not in todo))
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
@@ -266,8 +267,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                   f"{min(losses):.4g}..{max(losses):.4g} (best {dirs[members.index(running[best])].name}) "
                   f"({running[0].state.history.epochs[-1]['epoch_time_s']:.1f}s)", file=sys.stderr, flush=True)
 
-    engine = _StackEngine(stack, optimizer, [recipes[i] for i in active], data, eval_chunk, compile,
-                          [m for m in members if not m.ended], label if progress else None)
+    engine = _StackEngine(stack, optimizer, [recipes[i] for i in active], data, eval_chunk, compile)
     run_loop(engine, members, recipes[0].epochs, after_epoch=after_epoch)
     if checkpoint and state_path.is_dir():
         for f in state_path.iterdir():
@@ -282,6 +282,20 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     return [r for r in results if r is not None]
 
 
+class _DivergenceNote:
+    """Callback: one progress line when a member of a batch ends diverged (the others go on)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def on_fit_end(self, state: TrainState) -> None:
+        """Say where the member diverged; its history is kept."""
+        where = state.history.diverged_at
+        if where is not None:
+            print(f"{self.prefix}: diverged in epoch {where['epoch']} (loss {where['loss']}); history kept",
+                  file=sys.stderr, flush=True)
+
+
 class _StackEngine:
     """`train_batched`'s engine (train.engine.Engine): the active members as one `StackedModels`.
 
@@ -292,9 +306,9 @@ class _StackEngine:
     `state.model` of each member holds its weights from the end of every epoch (`sync`)."""
 
     def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, recipes: list[Recipe], data: DataSplits,
-                 eval_chunk: int, compile: bool, members: list[Member], label: str | None) -> None:
+                 eval_chunk: int, compile: bool) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
-        self.eval_chunk, self.members, self.label = eval_chunk, members, label
+        self.eval_chunk = eval_chunk
         self.step = BatchedStep(stack, optimizer, compile=compile)
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
         self.lr = torch.zeros(0)
@@ -342,14 +356,9 @@ class _StackEngine:
         """Copy every stacked tensor (what a diverged member goes back to)."""
         self.snap = self.stack.snapshot()
 
-    def roll_back(self, position: int) -> None:
+    def roll_back(self, position: int, state: TrainState) -> None:
         """Member `position`'s model gets its weights from the end of the last finished epoch."""
-        member = self.members[position]
-        member.state.model.load_state_dict(self.stack.state_dict_of(position, self.snap))
-        if self.label is not None:
-            where = member.state.history.diverged_at or {}
-            print(f"[{self.label}] {member.callbacks[0].out_dir.name}: diverged in epoch {where.get('epoch')} "
-                  f"(loss {where.get('loss')}); history kept", file=sys.stderr, flush=True)
+        state.model.load_state_dict(self.stack.state_dict_of(position, self.snap))
 
     def sync(self, position: int, state: TrainState) -> None:
         """Copy member `position`'s weights out of the stack into its own model."""
@@ -360,7 +369,6 @@ class _StackEngine:
         self.stack.select(positions)
         self.optimizer.select(positions)
         self.recipes = [self.recipes[p] for p in positions]
-        self.members = [self.members[p] for p in positions]
         self.lr = self.lr[list(positions)]
         self.snap = {k: v.index_select(0, torch.tensor(list(positions), dtype=torch.long, device=v.device))
                      for k, v in self.snap.items()}

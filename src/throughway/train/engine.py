@@ -69,8 +69,8 @@ class Engine(Protocol):
     def end_epoch(self) -> None:
         """The epoch is finished: remember the weights a diverged member goes back to."""
 
-    def roll_back(self, position: int) -> None:
-        """Put member `position`'s weights back to the end of its last finished epoch, into its state's model."""
+    def roll_back(self, position: int, state: TrainState) -> None:
+        """Put member `position`'s weights back to the end of its last finished epoch, into `state.model`."""
 
     def sync(self, position: int, state: TrainState) -> None:
         """Make `state.model` hold member `position`'s current weights (a no-op when it trains them)."""
@@ -141,7 +141,7 @@ def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
             m = active[pos]
             m.state.history.diverged = True
             m.state.history.diverged_at = {"epoch": epoch + 1, **where}
-            engine.roll_back(pos)
+            engine.roll_back(pos, m.state)
             _end(m)
         if stats.diverged:
             keep = [p for p in range(len(active)) if p not in stats.diverged]

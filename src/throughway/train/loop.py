@@ -339,7 +339,7 @@ class _ModuleEngine:
         """Copy the weights a divergence in the next epoch goes back to."""
         self.snapshot = _snapshot(self.state.model)
 
-    def roll_back(self, position: int) -> None:
+    def roll_back(self, position: int, state: TrainState) -> None:
         """Back to the last finished epoch's weights."""
         self.state.model.load_state_dict(self.snapshot)
 
