@@ -29,7 +29,7 @@ from throughway.data.sources import save_cache
 from throughway.models import create_model
 from throughway.train import RunConfig, load_model, read_results, run_training, save_model
 from throughway.train.checkpoint import MAX_MODEL_PARAMETERS, save_checkpoint
-from throughway.train.rundir import LOCK_FILE, RunDir
+from throughway.train.rundir import CHECKPOINT_FILE, LOCK_FILE, RunDir, write_rotating
 from conftest import Crash
 
 ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
@@ -102,6 +102,22 @@ def test_save_checkpoint_never_deletes_what_a_tampered_json_names(tmp_path, sent
     save_checkpoint(run, model=model, optimizer=optimizer, generator=generator, epoch=2, extra={})
     assert sentinel.read_text() == "must survive\n"
     assert json.loads((run / "checkpoint.json").read_text())["file"] == "checkpoint-e0002.safetensors"
+
+
+@pytest.mark.parametrize("old_name, deleted", [("checkpoint-e0001.safetensors", True), ("../VICTIM.txt", False),
+                                               ("checkpoint-e0001.safetensors/../../VICTIM.txt", False), (17, False)])
+def test_write_rotating_deletes_only_the_previous_checkpoint_it_wrote(tmp_path, sentinel, old_name, deleted):
+    # The one write sequence of checkpoint.json and batch.json: new file, then JSON, then the old file.
+    run = tmp_path / "run"
+    write_rotating(run, "state.json", "checkpoint-e0001.safetensors", b"one", {"epoch": 1}, CHECKPOINT_FILE)
+    meta = json.loads((run / "state.json").read_text())
+    assert meta == {"epoch": 1, "file": "checkpoint-e0001.safetensors", "sha256": hashlib.sha256(b"one").hexdigest()}
+    (run / "state.json").write_text(json.dumps({**meta, "file": old_name}))
+    write_rotating(run, "state.json", "checkpoint-e0002.safetensors", b"two", {"epoch": 2}, CHECKPOINT_FILE)
+    assert json.loads((run / "state.json").read_text())["file"] == "checkpoint-e0002.safetensors"
+    assert (run / "checkpoint-e0002.safetensors").read_bytes() == b"two"
+    assert (run / "checkpoint-e0001.safetensors").exists() is not deleted
+    assert sentinel.read_text() == "must survive\n"
 
 
 @pytest.mark.parametrize("resume", [False, True])

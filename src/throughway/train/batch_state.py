@@ -4,7 +4,8 @@ The stacked parameters, running statistics, optimiser state and each member's da
 go into `batch-eNNNN.safetensors`; batch.json names that file with its SHA-256 and holds, per
 member, the progress entry every checkpoint stores (`loop_state.progress_entry`: history and
 elapsed seconds, read back by `restore_progress`, the one resume path) and whether it has ended.
-Written like a run's checkpoint: the new file first, then the JSON, then the old file is deleted.
+Written by `rundir.write_rotating`, like a run's checkpoint: the new file first, then the JSON, then the
+old file is deleted.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file, save
 
-from .._io import atomic_write_bytes, atomic_write_json, read_json_object, sha256_file
+from .._io import read_json_object, sha256_file
 from .engine import Member
 from .loop_state import progress_entry
-from .rundir import BATCH_FILE, member_file
+from .rundir import BATCH_FILE, member_file, write_rotating
 from .runner import RunConfig
 from .stacked import StackedModels
 from .stacked_optim import BatchedOptimizer
@@ -47,20 +48,10 @@ def save_batch_state(state_dir: Path, epoch: int, stack: StackedModels, optimize
     for i in active:
         tensors[f"generator.{i}"] = members[i].state.generator.get_state()
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    name = f"batch-e{epoch:04d}.safetensors"
-    path = atomic_write_bytes(state_dir / name, save(tensors))
-    try:  # the file the old batch.json names, deleted below: only a name this module writes, inside state_dir
-        previous = _state_file(state_dir, read_json_object(state_dir / STATE_JSON).get("file")).name \
-            if (state_dir / STATE_JSON).is_file() else None
-    except ValueError:
-        previous = None
-    atomic_write_json(state_dir / STATE_JSON, {
-        "format": _STATE_FORMAT, "epoch": epoch, "file": name, "sha256": sha256_file(path),
-        "active": list(active), "step_count": optimizer.step_count,
+    write_rotating(state_dir, STATE_JSON, f"batch-e{epoch:04d}.safetensors", save(tensors), {
+        "format": _STATE_FORMAT, "epoch": epoch, "active": list(active), "step_count": optimizer.step_count,
         "members": [{**progress_entry(m.state), "done": m.ended} for m in members],
-    })
-    if previous and previous != name:
-        (state_dir / previous).unlink(missing_ok=True)
+    }, BATCH_FILE)
 
 
 def load_batch_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:

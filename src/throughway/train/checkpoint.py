@@ -25,10 +25,10 @@ from typing import Any, TypeGuard
 import torch
 from safetensors.torch import load_file, save
 
-from .._io import atomic_write_bytes, atomic_write_json, read_json, read_json_object, sha256_file
+from .._io import atomic_write_bytes, read_json_object, sha256_file
 from ..models import create_model, with_legacy_config
 from .flat import FlatOptimizer
-from .rundir import CHECKPOINT_JSON, MODEL_FILE, RunDir
+from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
            "read_checkpoint_meta", "verify_checkpoint_file", "check_model_config", "CHECKPOINT_JSON", "MODEL_FILE",
@@ -88,26 +88,8 @@ def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, 
     if torch.cuda.is_available():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = state
-    name = f"checkpoint-e{epoch:04d}.safetensors"
-    path = atomic_write_bytes(run_dir / name, save(_contiguous(tensors)))
-    previous = _previous_checkpoint(run_dir)
-    atomic_write_json(run_dir / CHECKPOINT_JSON, {
-        "format": FORMAT, "epoch": epoch, "file": name, "sha256": sha256_file(path),
-        "optimizer": optim_rest, **extra,
-    })
-    if previous is not None and previous.name != name:
-        previous.unlink(missing_ok=True)
-    return path
-
-
-def _previous_checkpoint(run_dir: Path) -> Path | None:
-    # The file the old checkpoint.json points to, deleted once the new one is written: only a name
-    # this module writes, inside run_dir; anything else (a tampered file) is left alone.
-    try:
-        meta = read_json(run_dir / CHECKPOINT_JSON) if has_checkpoint(run_dir) else None
-        return RunDir(run_dir).checkpoint_file(meta.get("file")) if isinstance(meta, dict) else None
-    except ValueError:
-        return None
+    return write_rotating(run_dir, CHECKPOINT_JSON, f"checkpoint-e{epoch:04d}.safetensors", save(_contiguous(tensors)),
+                          {"format": FORMAT, "epoch": epoch, "optimizer": optim_rest, **extra}, CHECKPOINT_FILE)
 
 
 def _field_error(path: Path, field: str, value: Any, accepted: str) -> ValueError:

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .._io import atomic_write_json
+from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 
-__all__ = ["RunDir", "RunLockedError", "member_file", "CHECKPOINT_FILE", "BATCH_FILE", "LOCK_FILE",
+__all__ = ["RunDir", "RunLockedError", "member_file", "write_rotating", "CHECKPOINT_FILE", "BATCH_FILE", "LOCK_FILE",
            "RESULTS_FILE", "CHECKPOINT_JSON", "MODEL_FILE", "MAX_HOLDER_BYTES"]
 
 RESULTS_FILE = "results.json"
@@ -68,6 +68,34 @@ def member_file(folder: str | os.PathLike[str], name: Any, pattern: re.Pattern[s
     if path.resolve().parent != folder.resolve():
         raise ValueError(f"{source}: field {field!r} names {path}, which leads outside {folder} (a symbolic link?); "
                          f"refused, nothing was read or deleted")
+    return path
+
+
+def write_rotating(folder: str | os.PathLike[str], json_name: str, name: str, payload: bytes,
+                   meta: dict[str, Any], pattern: re.Pattern[str]) -> Path:
+    """Replace the checkpoint that `folder`/`json_name` names by a new one; return the new file's path.
+
+    The one write sequence of run checkpoints (checkpoint.json) and batch states (batch.json), in the
+    order that loses nothing at any crash: `payload` is written atomically as `folder`/`name`, then
+    the JSON is rewritten atomically as `meta` with `file` (the new name) and `sha256` (its
+    checksum), and only then is the file the old JSON named deleted. That old name is read from
+    untrusted JSON, so it is deleted only when `member_file` accepts it (matches `pattern`, inside
+    `folder`); a damaged or tampered JSON leaves every other file alone.
+    """
+    folder = Path(folder)
+    json_path = folder / json_name
+    path = atomic_write_bytes(folder / name, payload)
+    previous: Path | None = None
+    if json_path.is_file():
+        try:
+            old = read_json(json_path)
+            previous = member_file(folder, old.get("file"), pattern, source=json_path, field="file") \
+                if isinstance(old, dict) else None
+        except ValueError:
+            previous = None
+    atomic_write_json(json_path, {**meta, "file": name, "sha256": sha256_file(path)})
+    if previous is not None and previous.name != name:
+        previous.unlink(missing_ok=True)
     return path
 
 
