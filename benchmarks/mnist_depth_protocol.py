@@ -67,10 +67,11 @@ def fit_epoch_s(model_name: str, depth: int, data: DataSplits) -> tuple[float, f
     return history.epochs[-1]["epoch_time_s"], eval_per_sample
 
 
-def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = False) -> tuple[float, float]:
-    """Seconds of one `train_epoch` of the mixed batch of 3·seeds models over `data`, and seconds per
-    evaluated sample of the batch (one forward pass in evaluation mode). `compile`: the step through
-    torch.compile, compiled by two warm-up steps outside the timing."""
+def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = False) -> tuple[float, float, float]:
+    """Seconds of one `train_epoch` of the mixed batch of 3·seeds models over `data`, seconds per
+    evaluated sample of the batch (one forward pass in evaluation mode), and seconds spent compiling.
+    `compile`: the step through torch.compile, compiled by two warm-up steps outside the epoch's
+    timing (their time is the third value; 0.0 when eager)."""
     models = []
     for name in ARCHS.values():
         for seed in range(seeds):
@@ -82,9 +83,12 @@ def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = Fa
     x, y = data.train.x.flatten(1), data.train.y
     orders = torch.stack([torch.randperm(n) for _ in models])
     lr = torch.full((len(models), 1), RECIPE.lr)
+    compile_s = 0.0
     if compile:
+        start = time.perf_counter()
         for _ in range(2):
             step(x[orders[:, :RECIPE.batch_size]], y[orders[:, :RECIPE.batch_size]], lr)
+        compile_s = time.perf_counter() - start
     start = time.perf_counter()
     train_epoch(step, x, y, orders, RECIPE.batch_size, lr)
     train_s = time.perf_counter() - start
@@ -94,7 +98,7 @@ def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = Fa
         start = time.perf_counter()
         stack.forward_logits(probe, training=False)
         eval_per_sample = (time.perf_counter() - start) / 2500
-    return train_s, eval_per_sample
+    return train_s, eval_per_sample, compile_s
 
 
 def main() -> None:
@@ -105,7 +109,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes of one thread each")
     parser.add_argument("--compile", action="store_true",
-                        help="the batched contender through torch.compile (compilation outside the timing, reported)")
+                        help="the batched contender through torch.compile (compilation outside the timing, printed per depth)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = random_data(args.samples)
@@ -115,18 +119,21 @@ def main() -> None:
           f"{'torch.compile' if args.compile else 'eager'}")
     fit_per_model: dict[int, float] = {}
     batch_epoch: dict[int, float] = {}
+    compile_per_batch: dict[int, float] = {}
     print("| d | fit: s/epoch per model (mean of 3 archs) | batched: s/epoch per batch of "
           f"{3 * args.seeds} | per-model speed-up |")
     print("|---|---|---|---|")
     for depth in args.depths:
-        fit_rounds, batch_rounds = [], []
+        fit_rounds, batch_rounds, compile_rounds = [], [], []
         for _ in range(args.rounds):  # interleaved: a change of load hits both
             per_arch = [fit_epoch_s(m, depth, data) for m in ARCHS.values()]
             fit_rounds.append(statistics.mean(train * scale + per * TEST for train, per in per_arch))
-            train_s, eval_per = batched_epoch_s(depth, args.seeds, data, args.compile)
+            train_s, eval_per, compile_s = batched_epoch_s(depth, args.seeds, data, args.compile)
             batch_rounds.append(train_s * scale + eval_per * TEST)
+            compile_rounds.append(compile_s)
         fit_per_model[depth] = statistics.median(fit_rounds)
         batch_epoch[depth] = statistics.median(batch_rounds)
+        compile_per_batch[depth] = compile_rounds[0]  # the first compilation of the process: a cold cache
         speedup = fit_per_model[depth] * 3 * args.seeds / batch_epoch[depth]
         print(f"| {depth} | {fit_per_model[depth]:.2f} | {batch_epoch[depth]:.2f} | {speedup:.2f}x |")
     baseline = makespan([fit_per_model[d] * EPOCHS for d in sorted(args.depths, reverse=True)
@@ -136,6 +143,10 @@ def main() -> None:
     print(f"projected protocol ({3 * args.seeds * len(args.depths)} models x {EPOCHS} epochs, {args.jobs} workers): "
           f"one model at a time by fit {baseline / 3600:.2f} h; batched per depth {batched / 3600:.2f} h; "
           f"ratio {baseline / batched:.2f}x")
+    if args.compile:
+        print("compilation (not in the projection; first warm-up of each depth's batch): "
+              + ", ".join(f"d = {d}: {compile_per_batch[d]:.0f} s" for d in args.depths)
+              + f"; total {sum(compile_per_batch.values()) / 60:.1f} min")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
