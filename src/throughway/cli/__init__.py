@@ -7,6 +7,7 @@
     throughway report --readme README.md [--check]   rewrite (check) the README's generated result blocks
     throughway data fetch DATASET            fetch, verify and cache a dataset
     throughway analyze gates|prune|highway|lesion RUN_DIR   what a finished run's gates learned
+    throughway analyze bn-stats RUN_DIR ... --out DIR     test error with BatchNorm statistics re-estimated
 
 (This text is `throughway --help`'s description. The parser is built in cli.parser, each command's
 work is done in cli.commands; this module dispatches and turns bad input into exit status 2.)

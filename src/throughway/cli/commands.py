@@ -232,6 +232,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         for path in analyze.redraw(args.dir, compare=args.compare):
             print(path)
         return 0
+    if args.analysis == "bn-stats":
+        if args.batch_size < 2:
+            raise ValueError(f"--batch-size {args.batch_size}: must be at least 2 (BatchNorm needs a batch variance)")
+        from ..study.analyze_bn import analyze_bn_stats
+        _, text = analyze_bn_stats(args.run_dirs, args.out, batch_size=args.batch_size, seed=args.seed,
+                                   device=args.device, data_dir=args.data_dir)
+        print(text)
+        return 0
     common = {"device": args.device, "checkpoint": args.checkpoint}
     if args.analysis == "gates":
         _, text = analyze.analyze_gates(args.run_dir, args.out, **common)

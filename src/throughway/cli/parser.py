@@ -151,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
                                   "'after epoch N')")
         _add_common(command)
         _add_format(command)
+    bn_stats = analyze_sub.add_parser("bn-stats", help="test error with each run's BatchNorm running statistics and "
+                                                       "with statistics re-estimated over its training split (could "
+                                                       "BatchNorm momentum explain a gap?), mean ± std per model and depth")
+    bn_stats.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished run directories (e.g. a study's "
+                                                                         "runs/*)")
+    bn_stats.add_argument("--out", required=True, help="output folder for bn_stats.json and bn_stats.txt")
+    bn_stats.add_argument("--batch-size", type=_positive_int, default=128,
+                          help="batch size of the re-estimation (default 128, the gresnet-mnist recipe's)")
+    bn_stats.add_argument("--seed", type=int, default=0, help="seed of the batches' order (default 0)")
+    _add_common(bn_stats)
     redraw = analyze_sub.add_parser("redraw", help="redraw an analysis folder's figures from its JSON files")
     redraw.add_argument("dir", help="a folder written by `analyze ...` (e.g. RUN_DIR/analysis)")
     redraw.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",

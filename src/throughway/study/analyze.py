@@ -41,7 +41,7 @@ from .papers import PAPER_MEAN_K
 __all__ = ["COMMANDS", "load_run", "redraw", "analyze_gates", "analyze_prune", "analyze_highway", "analyze_lesion",
            "GATES_FILE", "PRUNE_FILE", "HIGHWAY_FILE", "LESION_FILE"]
 
-COMMANDS = ("gates", "prune", "highway", "lesion", "redraw")
+COMMANDS = ("gates", "prune", "highway", "lesion", "bn-stats", "redraw")
 
 # highway paper §4 (figures 2 and 4), MNIST 50-layer net, stated as text only.
 PAPER_HIGHWAY_CLAIMS = {
