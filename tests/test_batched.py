@@ -44,6 +44,12 @@ CASES = {
                                [({}, {"batch_size": 64, "eps": 1e-3}),
                                 ({}, {"lr": 0.004, "batch_size": 64, "eps": 1e-3}),
                                 ({}, {"lr": 0.001, "batch_size": 64, "eps": 1e-3})]),
+    # Keras's BatchNorm constants (momentum 0.99 = PyTorch's 0.01, eps 1e-3: `reproduce mnist-depth
+    # --batchnorm keras`): the stack must take each layer's own eps and momentum.
+    "nadam-plain-keras-bn": _configs("mlp_plain", "gresnet-mnist", 2, {"width": 8, "bn_momentum": 0.01, "bn_eps": 1e-3},
+                                     [({}, {"batch_size": 64, "eps": 1e-3}),
+                                      ({}, {"lr": 0.004, "batch_size": 64, "eps": 1e-3}),
+                                      ({}, {"lr": 0.001, "batch_size": 64, "eps": 1e-3})]),
     # NAdam without BatchNorm: every metric and weight compared tightly.
     "nadam-highway": _configs("mlp_highway", "gresnet-mnist", 2, {"width": 8},
                               [({"gate_bias": -1.0}, {"batch_size": 100}),

@@ -53,3 +53,24 @@ def test_table_shows_mean_std_best_and_the_test():
 
 def test_middle_minus_ends_sees_a_dip_in_the_middle():
     assert middle_minus_ends([1.0, 1.0, 0.1, 0.1, 1.0, 1.0]) < 0 < middle_minus_ends([0.1, 0.1, 1.0, 1.0, 0.1, 0.1])
+
+
+def test_keras_batchnorm_option_reaches_the_models_and_the_table():
+    from throughway.experiments.mnist_depth import Config, specs
+    from throughway.models import create_model
+
+    keras = specs(Config(depths=(2,), archs=("plain", "residual", "gated", "highway"), seeds=1, batchnorm="keras"))
+    default = specs(Config(depths=(2,), archs=("residual",), seeds=1))
+    for spec in keras:
+        model = create_model(spec.config.model, depth=2, **spec.config.model_kwargs)
+        norms = [m for m in model.modules() if m.__class__.__name__ == "BatchNorm1d"]
+        if spec.config.model == "mlp_highway":  # not in the paper's table: the option leaves it alone
+            assert "bn_eps" not in spec.config.model_kwargs
+        else:
+            assert norms and all((m.eps, m.momentum) == (1e-3, 0.01) for m in norms), spec.name
+    # the default adds nothing, so the committed study's run configs are unchanged
+    assert default[0].config.model_kwargs == {"width": 50, "stem": "linear"}
+    summary = _summary()
+    assert "Keras's defaults" not in table_markdown(summary)
+    summary["config"]["batchnorm"] = "keras"
+    assert "BatchNorm constants: Keras's defaults (momentum 0.99, i.e. PyTorch's 0.01; eps 1e-3)." in table_markdown(summary)

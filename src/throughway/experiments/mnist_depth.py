@@ -49,6 +49,11 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
 # gated-residual-v2 Table 1 (test error, %) and Table 2 (mean k): study.papers.
 
 
+# BatchNorm constants (model arguments, PyTorch's convention) of the study's `batchnorm` option. "torch"
+# adds none, so those runs keep the model's defaults and their recorded configs stay as they were.
+BATCHNORM_CONSTANTS: dict[str, dict[str, float]] = {"torch": {}, "keras": {"bn_momentum": 0.01, "bn_eps": 1e-3}}
+
+
 @dataclass(frozen=True)
 class Config:
     """The study's settings; the defaults are the paper's (except `train_on_full`, see the README)."""
@@ -64,6 +69,10 @@ class Config:
     recipe: str = option("gresnet-mnist", "training recipe (paper: Nadam, lr 0.002, batch 128)", cli=False)
     stem: str = option("linear", "first layer of the plain/residual/gated nets: linear (a single Dot, the paper's) "
                                  "or dense (Dot-BN-ReLU, the stem ablation)", choices=STEMS)
+    batchnorm: str = option("torch", "BatchNorm constants of the plain/residual/gated nets: torch (PyTorch's momentum "
+                                     "0.1, eps 1e-5; ours, the paper states none) or keras (Keras's defaults, momentum "
+                                     "0.99 = PyTorch's 0.01, eps 1e-3: the framework of the paper's code)",
+                            choices=tuple(BATCHNORM_CONSTANTS))
     train_on_full: bool = option(False, "train on all 60,000 images as the paper did (default: 50,000, 10,000 "
                                         "held out)")
     width: int = option(50, "units per layer (paper: 50)", minimum=1)
@@ -81,6 +90,8 @@ class Config:
         bad = [d for d in self.depths if d < 0 or d % 2]
         if bad:
             raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        if self.batchnorm not in BATCHNORM_CONSTANTS:
+            raise ValueError(f"batchnorm: {self.batchnorm!r} not known; accepted values: {list(BATCHNORM_CONSTANTS)}")
         if self.stem not in STEMS:
             raise ValueError(f"stem: {self.stem!r} not known; accepted values: {list(STEMS)}")
         if self.seeds < 1 or self.epochs < 1:
@@ -104,7 +115,7 @@ def specs(config: Config) -> list[RunSpec]:
         for arch in config.archs:
             model, kwargs = ARCHITECTURES[arch]
             if arch in PAPER_TEST_ERROR:  # the gated residual paper's three nets take the study's first layer
-                kwargs = {**kwargs, "stem": config.stem}
+                kwargs = {**kwargs, "stem": config.stem, **BATCHNORM_CONSTANTS[config.batchnorm]}
             for seed in range(config.seeds):
                 out.append(RunSpec(run_name(arch, depth, seed), RunConfig(
                     model=model, depth=depth, dataset="mnist", recipe=config.recipe, epochs=config.epochs,

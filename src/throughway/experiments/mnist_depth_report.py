@@ -116,7 +116,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cols) + " |")
     notes = [f"{epochs} epochs, recipe {config['recipe']}, {seeds} seed(s), first layer "
              f"{_STEM_WORDS.get(config.get('stem', 'dense'), config.get('stem'))}, trained on "
-             f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."]
+             f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."
+             + (" BatchNorm constants: Keras's defaults (momentum 0.99, i.e. PyTorch's 0.01; eps 1e-3)."
+                if config.get("batchnorm", "torch") == "keras" else "")]
     cuts = differences_from_paper(config)
     if cuts:
         notes.append(("--quick cut: " if config.get("quick") else "Differences from the paper: ") + "; ".join(cuts) + ".")

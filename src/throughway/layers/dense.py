@@ -35,17 +35,20 @@ def dense_unit(
     norm: str = "batch",
     activation: str = "relu",
     bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
 ) -> nn.Sequential:
     """One fully connected layer: Dot, then BatchNorm (unless norm="none"), then the activation.
 
     This is the gated-residual papers' "Dot-BN-ReLU" layer (gated-residual-v2 section 3.1);
     with norm="none" and activation="tanh"/"relu" it is the highway paper's plain layer.
+    `bn_momentum` and `bn_eps` are BatchNorm's, in PyTorch's convention (defaults PyTorch's 0.1 and
+    1e-5; Keras's defaults, momentum 0.99 and epsilon 1e-3, are bn_momentum=0.01, bn_eps=1e-3).
     """
     if norm not in NORMS:
         raise ValueError(f"norm={norm!r} is not known; accepted values: {list(NORMS)}")
     layers: list[nn.Module] = [nn.Linear(in_features, out_features)]
     if norm == "batch":
-        layers.append(nn.BatchNorm1d(out_features, momentum=bn_momentum))
+        layers.append(nn.BatchNorm1d(out_features, eps=bn_eps, momentum=bn_momentum))
     layers.append(make_activation(activation))
     return nn.Sequential(*layers)
 

@@ -74,13 +74,13 @@ def with_legacy_stem(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_stem(stem: str, in_features: int, width: int, norm: str, activation: str,
-              bn_momentum: float = 0.1) -> nn.Module:
+              bn_momentum: float = 0.1, bn_eps: float = 1e-5) -> nn.Module:
     """The first layer: a single nn.Linear for stem="linear" (gated-residual-v2 §3.1), else
     `dense_unit` (Dot-BN-activation, or Dot-activation when norm="none")."""
     if stem == "linear":
         return nn.Linear(in_features, width)
     if stem == "dense":
-        return dense_unit(in_features, width, norm, activation, bn_momentum)
+        return dense_unit(in_features, width, norm, activation, bn_momentum, bn_eps)
     raise ValueError(f"stem={stem!r} is not known; accepted values: {list(STEMS)}")
 
 
@@ -98,26 +98,27 @@ def mlp_plain(
     activation: str = "relu",
     init: str = "glorot_uniform",
     bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
     stem: str = "linear",
 ) -> MLP:
     """Plain net with `depth` middle Dot-BN-activation layers (norm="none": Dot-activation) after
     the first layer `stem` ("linear": a single Dot, the paper's; "dense": Dot-BN-activation)."""
     _check_common(depth, width, in_features, num_classes)
-    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum)
-    blocks = [PlainBlock(dense_unit(width, width, norm, activation, bn_momentum)) for _ in range(depth)]
+    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum, bn_eps)
+    blocks = [PlainBlock(dense_unit(width, width, norm, activation, bn_momentum, bn_eps)) for _ in range(depth)]
     return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: str, activation: str,
-              init: str, bn_momentum: float, gated: bool, k_init: float, gate_function: str, name: str,
+              init: str, bn_momentum: float, bn_eps: float, gated: bool, k_init: float, gate_function: str, name: str,
               stem: str) -> MLP:
     _check_common(depth, width, in_features, num_classes)
     _check_even(depth, name)
-    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum)
+    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum, bn_eps)
     blocks = [
         ResidualBlock(
-            nn.Sequential(dense_unit(width, width, norm, activation, bn_momentum),
-                          dense_unit(width, width, norm, activation, bn_momentum)),
+            nn.Sequential(dense_unit(width, width, norm, activation, bn_momentum, bn_eps),
+                          dense_unit(width, width, norm, activation, bn_momentum, bn_eps)),
             gated=gated, k_init=k_init, gate_function=gate_function,
         )
         for _ in range(depth // 2)
@@ -135,10 +136,11 @@ def mlp_residual(
     activation: str = "relu",
     init: str = "glorot_uniform",
     bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
     stem: str = "linear",
 ) -> MLP:
     """Residual net with depth/2 ungated blocks (depth even) after the first layer `stem`."""
-    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum,
+    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum, bn_eps,
                      gated=False, k_init=1.0, gate_function="relu", name="mlp_residual", stem=stem)
 
 
@@ -152,13 +154,14 @@ def mlp_gated_residual(
     activation: str = "relu",
     init: str = "glorot_uniform",
     bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
     k_init: float = 1.0,
     gate_function: str = "relu",
     stem: str = "linear",
 ) -> MLP:
     """Gated residual net with depth/2 gated blocks after the first layer `stem`: exactly depth/2
     parameters more than mlp_residual."""
-    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum,
+    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum, bn_eps,
                      gated=True, k_init=k_init, gate_function=gate_function, name="mlp_gated_residual",
                      stem=stem)
 
@@ -173,6 +176,7 @@ def mlp_augmented(
     activation: str = "relu",
     init: str = "glorot_uniform",
     bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
     k_init: float = 1.0,
     gate_function: str = "relu",
     stem: str = "linear",
@@ -180,8 +184,8 @@ def mlp_augmented(
     """Plain net whose `depth` middle layers are each wrapped by `augment` (depth parameters more),
     after the first layer `stem`."""
     _check_common(depth, width, in_features, num_classes)
-    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum)
-    blocks = [augment(dense_unit(width, width, norm, activation, bn_momentum), k_init, gate_function)
+    stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum, bn_eps)
+    blocks = [augment(dense_unit(width, width, norm, activation, bn_momentum, bn_eps), k_init, gate_function)
               for _ in range(depth)]
     return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
