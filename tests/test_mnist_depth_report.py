@@ -74,3 +74,16 @@ def test_keras_batchnorm_option_reaches_the_models_and_the_table():
     assert "Keras's defaults" not in table_markdown(summary)
     summary["config"]["batchnorm"] = "keras"
     assert "BatchNorm constants: Keras's defaults (momentum 0.99, i.e. PyTorch's 0.01; eps 1e-3)." in table_markdown(summary)
+
+
+def test_batchnorm_ablation_pairs_the_seeds_finished_in_both():
+    from throughway.experiments.mnist_depth import batchnorm_ablation_markdown
+
+    torch_bn = _summary()
+    keras = _summary()
+    keras["cells"][1] = _cell("gated", 100, [1.1, 1.2, 1.15, 1.18], ks=[0.6, 0.7, 0.65, 0.7])  # seed 4 unfinished
+    text = batchnorm_ablation_markdown(torch_bn, keras)
+    expected = paired_t_test([1.1, 1.2, 1.15, 1.18], [1.2, 1.3, 1.25, 1.28])
+    gated = next(line for line in text.splitlines() if line.startswith("| 100 | gated"))
+    assert f"{expected.mean_difference:+.3f} (p = " in gated and "n=4)" in gated
+    assert "| 1.26 | 1.25 ± 0.04 (n=5) | 1.16 ± 0.04 (n=4) |" in gated

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from .readme_sections.batched import _batched_benchmark, _batched_step, _highway_depth_table, _highway_depth_text
 from .readme_sections.common import _json, _match, _text
 from .readme_sections.conv import _conv_table
-from .readme_sections.depth_study import (_bn_stats, _mnist_depth_findings, _mnist_depth_stem_ablation,
+from .readme_sections.depth_study import (_bn_stats, _mnist_depth_batchnorm_ablation, _mnist_depth_findings, _mnist_depth_stem_ablation,
                                           _mnist_depth_stem_dense_k_ratio, _mnist_depth_stem_dense_table,
                                           _mnist_depth_table)
 from .readme_sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
@@ -178,6 +178,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "mnist-depth-findings": _mnist_depth_findings,
     "mnist-depth-stem-ablation": _mnist_depth_stem_ablation,
     "bn-stats": _bn_stats,
+    "mnist-depth-batchnorm-ablation": _mnist_depth_batchnorm_ablation,
     "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
     "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,

@@ -27,12 +27,13 @@ from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
-from .mnist_depth_report import (LAST_EPOCHS, differences_from_paper, findings_markdown, stem_ablation_markdown,
-                                 table_markdown)
+from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
+                                 stem_ablation_markdown, table_markdown)
 from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
-           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown", "LAST_EPOCHS",
+           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
+           "batchnorm_ablation_markdown", "LAST_EPOCHS",
            "differences_from_paper"]
 
 NAME = "mnist-depth"

@@ -37,6 +37,14 @@ def _mnist_depth_stem_ablation(root: Path) -> str:
                                               _json(root, "mnist-depth-stem-dense/results.json"))
 
 
+def _mnist_depth_batchnorm_ablation(root: Path) -> str:
+    """The 5-seed study beside the same study with Keras's BatchNorm constants (finished cells or not)."""
+    from ..experiments import mnist_depth
+
+    return mnist_depth.batchnorm_ablation_markdown(_json(root, "mnist-depth/results.json"),
+                                                   _json(root, "mnist-depth-keras-bn/results.json"))
+
+
 def _mnist_depth_stem_dense_k_ratio(root: Path) -> str:
     """The range over depths of paper's mean k / our mean k in the stem ablation, e.g. "3.0–6.7"."""
     summary = _json(root, "mnist-depth-stem-dense/results.json")
