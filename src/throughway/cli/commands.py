@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -147,9 +148,20 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if getattr(args, "estimate", False):  # project the study's duration, train nothing
         print(module.estimate_text(config, jobs))
         return 0
-    module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+    if hasattr(module, "specs"):  # every run's config, before anything is read or written
+        from ..study.runs import check_specs
+
+        check_specs(module.specs(config))
+    summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
+    errors = summary.get("errors") if isinstance(summary, dict) else None
+    if errors:
+        # The other runs went on (one failure does not stop a study); the exit status says it failed.
+        name, message = next(iter(errors.items()))
+        print(f"throughway: error: {len(errors)} run(s) of the study failed, e.g. {name}: {message} (all in "
+              f"{out / 'results.json'}, field 'errors'); fix the cause and rerun with --resume", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -181,8 +193,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
     name = read_json_object(path, "an experiment's summary").get("experiment")
     if name is None:
         raise ValueError(f"{path}: not an experiment summary (no 'experiment' field); is it a single run?")
-    print(get_experiment(name).write_report(args.dir))
+    module = get_experiment(name)
+    try:
+        text = module.write_report(args.dir)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        # results.json is untrusted input too: a field of the wrong type is the file's fault, said as such.
+        raise ValueError(f"{path}: does not hold a {name} summary as the study writes it ({_what(exc)}); the file was "
+                         f"edited or damaged; rerun the study with --resume to rewrite it") from exc
+    print(text)
     return 0
+
+
+def _what(exc: BaseException) -> str:
+    """An exception raised while reading a JSON file's fields, in a few words (a KeyError is a missing field)."""
+    if isinstance(exc, KeyError):
+        return f"field {exc.args[0]!r} missing" if exc.args else "a field is missing"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 
@@ -229,7 +255,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from ..study import analyze
 
     if args.analysis == "redraw":
-        for path in analyze.redraw(args.dir, compare=args.compare):
+        try:
+            paths = analyze.redraw(args.dir, compare=args.compare)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            # The analysis folder's JSON files are untrusted input: a wrong field is the files' fault.
+            raise ValueError(f"{args.dir}: its analysis JSON files (or --compare's) do not hold what `analyze` writes "
+                             f"({_what(exc)}); they were edited or damaged; rerun the analysis to rewrite them") from exc
+        for path in paths:
             print(path)
         return 0
     if args.analysis == "bn-stats":

@@ -25,7 +25,7 @@ from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedS
                              train_batched)
 from ..train.runner import build_model, resolve_recipe
 from .options import add_options
-from .runs import RunSpec, prepare_data
+from .runs import RunSpec, check_specs, prepare_data
 
 __all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown",
            "add_estimate_options"]
@@ -194,6 +194,7 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     """
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
+    check_specs(specs)
     batches = group_specs(specs, max_batch)
     prepare_data([spec.config for spec in specs])
     jobs = min(jobs, max(1, len(batches)))

@@ -23,7 +23,7 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, read_json
 from ..train import RESULTS_FILE, RunConfig, run_training
 
-__all__ = ["RunSpec", "run_many", "prepare_data", "command_line", "mean_std", "remake_report", "StudySummary",
+__all__ = ["RunSpec", "run_many", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
            "stored_study", "check_same_settings", "read_runs"]
 
 
@@ -54,6 +54,28 @@ def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool)
         return spec.name, f"{type(exc).__name__}: {exc}"
 
 
+def check_specs(specs: Sequence[RunSpec]) -> None:
+    """Check every run's config as `throughway train` does (`runner.check_config`: device, dataset,
+    depth, limit, recipe and its overrides, model arguments), before any data is read or any run
+    starts, so that a bad study option is one error (ValueError naming the run and the field), not
+    a study whose runs all fail. The model is built (on the meta device) once per batch shape
+    (`batch_key`); the recipe of every run is resolved."""
+    from ..train.batched import batch_key
+    from ..train.runner import check_config, resolve_recipe
+
+    checked: set[Any] = set()
+    for spec in specs:
+        try:
+            key = batch_key(spec.config)
+            if key not in checked:
+                check_config(spec.config)
+                checked.add(key)
+            resolve_recipe(spec.config)
+        except (ValueError, KeyError, TypeError) as exc:
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            raise ValueError(f"run {spec.name}: {message}") from exc
+
+
 def prepare_data(configs: Sequence[RunConfig]) -> None:
     """Fetch, verify and cache every dataset that `configs` train on, once, in this process.
 
@@ -81,6 +103,7 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
     errors: dict[str, str | None] = {}
+    check_specs(specs)
     prepare_data([spec.config for spec in specs])
     if jobs == 1:
         for spec in specs:

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .._io import read_json_object, sha256_file
+from .checkpoint import _is_int, _is_number, check_history
 from .engine import Member
 from .loop_state import progress_entry
 from .rundir import BATCH_FILE, member_file, write_rotating
@@ -26,7 +27,7 @@ from .runner import RunConfig
 from .stacked import StackedModels
 from .stacked_optim import BatchedOptimizer
 
-__all__ = ["config_hash", "save_batch_state", "load_batch_state", "STATE_JSON"]
+__all__ = ["config_hash", "save_batch_state", "load_batch_state", "check_batch_members", "check_batch_tensors", "STATE_JSON"]
 
 _STATE_FORMAT = "throughway-batched-1"
 STATE_JSON = "batch.json"
@@ -66,11 +67,28 @@ def load_batch_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.T
     path = _state_file(state_dir, meta.get("file"))
     if not path.is_file() or sha256_file(path) != meta.get("sha256"):
         raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
-    if not (isinstance(meta.get("epoch"), int) and isinstance(meta.get("step_count"), int)
-            and isinstance(meta.get("active"), list) and all(isinstance(i, int) for i in meta["active"])
+    if not (_is_int(meta.get("epoch")) and meta["epoch"] >= 0 and _is_int(meta.get("step_count"))
+            and meta["step_count"] >= 0
+            and isinstance(meta.get("active"), list) and all(_is_int(i) for i in meta["active"])
             and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
-        raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers), 'active' (list of integers) or "
+        raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers ≥ 0), 'active' (list of integers) or "
                          f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
+    members, active = meta["members"], meta["active"]
+    # `active`: the members still in the stack, in the stack's (ascending) order; every other member has ended.
+    if not active or active != sorted(set(active)) or active[0] < 0 or active[-1] >= len(members):
+        raise ValueError(f"{meta_path}: field 'active' is {active}; accepted: distinct member indices in ascending "
+                         f"order, 0..{len(members) - 1} (the file was edited or damaged); delete {state_dir} to "
+                         f"restart the batch")
+    for i, entry in enumerate(members):
+        running = i in active
+        check_history(meta_path, f"members[{i}].history", entry.get("history"),
+                      epochs=meta["epoch"] if running else None, ended=not running)
+        if not running and len(entry["history"]["epochs"]) > meta["epoch"]:
+            raise ValueError(f"{meta_path}: field 'members[{i}].history.epochs' holds more records than the batch's "
+                             f"'epoch' ({meta['epoch']}); delete {state_dir} to restart the batch")
+        if not (_is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
+            raise ValueError(f"{meta_path}: field 'members[{i}]' needs 'elapsed_s' (a number of seconds) and 'done' "
+                             f"(bool); the file was edited or damaged; delete {state_dir} to restart the batch")
     try:
         return meta, load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
@@ -81,3 +99,30 @@ def _state_file(state_dir: Path, name: Any) -> Path:
     return member_file(state_dir, name, BATCH_FILE, source=state_dir / STATE_JSON, field="file")
 
 
+
+
+def check_batch_members(state_dir: Path, meta: dict[str, Any], members: int) -> None:
+    """ValueError naming batch.json unless its 'members' has one entry per model of the batch (`members`)."""
+    if len(meta["members"]) != members:
+        raise ValueError(f"{state_dir / STATE_JSON}: field 'members' holds {len(meta['members'])} entries; this batch "
+                         f"has {members} models (the file belongs to another batch or was edited); delete "
+                         f"{state_dir} to restart the batch")
+
+
+def check_batch_tensors(state_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                        expected: dict[str, torch.Tensor]) -> None:
+    """Check a loaded batch state (`load_batch_state`) against the batch it should resume: exactly the
+    tensors of `expected` (name -> a tensor of the resumed stack and optimiser, for its shape).
+    ValueError naming the files otherwise; nothing is changed."""
+    meta_path = state_dir / STATE_JSON
+    path = state_dir / str(meta["file"])
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != tuple(expected[k].shape))
+    if missing or extra or wrong:
+        details = "; ".join(part for part in (
+            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+            ", ".join(f"{k}: file {tuple(tensors[k].shape)}, batch {tuple(expected[k].shape)}" for k in wrong[:3]))
+            if part)
+        raise ValueError(f"{path} with {meta_path}: does not fit this batch ({details}); the state belongs to another "
+                         f"batch or was edited; delete {state_dir} to restart the batch")

@@ -60,11 +60,11 @@ import torch
 
 from .._io import read_json
 from ..data import DataSplits, load_dataset
-from .batch_state import config_hash, load_batch_state, save_batch_state
+from .batch_state import STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state, save_batch_state
 from .engine import EpochStats, Member, run_loop
 from .loop_state import History, TrainState, restore_progress
 from .recipes import Recipe, learning_rate_at
-from .rundir import RunDir
+from .rundir import BATCH_FILE, RunDir
 from .stacked import _MIXED_FAMILY, MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward
 from .stacked_optim import BatchedOptimizer
 from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
@@ -174,6 +174,12 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     state_path = Path(state_dir) if state_dir is not None else dirs[0].parent / ".batched" / config_hash(configs, dirs)
     for d in dirs:
         RunDir(d).check_usable()
+    # The state folder (and the default one's .batched parent) is read, written and emptied: never
+    # through a symbolic link, which could lead anywhere.
+    for folder in (state_path, state_path.parent) if state_dir is None else (state_path,):
+        if folder.is_symlink():
+            raise ValueError(f"{folder}: the batch's state folder is a symbolic link (to {os.readlink(folder)}); "
+                             f"refused, nothing was read, written or deleted; remove the link to train the batch")
     with contextlib.ExitStack() as locks:
         # Every run directory of the batch is locked for the batch's lifetime (see rundir.RunDir).
         for d in dirs:
@@ -232,8 +238,20 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
+        check_batch_members(state_path, meta, len(members))
+        steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))
+        if meta["epoch"] > recipes[0].epochs or meta["step_count"] != meta["epoch"] * steps_per_epoch:
+            raise ValueError(f"{state_path / STATE_JSON}: fields 'epoch' ({meta['epoch']}) and 'step_count' "
+                             f"({meta['step_count']}) do not fit this batch ({recipes[0].epochs} epochs of "
+                             f"{steps_per_epoch} steps); the file was edited or damaged; delete {state_path} to "
+                             f"restart the batch")
         stack.select(active)
         optimizer.select(active)
+        expected = {"flat": stack.flat, "steps": stack.steps,
+                    **{f"running.{k}": v for k, v in stack.running.items()},
+                    **{f"optim.{k}": v for k, v in optimizer.state_tensors().items()},
+                    **{f"generator.{i}": members[i].state.generator.get_state() for i in active}}
+        check_batch_tensors(state_path, meta, tensors, expected)
         stack.flat.copy_(tensors["flat"])
         stack.steps.copy_(tensors["steps"])
         for name, v in stack.running.items():
@@ -270,11 +288,16 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     engine = _StackEngine(stack, optimizer, [recipes[i] for i in active], data, eval_chunk, compile)
     run_loop(engine, members, recipes[0].epochs, after_epoch=after_epoch)
     if checkpoint and state_path.is_dir():
+        # Only the files this module writes are deleted, and the folders only when that empties them.
         for f in state_path.iterdir():
-            f.unlink()
-        state_path.rmdir()
-        if state_path.parent.name == ".batched" and not any(state_path.parent.iterdir()):
-            state_path.parent.rmdir()
+            if f.name == STATE_JSON or BATCH_FILE.fullmatch(f.name):
+                f.unlink()
+        RunDir(state_path).clean_tmp()
+        with contextlib.suppress(OSError):
+            state_path.rmdir()
+        if state_path.parent.name == ".batched":
+            with contextlib.suppress(OSError):
+                state_path.parent.rmdir()
     for i, d in enumerate(dirs):
         if results[i] is None:
             # A model that ended in an earlier process (diverged before an interruption) is read back.

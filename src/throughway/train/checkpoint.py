@@ -31,7 +31,7 @@ from .flat import FlatOptimizer
 from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
-           "read_checkpoint_meta", "verify_checkpoint_file", "check_model_config", "CHECKPOINT_JSON", "MODEL_FILE",
+           "read_checkpoint_meta", "verify_checkpoint_file", "check_history", "check_model_config", "CHECKPOINT_JSON", "MODEL_FILE",
            "MAX_MODEL_PARAMETERS"]
 
 # load_model refuses a file whose metadata describes a larger model (4 GB of float32): a model file is
@@ -103,6 +103,41 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# The numbers of a history record (`History`): each a number or null; `k` a list of numbers or null.
+_RECORD_NUMBERS = ("lr", "train_loss", "train_error_pct", "val_loss", "val_error_pct", "test_loss", "test_error_pct",
+                   "k_mean", "epoch_time_s", "elapsed_s")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_history(path: Path, field: str, history: Any, *, epochs: int | None = None, ended: bool = False) -> None:
+    """Check a `History.to_dict()` read from field `field` of file `path`: 'epochs' a list of records
+    numbered 1, 2, ... whose numbers (`_RECORD_NUMBERS`, `k`) are numbers or null, 'diverged' a bool and
+    'diverged_at' null or an object. `epochs`: the number of records it must hold (a member still
+    training); `ended=False`: it must not have diverged. ValueError naming `path` and the field otherwise."""
+    records = history.get("epochs") if isinstance(history, dict) else None
+    if not (isinstance(history, dict) and isinstance(records, list) and all(isinstance(r, dict) for r in records)
+            and isinstance(history.get("diverged"), bool)
+            and (history.get("diverged_at") is None or isinstance(history.get("diverged_at"), dict))
+            and (ended or (history["diverged"] is False and history.get("diverged_at") is None))):
+        raise _field_error(path, field, history, "an object with 'epochs' (list of objects), 'diverged' "
+                                                 + ("(bool) and 'diverged_at' (null or an object)" if ended
+                                                    else "false and 'diverged_at' null"))
+    if epochs is not None and len(records) != epochs:
+        raise _field_error(path, f"{field}.epochs", f"{len(records)} records",
+                           f"one record per finished epoch ({epochs}, the field 'epoch')")
+    for i, record in enumerate(records):
+        k = record.get("k")
+        if not (_is_int(record.get("epoch")) and record["epoch"] == i + 1
+                and all(record.get(key) is None or _is_number(record[key]) for key in _RECORD_NUMBERS)
+                and (k is None or (isinstance(k, list) and all(_is_number(v) for v in k)))):
+            raise _field_error(path, f"{field}.epochs[{i}]", record,
+                               f"a record with epoch {i + 1}, numbers (or null) for {', '.join(_RECORD_NUMBERS)} "
+                               f"and a list of numbers (or null) for k")
+
+
 def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """checkpoint.json of `run_dir`, validated: every field has the type and form `save_checkpoint`
     writes, and `file` names a checkpoint-eNNNN.safetensors inside `run_dir` (see `rundir.member_file`).
@@ -128,24 +163,9 @@ def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
             and all(isinstance(v, dict) for v in optimizer["scalars"].values())):
         raise _field_error(path, "optimizer", optimizer, "an object with 'scalars' (object of objects) and "
                                                          "'param_groups' (list of objects)")
-    history = meta.get("history")
     if "history" in meta:
-        records = history.get("epochs") if isinstance(history, dict) else None
         # A checkpoint is written only after a finished epoch, never after a divergence.
-        if not (isinstance(history, dict) and isinstance(records, list) and all(isinstance(r, dict) for r in records)
-                and history.get("diverged") is False and history.get("diverged_at") is None):
-            raise _field_error(path, "history", history, "an object with 'epochs' (list of objects), "
-                                                         "'diverged' false and 'diverged_at' null")
-        if len(records) != epoch:
-            raise _field_error(path, "history.epochs", f"{len(records)} records",
-                               f"one record per finished epoch ({epoch}, the field 'epoch')")
-        for i, record in enumerate(records):
-            if record.get("epoch") != i + 1 or any(
-                    not (record.get(k) is None or (isinstance(record.get(k), (int, float))
-                                                   and not isinstance(record.get(k), bool)))
-                    for k in ("train_loss", "test_error_pct", "val_error_pct")):
-                raise _field_error(path, f"history.epochs[{i}]", record,
-                                   f"a record with epoch {i + 1} and numeric train_loss, test_error_pct, val_error_pct")
+        check_history(path, "history", meta.get("history"), epochs=epoch)
     for key in ("config", "model"):
         if key in meta and not isinstance(meta[key], dict):
             raise _field_error(path, key, meta[key], "an object")

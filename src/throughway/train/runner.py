@@ -37,7 +37,7 @@ from ..data import DATASET_SHAPES, DataSplits, load_dataset
 from ..data.augment import RandomCropFlip, normalize_splits
 from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from . import distributed
-from .checkpoint import (has_checkpoint, load_checkpoint, read_checkpoint_meta, save_checkpoint, save_model,
+from .checkpoint import (MAX_MODEL_PARAMETERS, has_checkpoint, load_checkpoint, read_checkpoint_meta, save_checkpoint, save_model,
                          verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
@@ -48,11 +48,14 @@ from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
            "resolve_recipe", "results_header", "final_summary", "check_resumable", "RESULTS_FORMAT", "check_device",
-           "check_config", "model_kwargs_for", "prepare_run_dir"]
+           "check_config", "model_kwargs_for", "prepare_run_dir", "MAX_DEPTH"]
 
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "throughway-results-1"
 # Fields that may differ between an interrupted run and its resumption.
+# The deepest network `check_config` accepts (the papers' deepest is ResNet-1202); building a model,
+# even on the meta device, takes time in proportion to its depth, so a larger number is refused at once.
+MAX_DEPTH = 10_000
 _RESUMABLE_DIFFERENCES = {"device", "data_dir", "amp", "channels_last", "compile", "eval_batch_size"}
 
 
@@ -185,8 +188,10 @@ def check_config(config: RunConfig) -> None:
     check_device(config.device)
     if config.dataset not in DATASET_SHAPES:
         raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: {sorted(DATASET_SHAPES)}")
-    if isinstance(config.depth, bool) or not isinstance(config.depth, int) or config.depth < 1:
-        raise ValueError(f"depth={config.depth!r}: must be a positive integer")
+    if isinstance(config.depth, bool) or not isinstance(config.depth, int) or not 1 <= config.depth <= MAX_DEPTH:
+        raise ValueError(f"depth={config.depth!r} (--depth): accepted: an integer from 1 to {MAX_DEPTH} (MAX_DEPTH)")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not -2 ** 63 <= config.seed < 2 ** 64:
+        raise ValueError(f"seed={config.seed!r} (--seed): accepted: an integer from -2**63 to 2**64 - 1 (torch's seeds)")
     if config.limit is not None and (not isinstance(config.limit, int) or config.limit < 2):
         raise ValueError(f"limit={config.limit!r}: must be at least 2 (BatchNorm needs two samples)")
     _finite("model_kwargs", config.model_kwargs)
@@ -194,7 +199,12 @@ def check_config(config: RunConfig) -> None:
     shape, classes = DATASET_SHAPES[config.dataset]
     kwargs = model_kwargs_for(config, shape, classes)
     with torch.device("meta"):
-        create_model(config.model, **kwargs)
+        skeleton = create_model(config.model, **kwargs)
+    count = sum(p.numel() for p in skeleton.parameters())
+    if count > MAX_MODEL_PARAMETERS:
+        raise ValueError(f"model {config.model!r} with depth={config.depth} and model_kwargs={config.model_kwargs} "
+                         f"(--depth, --width, --model-arg) has {count:,} parameters; accepted: at most "
+                         f"{MAX_MODEL_PARAMETERS:,} (MAX_MODEL_PARAMETERS)")
 
 
 def resolve_recipe(config: RunConfig) -> Recipe:
