@@ -87,3 +87,8 @@ def test_batchnorm_ablation_pairs_the_seeds_finished_in_both():
     gated = next(line for line in text.splitlines() if line.startswith("| 100 | gated"))
     assert f"{expected.mean_difference:+.3f} (p = " in gated and "n=4)" in gated
     assert "| 1.26 | 1.25 ± 0.04 (n=5) | 1.16 ± 0.04 (n=4) |" in gated
+    # the sentence under the table: the range of the paired differences and which cells are significant
+    assert "Where both are finished (d = 100)" in text and "significantly in 1 cell(s) (gated d = 100: -0.100" in text
+    residual_only = _summary()
+    residual_only["cells"] = [_cell("residual", 100, [1.95, 1.98, 2.12, 1.99, 1.96])]  # vs 1.9, 2.0, 2.1, 2.0, 1.95
+    assert "in no cell significantly" in batchnorm_ablation_markdown(torch_bn, residual_only)

@@ -10,7 +10,7 @@ from ..report.stats import SIGNIFICANCE, paired_t_test
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
-           "batchnorm_ablation_markdown"]
+           "batchnorm_ablation_markdown", "batchnorm_ablation_tests"]
 
 def differences_from_paper(config: dict[str, Any]) -> list[str]:
     """What this study's settings change from the paper's protocol (printed with every table)."""
@@ -212,13 +212,33 @@ def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) ->
     return "\n".join(lines) + "\n"
 
 
+def batchnorm_ablation_tests(summary: dict[str, Any], keras: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per residual/gated cell of `keras` (the study run with `--batchnorm keras`): the paired t-test of
+    keras − torch test error over the seeds finished in both studies (the same seed: the same initial
+    weights and data order), as {"arch", "depth", "torch", "keras" (the cells, None when absent),
+    "test" (PairedTest)}."""
+    ours = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    other = {(c["arch"], c["depth"]): c for c in keras["cells"]}
+    rows = []
+    for depth in keras["config"]["depths"]:
+        for arch in ("residual", "gated"):
+            a, b = ours.get((arch, depth)), other.get((arch, depth))
+            if b is None:
+                continue
+            first = {r["seed"]: r["test_error_pct"] for r in (a or {}).get("per_seed", [])
+                     if r.get("test_error_pct") is not None}
+            second = {r["seed"]: r["test_error_pct"] for r in b["per_seed"] if r.get("test_error_pct") is not None}
+            seeds = sorted(set(first) & set(second))
+            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b,
+                         "test": paired_t_test([second[s] for s in seeds], [first[s] for s in seeds])})
+    return rows
+
+
 def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) -> str:
     """This study's cells (PyTorch's BatchNorm constants) beside `keras`, the same study run with
     `--batchnorm keras` (Keras's momentum 0.99 and eps 1e-3), at the depths `keras` covers: test error
-    mean ± std over the seeds finished in each, and the paired t-test of keras − torch over the seeds
-    finished in both (the same seed: the same initial weights and data order)."""
-    ours = {(c["arch"], c["depth"]): c for c in summary["cells"]}
-    other = {(c["arch"], c["depth"]): c for c in keras["cells"]}
+    mean ± std over the seeds finished in each, the paired test of `batchnorm_ablation_tests`, mean k;
+    then one sentence on the finished cells."""
 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
         if cell is None or cell[key]["mean"] is None:
@@ -226,27 +246,27 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
         stat = cell[key]
         return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
 
-    def paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
-        if a is None or b is None:
-            return "—"
-        first = {r["seed"]: r["test_error_pct"] for r in a["per_seed"] if r.get("test_error_pct") is not None}
-        second = {r["seed"]: r["test_error_pct"] for r in b["per_seed"] if r.get("test_error_pct") is not None}
-        seeds = sorted(set(first) & set(second))
-        test = paired_t_test([second[s] for s in seeds], [first[s] for s in seeds])
-        if test.mean_difference is None:
-            return "—"
-        return f"{test.mean_difference:+.3f} (p = {_format_p(test.p_value)}, n={test.n})"
-
     lines = ["| d | arch | paper | BatchNorm: PyTorch's constants (ours) | BatchNorm: Keras's constants | "
              "Keras − PyTorch, paired by seed | k: paper | k: PyTorch's | k: Keras's |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for depth in keras["config"]["depths"]:
-        for arch in ("residual", "gated"):
-            a, b = ours.get((arch, depth)), other.get((arch, depth))
-            if b is None:
-                continue
-            gated = arch == "gated"
-            lines.append(f"| {depth} | {arch} | {_num(PAPER_TEST_ERROR[arch].get(depth))} | {fmt(a, 'test_error_pct')} | "
-                         f"{fmt(b, 'test_error_pct')} | {paired(a, b)} | {_num(PAPER_MEAN_K.get(depth) if gated else None)} | "
-                         f"{fmt(a, 'k_mean') if gated else '—'} | {fmt(b, 'k_mean') if gated else '—'} |")
+    rows = batchnorm_ablation_tests(summary, keras)
+    for row in rows:
+        arch, depth, a, b, test = row["arch"], row["depth"], row["torch"], row["keras"], row["test"]
+        gated = arch == "gated"
+        paired = "—" if test.mean_difference is None else \
+            f"{test.mean_difference:+.3f} (p = {_format_p(test.p_value)}, n={test.n})"
+        lines.append(f"| {depth} | {arch} | {_num(PAPER_TEST_ERROR[arch].get(depth))} | {fmt(a, 'test_error_pct')} | "
+                     f"{fmt(b, 'test_error_pct')} | {paired} | {_num(PAPER_MEAN_K.get(depth) if gated else None)} | "
+                     f"{fmt(a, 'k_mean') if gated else '—'} | {fmt(b, 'k_mean') if gated else '—'} |")
+    tested = [r for r in rows if r["test"].p_value is not None]
+    if tested:
+        diffs = [r["test"].mean_difference for r in tested]
+        significant = [r for r in tested if r["test"].p_value < SIGNIFICANCE]
+        where = ", ".join(sorted({f"d = {r['depth']}" for r in tested}, key=lambda t: int(t[4:])))
+        verdict = (f"significantly in {len(significant)} cell(s) ("
+                   + ", ".join(f"{r['arch']} d = {r['depth']}: {r['test'].mean_difference:+.3f}, p = "
+                               f"{_format_p(r['test'].p_value)}" for r in significant) + ")"
+                   if significant else f"in no cell significantly (p ≥ {SIGNIFICANCE})")
+        lines += ["", f"Where both are finished ({where}), Keras's constants move the test error by {min(diffs):+.3f} "
+                      f"to {max(diffs):+.3f} points, {verdict}."]
     return "\n".join(lines) + "\n"
