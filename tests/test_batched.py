@@ -10,6 +10,7 @@ import torch
 
 from throughway.data import load_dataset
 from throughway.train import RunConfig, RunExistsError, load_model, read_results, run_training
+from throughway.train import batch_state
 from throughway.train import batched as batched_module
 from throughway.train.batched import batch_key, train_batched
 
@@ -333,3 +334,49 @@ def test_a_mixed_batch_refuses_models_of_another_shape():
     with pytest.raises(ValueError, match="gated residual layout"):
         StackedModels([plain, residual])
     assert batch_key(RunConfig(model="mlp_plain", depth=4)) != batch_key(RunConfig(model="mlp_highway", depth=4))
+
+
+def _interrupt_after_epoch_1(configs, dirs, data, monkeypatch):
+    real, calls = batched_module._evaluate, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the validation split after epoch 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batched_module, "_evaluate", failing)
+    with pytest.raises(KeyboardInterrupt):
+        train_batched(configs, dirs, progress=False, data=data)
+    monkeypatch.setattr(batched_module, "_evaluate", real)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, monkeypatch, legacy):
+    configs = [dataclasses.replace(c, epochs=2) for c in CASES["nadam-plain-bn"]]
+    data = load_dataset("mnist")
+    dirs = [tmp_path / "study" / "runs" / f"m{i}" for i in range(3)]
+    _interrupt_after_epoch_1(configs, dirs, data, monkeypatch)
+    states = tmp_path / "study" / "runs" / ".batched"
+    (name,) = [p.name for p in states.iterdir()]
+    assert name == batch_state.config_hash(configs, dirs)
+    if legacy:  # a state folder named as before (absolute paths), resumed where it was written
+        name = batch_state.config_hash(configs, dirs, relative=False)
+        (states / batch_state.config_hash(configs, dirs)).rename(states / name)
+        moved = dirs
+    else:  # the study folder moved: relative names find the state again
+        (tmp_path / "study").rename(tmp_path / "elsewhere")
+        moved = [tmp_path / "elsewhere" / "runs" / d.name for d in dirs]
+        states = tmp_path / "elsewhere" / "runs" / ".batched"
+    resumed_from = {}
+    real_load = batch_state.load_batch_state
+
+    def spy(state_dir):
+        out = real_load(state_dir)
+        resumed_from["epoch"] = out[0]["epoch"] if out else None
+        return out
+
+    monkeypatch.setattr(batched_module, "load_batch_state", spy)
+    train_batched(configs, moved, progress=False, data=data, resume=True)
+    assert resumed_from["epoch"] == 1  # continued, not restarted
+    assert all(len(read_results(d)["history"]) == 2 and read_results(d)["final"] is not None for d in moved)

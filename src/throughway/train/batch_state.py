@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,9 +34,16 @@ _STATE_FORMAT = "throughway-batched-1"
 STATE_JSON = "batch.json"
 
 
-def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path]) -> str:
-    """A short hash of the batch's configs and run folders: the default name of its state folder."""
-    text = json.dumps([[str(d.resolve()), c.to_dict()] for c, d in zip(configs, out_dirs)], sort_keys=True, default=str)
+def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relative: bool = True) -> str:
+    """A short hash of the batch's configs and run folders: the default name of its state folder.
+
+    The run folders enter as paths relative to the first one's parent, so a study folder that is
+    moved or copied keeps its batch states; `relative=False` gives the name used before, from the
+    resolved absolute paths (still looked for on resume, see `train_batched`).
+    """
+    root = Path(out_dirs[0]).resolve().parent
+    paths = [os.path.relpath(Path(d).resolve(), root) if relative else str(Path(d).resolve()) for d in out_dirs]
+    text = json.dumps([[path, c.to_dict()] for c, path in zip(configs, paths)], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -171,7 +171,13 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         check_config(c)  # cheap checks first: device, recipe, model arguments
     recipes = [resolve_recipe(c) for c in configs]
     _check_batch(configs, recipes)
-    state_path = Path(state_dir) if state_dir is not None else dirs[0].parent / ".batched" / config_hash(configs, dirs)
+    if state_dir is not None:
+        state_path = Path(state_dir)
+    else:
+        state_path = dirs[0].parent / ".batched" / config_hash(configs, dirs)
+        legacy = state_path.parent / config_hash(configs, dirs, relative=False)
+        if not state_path.exists() and legacy.is_dir() and not legacy.is_symlink():
+            state_path = legacy  # a state written before its name stopped depending on where the study lies
     for d in dirs:
         RunDir(d).check_usable()
     # The state folder (and the default one's .batched parent) is read, written and emptied: never
