@@ -223,6 +223,15 @@ def test_non_finite_numbers_are_refused(tmp_path, capsys, no_data, option, value
     assert option in err and "finite" in err
 
 
+@pytest.mark.parametrize("option,value,field", [("--lr", "1e308", "recipe_overrides.lr"),
+                                                ("--model-arg", "k_init=1e39", "model_kwargs.k_init")])
+def test_numbers_beyond_float32_are_refused_before_the_data(tmp_path, capsys, no_data, option, value, field):
+    # finite in Python, but training runs in float32, where they overflow
+    code, err = _run(capsys, ARGS + ["--out", str(tmp_path / "run"), option, value])
+    assert code == 2 and field in err and "float32" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_held_lock_is_refused_naming_the_holder(tmp_path, fake_mnist_root, capsys, no_data):
     with RunDir(tmp_path / "run").locked():
         holder = json.loads((tmp_path / "run" / LOCK_FILE).read_text())

@@ -175,10 +175,15 @@ def check_device(device: str) -> torch.device:
     return parsed
 
 
+# Training runs in float32: a larger number (an lr of 1e308, say) overflows when it becomes a tensor.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def _finite(where: str, values: dict[str, Any]) -> None:
     for key, value in values.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{where}.{key}={value!r}: must be a finite number")
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+            raise ValueError(f"{where}.{key}={value!r}: must be a finite number within float32's range "
+                             f"(|x| ≤ {_FLOAT32_MAX:.3g})")
 
 
 def check_config(config: RunConfig) -> None:
