@@ -152,13 +152,7 @@ def test_divergence_of_one_model_does_not_disturb_the_others(tmp_path, fake_mnis
         assert len(read_results(dirs[i])["history"]) == 3
 
 
-def test_interrupted_batch_resumes_to_the_same_numbers(tmp_path, fake_mnist_root, monkeypatch):
-    configs = [dataclasses.replace(c, epochs=3) for c in CASES["nadam-gated-bn"]]
-    data = load_dataset("mnist")
-    straight = [tmp_path / f"straight-{i}" for i in range(3)]
-    train_batched(configs, straight, progress=False, data=data)
-
-    dirs = [tmp_path / f"resumed-{i}" for i in range(3)]
+def _interrupt_after_epoch_1(configs, dirs, data, monkeypatch):
     real, calls = batched_module._evaluate, {"n": 0}
 
     def failing(*args, **kwargs):
@@ -171,6 +165,16 @@ def test_interrupted_batch_resumes_to_the_same_numbers(tmp_path, fake_mnist_root
     with pytest.raises(KeyboardInterrupt):
         train_batched(configs, dirs, progress=False, data=data)
     monkeypatch.setattr(batched_module, "_evaluate", real)
+
+
+def test_interrupted_batch_resumes_to_the_same_numbers(tmp_path, fake_mnist_root, monkeypatch):
+    configs = [dataclasses.replace(c, epochs=3) for c in CASES["nadam-gated-bn"]]
+    data = load_dataset("mnist")
+    straight = [tmp_path / f"straight-{i}" for i in range(3)]
+    train_batched(configs, straight, progress=False, data=data)
+
+    dirs = [tmp_path / f"resumed-{i}" for i in range(3)]
+    _interrupt_after_epoch_1(configs, dirs, data, monkeypatch)
     assert read_results(dirs[0])["final"] is None and len(read_results(dirs[0])["history"]) == 1
     with pytest.raises(RunExistsError):
         train_batched(configs, dirs, progress=False, data=data)
@@ -334,21 +338,6 @@ def test_a_mixed_batch_refuses_models_of_another_shape():
     with pytest.raises(ValueError, match="gated residual layout"):
         StackedModels([plain, residual])
     assert batch_key(RunConfig(model="mlp_plain", depth=4)) != batch_key(RunConfig(model="mlp_highway", depth=4))
-
-
-def _interrupt_after_epoch_1(configs, dirs, data, monkeypatch):
-    real, calls = batched_module._evaluate, {"n": 0}
-
-    def failing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:  # the validation split after epoch 2
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(batched_module, "_evaluate", failing)
-    with pytest.raises(KeyboardInterrupt):
-        train_batched(configs, dirs, progress=False, data=data)
-    monkeypatch.setattr(batched_module, "_evaluate", real)
 
 
 @pytest.mark.parametrize("legacy", [False, True])
