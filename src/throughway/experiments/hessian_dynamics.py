@@ -150,8 +150,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             continue
         started = time.perf_counter()
         kwargs = network_kwargs(network, config.depth, zero_scale=config.zero_scale)
-        gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds))
-        gd.weights.data = gd.weights.data.to(config.device)
+        gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds), device=config.device)
         new: dict[int, dict[str, Any]] = {
             s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
                 "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}

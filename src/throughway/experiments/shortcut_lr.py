@@ -173,7 +173,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             started = time.perf_counter()
             kwargs = network_kwargs(network, depth, activation=None if linear else "relu", zero_scale=config.zero_scale)
             seeds = [s for s in range(config.seeds) for _ in lrs]
-            gd = BatchedGD(kwargs, seeds, lrs * config.seeds)
+            gd = BatchedGD(kwargs, seeds, lrs * config.seeds, device=config.device)
             curve_every = max(1, config.epochs // 100)
             loss_curves: list[list[float | None]] = []
             for epoch in range(config.epochs):

@@ -109,7 +109,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             started = time.perf_counter()
             kwargs = network_kwargs("shortcut2-zero", depth, activation=None if activation == "linear" else "relu",
                                     zero_scale=config.zero_scale)
-            gd = BatchedGD(kwargs, [config.seed], [config.lr])
+            gd = BatchedGD(kwargs, [config.seed], [config.lr], device=config.device)
             norms: list[float | None] = [float(gd.average_frobenius_norm()[0])]
             losses: list[float | None] = []
             for _ in range(epochs):

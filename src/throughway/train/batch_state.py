@@ -26,7 +26,7 @@ from .loop_state import progress_entry
 from .rundir import BATCH_FILE, member_file, write_rotating
 from .runner import RunConfig
 from .stacked import StackedModels
-from .stacked_optim import BatchedOptimizer
+from .optim import BatchedOptimizer
 
 __all__ = ["config_hash", "save_batch_state", "load_batch_state", "check_batch_members", "check_batch_tensors", "STATE_JSON"]
 

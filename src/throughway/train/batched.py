@@ -66,7 +66,7 @@ from .loop_state import History, TrainState, restore_progress
 from .recipes import Recipe, learning_rate_at
 from .rundir import BATCH_FILE, RunDir
 from .stacked import _MIXED_FAMILY, MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward
-from .stacked_optim import BatchedOptimizer
+from .optim import BatchedOptimizer
 from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked_step import BatchedStep, EpochTotals, epoch_starts, train_epoch
 from .stacked_step import evaluate_stack as _evaluate  # a module global: tests interrupt training through it

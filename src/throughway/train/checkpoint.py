@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, read_json_object, sha256_file
 from ..models import create_model, with_legacy_config
-from .flat import FlatOptimizer
+from .optim import FlatOptimizer
 from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",

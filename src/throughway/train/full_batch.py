@@ -2,7 +2,8 @@
 
 `BatchedGD` trains R shortcut networks of one architecture (seeds, learning rates) together on one
 full batch, as the paper's figures 3 to 8 do; it moved here from the shortcut experiments (issue 15)
-so that every trainer lives in `train`.
+so that every trainer lives in `train`. Its update is the toolkit's one rule (`optim.update_rows`):
+SGD without momentum, p ← p − lr·g, over the (R, P) rows of the R networks' weights.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 from ..layers.shortcut import ShortcutUnit
 from ..models import create_model
 from ..models.shortcut import ShortcutNet
+from .optim import update_rows
 
 __all__ = ["BatchedGD"]
 
@@ -27,12 +29,15 @@ class BatchedGD:
         model_kwargs: create_model("shortcut_net", ...) arguments shared by all R networks.
         seeds: the torch seed of each network's initialisation (R = len(seeds)).
         lrs: one learning rate per network.
+        device: where every tensor of the trainer lives (weights, learning rates, the active mask,
+            the models of `model_at`); the data given to `step` must be there too.
     Loss: mean over samples of ‖f(x) − y‖² (the paper's squared error). A network whose loss
     becomes non-finite (or above `divergence_loss`) is marked diverged and frozen.
     """
 
     def __init__(self, model_kwargs: dict[str, Any], seeds: Sequence[int], lrs: Sequence[float],
-                 dtype: torch.dtype = torch.float64, divergence_loss: float = 1e6) -> None:
+                 dtype: torch.dtype = torch.float64, divergence_loss: float = 1e6,
+                 device: str | torch.device = "cpu") -> None:
         if len(seeds) != len(lrs):
             raise ValueError(f"seeds and lrs must have the same length; got {len(seeds)} and {len(lrs)}")
         self.model_kwargs = dict(model_kwargs)
@@ -42,9 +47,11 @@ class BatchedGD:
             model = cast(ShortcutNet, create_model("shortcut_net", **self.model_kwargs))
             weights.append(torch.stack([w.detach() for w in model.weight_matrices()]))
         self.template = model
-        self.weights = torch.stack(weights).to(dtype).requires_grad_(True)  # (R, L, d, d)
-        self.lrs = torch.tensor(list(lrs), dtype=dtype)
-        self.active = torch.ones(len(seeds), dtype=torch.bool)
+        self.device = torch.device(device)
+        self.weights = torch.stack(weights).to(device=self.device, dtype=dtype).requires_grad_(True)  # (R, L, d, d)
+        self.lrs = torch.tensor(list(lrs), dtype=dtype, device=self.device)
+        self.active = torch.ones(len(seeds), dtype=torch.bool, device=self.device)
+        self.optimizer_state: dict[str, Any] = {}
         self.diverged_at: list[int | None] = [None] * len(seeds)
         self.divergence_loss = divergence_loss
         self.epoch = 0
@@ -85,8 +92,9 @@ class BatchedGD:
             for r in torch.nonzero(self.active & ~finite).flatten().tolist():
                 self.diverged_at[r] = self.epoch
             self.active &= finite
-            scale = (self.lrs * self.active).view(-1, 1, 1, 1)
-            self.weights -= scale * torch.nan_to_num(grads)
+            rows = len(self.weights)
+            update_rows("sgd", self.weights.view(rows, -1), torch.nan_to_num(grads).view(rows, -1), self.optimizer_state,
+                        lr=(self.lrs * self.active).view(-1, 1))
             self.weights[~self.active] = 0.0
             gnorm = grads.flatten(1).norm(dim=1)
         self.epoch += 1
@@ -102,7 +110,7 @@ class BatchedGD:
 
     def model_at(self, r: int) -> nn.Module:
         """A real `shortcut_net` model holding network r's current weights (float64)."""
-        model = cast(ShortcutNet, create_model("shortcut_net", **self.model_kwargs).to(torch.float64))
+        model = cast(ShortcutNet, create_model("shortcut_net", **self.model_kwargs).to(self.device, torch.float64))
         with torch.no_grad():
             for w, v in zip(model.weight_matrices(), self.weights[r]):
                 w.copy_(v)

@@ -59,11 +59,12 @@ from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
 from .engine import EpochStats, Member, run_loop
-from .flat import FlatOptimizer
+from .optim import FlatOptimizer
 from .inputs import model_device, resolve_data, to_device
 from .loop_state import Callback, History, TrainState
 from .loop_state import call as call_hook
-from .recipes import Recipe, build_optimizer, get_recipe, learning_rate_at
+from .optim import build_optimizer
+from .recipes import Recipe, get_recipe, learning_rate_at
 
 __all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
 

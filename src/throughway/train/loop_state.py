@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from ..data import DataSplits
-from .flat import FlatOptimizer
+from .optim import FlatOptimizer
 from .recipes import Recipe
 
 if TYPE_CHECKING:
-    from .stacked_optim import BatchedOptimizer
+    from .optim import BatchedOptimizer
 
 __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress"]
 

@@ -41,7 +41,7 @@ from .checkpoint import (MAX_MODEL_PARAMETERS, has_checkpoint, load_checkpoint, 
                          verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
-from .flat import FlatOptimizer
+from .optim import FlatOptimizer
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
 from .loop_state import progress_entry, restore_progress
 from .recipes import Recipe, get_recipe

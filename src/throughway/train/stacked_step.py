@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from ..data import Split
 from .stacked import StackedModels, backward
-from .stacked_optim import BatchedOptimizer
+from .optim import BatchedOptimizer
 
 __all__ = ["BatchedStep", "EpochTotals", "train_epoch", "epoch_starts", "evaluate_stack", "EVAL_CHUNK"]
 
