@@ -29,7 +29,7 @@ from ..study.batching import add_estimate_options, project_batches, projection_m
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  stem_ablation_markdown, table_markdown)
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
@@ -251,20 +251,18 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                            environment_info(config.device))
 
     refresh()
-    if config.seeds > 1:
-        # The seeds of one (architecture, depth) train together as one batched computation
-        # (train.batched: per-model semantics of fit, one ordinary run directory each).
-        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
-                    compile=config.compile)
-    else:
-        run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    # The nets of one depth (every architecture and seed) train together as one batched computation
+    # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
+    # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
+    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
+                compile=config.compile)
     return refresh()
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
-    """Project the study's training time on this machine without training it: with seeds > 1 the
-    batches `run` would train (plain, residual and gated nets of one depth together), timed and
-    handed to `jobs` workers (`batching.project_batches`); with one seed each run is its own batch."""
+    """Project the study's training time on this machine without training it: the batches `run`
+    would train (plain, residual and gated nets of one depth together, every seed), timed and
+    handed to `jobs` workers (`batching.project_batches`)."""
     return project_batches(specs(config), jobs, steps)
 
 

@@ -27,7 +27,6 @@ from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, read_json_object, sha256_file
 from ..models import create_model, with_legacy_config
-from .optim import FlatOptimizer
 from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
@@ -45,7 +44,7 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
 
-def _optimizer_split(optimizer: torch.optim.Optimizer | FlatOptimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _optimizer_split(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state_dict = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -73,7 +72,7 @@ def has_checkpoint(run_dir: str | os.PathLike[str]) -> bool:
     return (Path(run_dir) / CHECKPOINT_JSON).is_file()
 
 
-def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | FlatOptimizer,
+def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     generator: torch.Generator, epoch: int, extra: dict[str, Any]) -> Path:
     """Write the checkpoint after `epoch` completed epochs; `extra` (JSON-able) goes into checkpoint.json.
 
@@ -193,7 +192,7 @@ def verify_checkpoint_file(run_dir: str | os.PathLike[str], meta: dict[str, Any]
     return path
 
 
-def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | FlatOptimizer,
+def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     generator: torch.Generator) -> dict[str, Any]:
     """Restore model, optimiser and RNG states from `run_dir`; return checkpoint.json's content.
 

@@ -59,7 +59,6 @@ from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
 from .engine import EpochStats, Member, run_loop
-from .optim import FlatOptimizer
 from .inputs import model_device, resolve_data, to_device
 from .loop_state import Callback, History, TrainState
 from .loop_state import call as call_hook
@@ -140,7 +139,7 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer | FlatOptimizer, lr: float) -> None:
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every parameter group's learning rate to `lr` times the group's "lr_mult" (1 when it has
     none; recipes.parameter_groups); the optimiser's state (momentum buffers, Adam moments) is left
     untouched, so a learning-rate step keeps the momentum."""
@@ -150,7 +149,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer | FlatOptimizer, lr: floa
 
 def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequence[Any] = (), *,
         eval_data: TrainData | None = None, loss_fn: LossFn | None = None,
-        optimizer: torch.optim.Optimizer | FlatOptimizer | None = None, seed: int = 0, progress: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None, seed: int = 0, progress: bool = True,
         label: str | None = None, eval_batch_size: int = DEFAULT_EVAL_BATCH,
         train_transform: Callable[[torch.Tensor], torch.Tensor] | None = None, amp: bool = False,
         channels_last: bool = False, compile_model: bool = False) -> History:
@@ -175,9 +175,14 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     (use `get_recipe(name, epochs=...)` or `Recipe.replace` for variants); it gives the epochs, the
     batch size, the optimiser and the learning-rate schedule. `loss_fn(outputs, y)` returns the
     batch's mean loss (default: cross-entropy); the error percentages are recorded only when the
-    outputs are (N, classes) scores for integer labels. `optimizer` replaces the recipe's: the loop
-    then leaves its learning rates alone (step a torch lr scheduler from a callback) and records
-    its first group's lr.
+    outputs are (N, classes) scores for integer labels. `optimizer` (any torch.optim.Optimizer)
+    replaces the recipe's; `scheduler(optimizer)` returns a torch LR scheduler (e.g.
+    `lambda opt: StepLR(opt, 1, gamma=0.5)`) that `fit` steps at the start of every epoch after the
+    first. A user's optimizer, a `scheduler`, or a torch LR scheduler that a callback attached to
+    `state.optimizer` in `on_fit_start` (any torch scheduler marks the groups with "initial_lr")
+    each switch the recipe's schedule off: the loop then leaves the learning rates alone, and every
+    epoch's record holds the lr the optimiser's first group used in it. (A resumed run restarts a
+    `scheduler` from its first epoch: fit's checkpoints hold the recipe's schedule only.)
 
     `seed` seeds the data-order generator only (seed the model's initialisation before building
     it). Callbacks' `on_fit_start` may restore a checkpoint into the TrainState; `fit` then
@@ -197,13 +202,16 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
         recipe = get_recipe(recipe)
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe: got {type(recipe).__name__}; accepted: a Recipe or a registered recipe's name")
-    if optimizer is not None and not isinstance(optimizer, (torch.optim.Optimizer, FlatOptimizer)):
-        raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer, a "
-                        f"FlatOptimizer, or None for the recipe's")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer (a "
+                        f"FlatOptimizer is one), or None for the recipe's")
+    if scheduler is not None and not callable(scheduler):
+        raise TypeError(f"scheduler: got {type(scheduler).__name__}; accepted: a function of the optimizer that "
+                        f"returns a torch LR scheduler, or None")
     device, train, val, test, splits = resolve_data(model, data, eval_data)
     if isinstance(train, Split) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
-    schedule = optimizer is None
+    schedule = optimizer is None and scheduler is None
     if optimizer is None:
         optimizer = build_optimizer(model, recipe)
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -215,7 +223,8 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:
         callbacks = [*callbacks, ProgressPrinter(label=label)]
-    engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule, device=device,
+    engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule,
+                           scheduler=scheduler, device=device,
                            loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
                            amp=amp, channels_last=channels_last, compile_model=compile_model)
     run_loop(engine, [Member(state, list(callbacks))], recipe.epochs)
@@ -225,13 +234,15 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
 class _ModuleEngine:
     """`fit`'s engine (train.engine.Engine) for one `nn.Module`: the member at position 0 of the loop."""
 
-    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer | FlatOptimizer, train: Split | DataLoader,
+    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer, train: Split | DataLoader,
                  evals: dict[str, Split | DataLoader | None],
-                 starts: list[int], *, schedule: bool, device: torch.device, loss_fn: LossFn | None,
+                 starts: list[int], *, schedule: bool, scheduler: Callable[[torch.optim.Optimizer], Any] | None,
+                 device: torch.device, loss_fn: LossFn | None,
                  eval_batch_size: int, train_transform: Callable[[torch.Tensor], torch.Tensor] | None, amp: bool,
                  channels_last: bool, compile_model: bool) -> None:
         self.state, self.optimizer, self.train, self.evals, self.starts = state, optimizer, train, evals, starts
         self.schedule, self.device, self.loss_fn, self.eval_batch_size = schedule, device, loss_fn, eval_batch_size
+        self.make_scheduler, self.scheduler, self.first_epoch = scheduler, None, 0
         self.train_transform, self.amp, self.channels_last = train_transform, amp, channels_last
         self.compile_model = compile_model
         self.compute_loss: LossFn = F.cross_entropy if loss_fn is None else loss_fn
@@ -248,10 +259,17 @@ class _ModuleEngine:
         self.train_model = distributed.wrap_model(state.model)
         if self.compile_model:
             self.train_model = torch.compile(self.train_model)
+        if self.make_scheduler is not None:
+            self.scheduler = self.make_scheduler(self.optimizer)
+        if any("initial_lr" in group for group in self.optimizer.param_groups):
+            self.schedule = False  # a torch LR scheduler is attached (ours or a callback's): it sets the lr
+        self.first_epoch = state.epoch
         self.end_epoch()
 
     def set_learning_rates(self, epoch: int) -> list[float]:
-        """The recipe's schedule, unless the caller gave its own optimizer (its lr is then recorded)."""
+        """The recipe's schedule, unless the caller's optimizer or scheduler sets the lr (it is then recorded)."""
+        if self.scheduler is not None and epoch > self.first_epoch:
+            self.scheduler.step()
         if self.schedule:
             lr = learning_rate_at(self.state.recipe, epoch)
             set_learning_rate(self.optimizer, lr)

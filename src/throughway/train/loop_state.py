@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from ..data import DataSplits
-from .optim import FlatOptimizer
 from .recipes import Recipe
 
 if TYPE_CHECKING:
@@ -62,7 +61,7 @@ class TrainState:
     """
 
     model: nn.Module
-    optimizer: FlatOptimizer | torch.optim.Optimizer | BatchedOptimizer
+    optimizer: torch.optim.Optimizer | BatchedOptimizer
     recipe: Recipe
     data: DataSplits | None
     generator: torch.Generator

@@ -41,7 +41,6 @@ from .checkpoint import (MAX_MODEL_PARAMETERS, has_checkpoint, load_checkpoint, 
                          verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
-from .optim import FlatOptimizer
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
 from .loop_state import progress_entry, restore_progress
 from .recipes import Recipe, get_recipe
@@ -299,8 +298,8 @@ class ResultsFiles:
         self._write(state, final=True)
 
 
-def _own_optimizer(state: TrainState) -> torch.optim.Optimizer | FlatOptimizer:
-    if not isinstance(state.optimizer, (torch.optim.Optimizer, FlatOptimizer)):
+def _own_optimizer(state: TrainState) -> torch.optim.Optimizer:
+    if not isinstance(state.optimizer, torch.optim.Optimizer):
         raise TypeError("a run's own checkpoint needs the run's own optimiser; a batched run checkpoints the batch")
     return state.optimizer
 
