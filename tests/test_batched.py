@@ -204,8 +204,17 @@ def test_highway_search_shards_are_disjoint_and_merge(tmp_path, fake_mnist_root)
     names = [[s.name for s in study.specs(config, f"{i}/2")] for i in (1, 2)]
     assert set(names[0]).isdisjoint(names[1])
     assert sorted(names[0] + names[1]) == sorted(s.name for s in study.specs(config))
-    # The hyperparameters are a function of (arch, trial), the same in every shard and at every depth.
-    assert study.sample_trial("highway", 2) == study.sample_trial("highway", 2)
+    # The hyperparameters are a function of (arch, trial), the same in every shard and at every depth,
+    # and differ between trials.
+    def hyperparameters(spec):
+        return spec.config.recipe_overrides, spec.config.model_kwargs
+
+    two_depths = dataclasses.replace(config, layers=(3, 5))
+    whole = {s.name: hyperparameters(s) for s in study.specs(two_depths)}
+    assert {s.name: hyperparameters(s) for i in (1, 2) for s in study.specs(two_depths, f"{i}/2")} == whole
+    for arch in two_depths.archs:
+        assert all(whole[study.run_name(arch, 3, t)] == whole[study.run_name(arch, 5, t)] for t in range(3))
+        assert len({repr(whole[study.run_name(arch, 3, t)]) for t in range(3)}) == 3
     assert -10.0 <= study.sample_trial("highway", 2)["gate_bias"] <= -1.0
     out = tmp_path / "hw"
     study.run(dataclasses.replace(config, shard="2/2"), out, progress=False)

@@ -49,3 +49,16 @@ def test_the_recipes_schedule_applies_without_a_users_scheduler():
 def test_a_scheduler_that_is_not_callable_is_refused_naming_the_argument():
     with pytest.raises(TypeError, match="scheduler"):
         fit(_model(), _data(), RECIPE, progress=False, scheduler="step")  # type: ignore[arg-type]
+
+
+def test_the_training_api_imports_where_there_is_no_fcntl():
+    # Windows has no fcntl: the run directory's lock comes from filelock, imported everywhere.
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['fcntl'] = None\n"
+            "from throughway.train import fit, run_training\n"
+            "import throughway.train.rundir, throughway.train.batched\n"
+            "print('imported')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .._io import read_json_object, sha256_file
-from .checkpoint import _is_int, _is_number, check_history
+from .checkpoint import check_history, is_int, is_number
 from .engine import Member
 from .loop_state import progress_entry
 from .rundir import BATCH_FILE, member_file, write_rotating
@@ -75,9 +75,9 @@ def load_batch_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.T
     path = _state_file(state_dir, meta.get("file"))
     if not path.is_file() or sha256_file(path) != meta.get("sha256"):
         raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
-    if not (_is_int(meta.get("epoch")) and meta["epoch"] >= 0 and _is_int(meta.get("step_count"))
+    if not (is_int(meta.get("epoch")) and meta["epoch"] >= 0 and is_int(meta.get("step_count"))
             and meta["step_count"] >= 0
-            and isinstance(meta.get("active"), list) and all(_is_int(i) for i in meta["active"])
+            and isinstance(meta.get("active"), list) and all(is_int(i) for i in meta["active"])
             and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
         raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers ≥ 0), 'active' (list of integers) or "
                          f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
@@ -94,7 +94,7 @@ def load_batch_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.T
         if not running and len(entry["history"]["epochs"]) > meta["epoch"]:
             raise ValueError(f"{meta_path}: field 'members[{i}].history.epochs' holds more records than the batch's "
                              f"'epoch' ({meta['epoch']}); delete {state_dir} to restart the batch")
-        if not (_is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
+        if not (is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
             raise ValueError(f"{meta_path}: field 'members[{i}]' needs 'elapsed_s' (a number of seconds) and 'done' "
                              f"(bool); the file was edited or damaged; delete {state_dir} to restart the batch")
     try:

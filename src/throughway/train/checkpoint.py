@@ -98,7 +98,8 @@ def _field_error(path: Path, field: str, value: Any, accepted: str) -> ValueErro
                       f"delete the run directory or choose another --out to start afresh)")
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def is_int(value: Any) -> TypeGuard[int]:
+    """Whether a value read from JSON is an integer (True and False are not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -107,7 +108,8 @@ _RECORD_NUMBERS = ("lr", "train_loss", "train_error_pct", "val_loss", "val_error
                    "k_mean", "epoch_time_s", "elapsed_s")
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """Whether a value read from JSON is a number (True and False are not)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -129,9 +131,9 @@ def check_history(path: Path, field: str, history: Any, *, epochs: int | None = 
                            f"one record per finished epoch ({epochs}, the field 'epoch')")
     for i, record in enumerate(records):
         k = record.get("k")
-        if not (_is_int(record.get("epoch")) and record["epoch"] == i + 1
-                and all(record.get(key) is None or _is_number(record[key]) for key in _RECORD_NUMBERS)
-                and (k is None or (isinstance(k, list) and all(_is_number(v) for v in k)))):
+        if not (is_int(record.get("epoch")) and record["epoch"] == i + 1
+                and all(record.get(key) is None or is_number(record[key]) for key in _RECORD_NUMBERS)
+                and (k is None or (isinstance(k, list) and all(is_number(v) for v in k)))):
             raise _field_error(path, f"{field}.epochs[{i}]", record,
                                f"a record with epoch {i + 1}, numbers (or null) for {', '.join(_RECORD_NUMBERS)} "
                                f"and a list of numbers (or null) for k")
@@ -149,7 +151,7 @@ def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise _field_error(path, "format", meta.get("format"), repr(FORMAT))
     epoch = meta.get("epoch")
-    if not _is_int(epoch) or epoch < 0:
+    if not is_int(epoch) or epoch < 0:
         raise _field_error(path, "epoch", epoch, "an integer ≥ 0")
     RunDir(run_dir).checkpoint_file(meta.get("file"))
     sha = meta.get("sha256")

@@ -32,6 +32,13 @@ SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_high
 MIXABLE_MODELS: dict[str, tuple[bool, bool]] = {"mlp_plain": (False, False), "mlp_residual": (True, False),
                                                "mlp_gated_residual": (True, True)}
 _MIXED_FAMILY = "mlp_plain|mlp_residual|mlp_gated_residual"
+
+
+def batch_family(model: str) -> str:
+    """The name under which models can share a stack: the model's own, or one name for the three
+    MIXABLE_MODELS (plain, residual and gated residual MLPs of one depth train together)."""
+    return _MIXED_FAMILY if model in MIXABLE_MODELS else model
+
 _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 
@@ -245,36 +252,11 @@ class StackedModels:
                    if MIXABLE_MODELS[kind][1] or not n.endswith(".gate.k")}
         return out
 
-    def load_state_of(self, i: int, state: dict[str, torch.Tensor]) -> None:
-        """Overwrite model i's parameters and buffers with `state` (from `state_dict_of`)."""
-        if self.mixed:
-            kind = self.kinds[i]
-            state = {canonical_name(kind, n): v for n, v in state.items()}
-            for name in self.names:
-                state.setdefault(name, torch.ones(self.shapes[name]))
-        with torch.no_grad():
-            for name in self.names:
-                o, shape = self.offsets[name], self.shapes[name]
-                size = math.prod(shape) if shape else 1
-                self.flat[i, o:o + size].copy_(state[name].reshape(-1))
-            for n in self.bn_names:
-                self.running[f"{n}.running_mean"][i].copy_(state[f"{n}.running_mean"])
-                self.running[f"{n}.running_var"][i].copy_(state[f"{n}.running_var"])
-                self.steps[i] = int(state[f"{n}.num_batches_tracked"])
-
     def snapshot(self) -> dict[str, torch.Tensor]:
         """Copies of every stacked tensor (parameters, running statistics, step counts)."""
         out = {"flat": self.flat.detach().clone(), "steps": self.steps.clone()}
         out.update({f"running.{k}": v.clone() for k, v in self.running.items()})
         return out
-
-    def restore(self, snap: dict[str, torch.Tensor]) -> None:
-        """Load a `snapshot` (same models, same order)."""
-        with torch.no_grad():
-            self.flat.copy_(snap["flat"])
-            self.steps.copy_(snap["steps"])
-            for k, v in self.running.items():
-                v.copy_(snap[f"running.{k}"])
 
     def scalar_gate_names(self) -> list[str]:
         """Names of the scalar gates' k parameters, in block order (as `scalar_gate_values`)."""
