@@ -71,7 +71,7 @@ from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked_step import BatchedStep, EpochTotals, epoch_starts, train_epoch
 from .stacked_step import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
-                     check_resumable, read_results, resolve_recipe, results_header)
+                     check_resumable, read_results, results_header)
 
 __all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
            "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
@@ -161,9 +161,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     dirs = [Path(d) for d in out_dirs]
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("out_dirs must be distinct")
-    for c in configs:
-        check_config(c)  # cheap checks first: device, recipe, model arguments
-    recipes = [resolve_recipe(c) for c in configs]
+    recipes = [check_config(c) for c in configs]  # cheap checks first: device, recipe, model arguments
     _check_batch(configs, recipes)
     if state_dir is not None:
         state_path = Path(state_dir)
