@@ -1,6 +1,6 @@
 """Training: recipes, the loop (fit / evaluate) and its callbacks, checkpoints and single runs."""
 
-from .callbacks import METRICS_FILE, MetricsCSV, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
+from .callbacks import METRICS_FILE, EarlyStopping, MetricsCSV, ModelCheckpoint, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
 from .checkpoint import load_model, save_model
 from .loop import Callback, History, TrainState, evaluate, fit
 from .optim import FlatOptimizer, build_optimizer
@@ -9,10 +9,12 @@ from .runner import RESULTS_FILE, RunConfig, RunExistsError, read_results, run_t
 
 __all__ = [
     "Callback",
+    "EarlyStopping",
     "FlatOptimizer",
     "History",
     "METRICS_FILE",
     "MetricsCSV",
+    "ModelCheckpoint",
     "ProgressPrinter",
     "RECIPES",
     "RESULTS_FILE",

@@ -59,7 +59,7 @@ from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
 from .engine import EpochStats, Member, run_loop
-from .inputs import model_device, resolve_data, to_device
+from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .loop_state import Callback, History, TrainState
 from .loop_state import call as call_hook
 from .optim import build_optimizer
@@ -85,15 +85,20 @@ def _wrong(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     return (outputs.argmax(dim=1) != y).sum() if _classifies(outputs, y) else None
 
 
-def evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int = DEFAULT_EVAL_BATCH,
+def evaluate(model: nn.Module, split: Split | DataLoader | TrainData, batch_size: int = DEFAULT_EVAL_BATCH,
              loss_fn: LossFn | None = None) -> tuple[float, float]:
     """Mean loss and error (%) of `model` on `split`, in eval mode; the model's mode is restored.
 
-    `split` is an in-memory Split (evaluated in chunks of `batch_size`) or a DataLoader (its batches,
-    moved to the model's device). The loss is cross-entropy unless `loss_fn` (a batch-mean loss) is
+    `split` is an in-memory Split or a pair of tensors (x, y) or a Dataset of (x, y) items (moved to
+    the model's device and evaluated in chunks of `batch_size`), or a DataLoader (its batches, moved
+    to the model's device), as `fit` takes its data. The loss is cross-entropy unless `loss_fn` (a batch-mean loss) is
     given. A non-finite output row counts as an error and makes the loss NaN; the error is NaN when
     the outputs are not (N, classes) scores for integer labels (the training records hold None then).
     """
+    if not isinstance(split, (Split, DataLoader)):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: got {type(model).__name__}; accepted: a torch.nn.Module")
+        split = user_split(split, "split", model_device(model))
     loss, error = _evaluate(model, split, batch_size, loss_fn)
     return loss, math.nan if error is None else error
 
@@ -148,6 +153,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequence[Any] = (), *,
+        val_data: TrainData | None = None, test_data: TrainData | None = None,
         eval_data: TrainData | None = None, loss_fn: LossFn | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None, seed: int = 0, progress: bool = True,
@@ -164,14 +170,17 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     * a pair of tensors `(x, y)`: moved to the model's device and trained on as an in-memory split
       (the fast path: batches are index slices of a random permutation, no DataLoader).
     * a `Dataset`: a `TensorDataset` of (x, y) is used as that pair; any other map-style Dataset of
-      (x, y) items is read once, item by item, and stacked into such a pair on the model's device.
-      Data too large for memory, or needing per-item work, goes in a DataLoader instead.
+      (x, y) items is read item by item every epoch (`dataset[i]` per item of each batch, so per-item
+      random augmentation differs between epochs), in the order and batches the pair would be.
+      Loading in worker processes goes in a DataLoader instead.
     * a `DataLoader` yielding (x, y) batches: iterated as given each epoch, each batch moved to the
       model's device; its own sampler decides the order (`seed` does not), so a resumed run is
       exact only if the loader's order is. The recipe's batch size does not apply.
 
-    `eval_data` (any of the last three forms; not with DataSplits) is evaluated after each epoch and
-    recorded as `test_loss` / `test_error_pct`. `recipe` is a Recipe or a registered recipe's name
+    `val_data` and `test_data` (any of the last three forms; not with DataSplits, which has its own) are
+    evaluated after each epoch and recorded as `val_loss` / `val_error_pct` and `test_loss` /
+    `test_error_pct` (a Dataset given here is read once). `eval_data` is the older name of
+    `test_data`. `recipe` is a Recipe or a registered recipe's name
     (use `get_recipe(name, epochs=...)` or `Recipe.replace` for variants); it gives the epochs, the
     batch size, the optimiser and the learning-rate schedule. `loss_fn(outputs, y)` returns the
     batch's mean loss (default: cross-entropy); the error percentages are recorded only when the
@@ -208,18 +217,22 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     if scheduler is not None and not callable(scheduler):
         raise TypeError(f"scheduler: got {type(scheduler).__name__}; accepted: a function of the optimizer that "
                         f"returns a torch LR scheduler, or None")
-    device, train, val, test, splits = resolve_data(model, data, eval_data)
-    if isinstance(train, Split) and len(train) < 2:
+    if eval_data is not None:
+        if test_data is not None:
+            raise ValueError("eval_data and test_data: give one (eval_data is the older name of test_data)")
+        test_data = eval_data
+    device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
+    if not isinstance(train, DataLoader) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
     schedule = optimizer is None and scheduler is None
     if optimizer is None:
         optimizer = build_optimizer(model, recipe)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rank, world = distributed.rank_and_world()
-    n = len(train) if isinstance(train, Split) else 0
+    n = 0 if isinstance(train, DataLoader) else len(train)
     # A last batch of one sample (per rank) would break BatchNorm's training statistics: fold it away.
     starts = [s for s in range(0, n, recipe.batch_size) if n - s > 2 * world - 1 or s == 0]
-    steps_per_epoch = len(starts) if isinstance(train, Split) else _loader_length(train)
+    steps_per_epoch = _loader_length(train) if isinstance(train, DataLoader) else len(starts)
     state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:
         callbacks = [*callbacks, ProgressPrinter(label=label)]
@@ -234,7 +247,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
 class _ModuleEngine:
     """`fit`'s engine (train.engine.Engine) for one `nn.Module`: the member at position 0 of the loop."""
 
-    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer, train: Split | DataLoader,
+    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer, train: Split | ItemSplit | DataLoader,
                  evals: dict[str, Split | DataLoader | None],
                  starts: list[int], *, schedule: bool, scheduler: Callable[[torch.optim.Optimizer], Any] | None,
                  device: torch.device, loss_fn: LossFn | None,
@@ -278,7 +291,7 @@ class _ModuleEngine:
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         train, rank, world = self.train, *distributed.rank_and_world()
-        if not isinstance(train, Split):
+        if isinstance(train, DataLoader):
             for batch in train:
                 x, y = to_device(batch, self.device, "data")
                 yield (x if self.train_transform is None else self.train_transform(x)), y
@@ -288,13 +301,17 @@ class _ModuleEngine:
         for start in self.starts:
             batch = order[start:start + batch_size]
             index = distributed.shard(batch, rank, world)
-            if self.train_transform is None:
-                x = train.x[index]
+            if isinstance(train, ItemSplit):  # a Dataset: its items are read now, every epoch
+                x, y = train.take(index.cpu() if self.train_transform is None else batch.cpu())
+                if self.train_transform is not None:
+                    x, y = distributed.shard(self.train_transform(x), rank, world), distributed.shard(y, rank, world)
+                yield x, y
+            elif self.train_transform is None:
+                yield train.x[index], train.y[index]
             else:
                 # Augment the whole global batch, then keep this rank's share: every rank draws the
                 # same random numbers, so a data-parallel step sees the images one process would.
-                x = distributed.shard(self.train_transform(train.x[batch]), rank, world)
-            yield x, train.y[index]
+                yield distributed.shard(self.train_transform(train.x[batch]), rank, world), train.y[index]
 
     def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
         """fit's steps: forward, loss, the divergence check before backward, step, on_step_end."""

@@ -86,7 +86,8 @@ class Callback(Protocol):
 
     def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
         """Called after each optimiser step: `step` is the run's step count (1-based, continuing across
-        epochs and resumes; equal to `state.step`), `loss` the step's training loss. Setting
+        epochs and resumes; equal to `state.step`), `loss` the batch's mean training loss as a Python
+        float (the loss the step minimised; under data parallelism, the global batch's). Setting
         `state.stop = True` ends the epoch after this step and then training."""
 
     def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
