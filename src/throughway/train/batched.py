@@ -61,14 +61,14 @@ import torch
 from .._io import read_json
 from ..data import DataSplits, load_dataset
 from .batch_state import STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state, save_batch_state
-from .engine import EpochStats, Member, run_loop
+from .engine import EpochStats, Member, epoch_starts, run_loop
 from .loop_state import History, TrainState, restore_progress
 from .recipes import Recipe, learning_rate_at
 from .rundir import BATCH_FILE, RunDir
 from .stacked import MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward, batch_family
 from .optim import BatchedOptimizer
 from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked_step import BatchedStep, EpochTotals, epoch_starts, train_epoch
+from .stacked_step import BatchedStep, EpochTotals, train_epoch
 from .stacked_step import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
                      check_resumable, read_results, results_header)

@@ -26,7 +26,15 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .loop_state import TrainState, call
 
-__all__ = ["Engine", "EpochStats", "Member", "run_loop", "epoch_record"]
+__all__ = ["Engine", "EpochStats", "Member", "run_loop", "epoch_record", "epoch_starts"]
+
+
+def epoch_starts(n: int, batch_size: int, world: int = 1) -> list[int]:
+    """The first index of each mini-batch of an epoch over n samples, for every path (fit's in-memory
+    data, train_batched's stacks): consecutive batches of `batch_size`, except that a final batch of
+    fewer than two samples per rank (`world` data-parallel processes) is folded away, since it would
+    break BatchNorm's training statistics."""
+    return [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
 
 
 @dataclass

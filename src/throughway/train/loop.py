@@ -47,7 +47,7 @@ train.distributed).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import torch
 from torch import nn
@@ -58,14 +58,14 @@ from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
-from .engine import EpochStats, Member, run_loop
+from .engine import EpochStats, Member, epoch_starts, run_loop
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .loop_state import Callback, History, TrainState
 from .loop_state import call as call_hook
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
 
-__all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
+__all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "evaluate_members", "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
 
 DEFAULT_EVAL_BATCH = 10_000
 
@@ -103,30 +103,46 @@ def evaluate(model: nn.Module, split: Split | DataLoader | TrainData, batch_size
     return loss, math.nan if error is None else error
 
 
-@torch.no_grad()
 def _evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int,
               loss_fn: LossFn | None) -> tuple[float, float | None]:
     was_training = model.training
     model.eval()
     try:
-        total_loss, wrong, n, classified = 0.0, 0, 0, True
-        for x, y in _eval_batches(model, split, batch_size):
-            outputs = model(x)
-            if loss_fn is None:
-                total_loss += float(F.cross_entropy(outputs, y, reduction="sum"))
-            else:
-                total_loss += float(loss_fn(outputs, y)) * len(y)
-            if not _classifies(outputs, y):
-                classified = False
-            else:
-                finite = torch.isfinite(outputs).all(dim=1)
-                wrong += int(((outputs.argmax(dim=1) != y) | ~finite).sum())
-            n += len(y)
-        if n == 0:
-            raise ValueError("evaluate: the evaluation data is empty")
-        return total_loss / n, (100.0 * wrong / n if classified else None)
+        return evaluate_members(lambda x: [model(x)], _eval_batches(model, split, batch_size), 1, loss_fn)[0]
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def evaluate_members(forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+                     batches: Iterable[tuple[torch.Tensor, torch.Tensor]], members: int,
+                     loss_fn: LossFn | None = None) -> list[tuple[float, float | None]]:
+    """The one evaluation of every path (`evaluate`, `fit`'s records, a stack's members): each member's
+    mean loss and error (%) over `batches` of (x, y).
+
+    `forward(x)` returns one output per member (the caller puts the models in evaluation mode). The
+    loss is cross-entropy unless `loss_fn` (a batch-mean loss) is given; each batch's loss sum is
+    accumulated in float64. A non-finite output row counts as an error; the error is None when a
+    member's outputs are not (N, classes) scores for integer labels. ValueError for empty data."""
+    losses: list[torch.Tensor | float] = [0.0] * members
+    wrong: list[torch.Tensor | int] = [0] * members
+    classified = [True] * members
+    n = 0
+    for x, y in batches:
+        for i, outputs in enumerate(forward(x)):
+            if loss_fn is None:
+                losses[i] = losses[i] + F.cross_entropy(outputs, y, reduction="sum").double()
+            else:
+                losses[i] = losses[i] + loss_fn(outputs, y).double() * len(y)
+            if not _classifies(outputs, y):
+                classified[i] = False
+            else:
+                finite = torch.isfinite(outputs).all(dim=1)
+                wrong[i] = wrong[i] + ((outputs.argmax(dim=1) != y) | ~finite).sum()
+        n += len(y)
+    if n == 0:
+        raise ValueError("evaluate: the evaluation data is empty")
+    return [(float(losses[i]) / n, 100.0 * int(wrong[i]) / n if classified[i] else None) for i in range(members)]
 
 
 def _eval_batches(model: nn.Module, split: Split | DataLoader,
@@ -230,8 +246,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rank, world = distributed.rank_and_world()
     n = 0 if isinstance(train, DataLoader) else len(train)
-    # A last batch of one sample (per rank) would break BatchNorm's training statistics: fold it away.
-    starts = [s for s in range(0, n, recipe.batch_size) if n - s > 2 * world - 1 or s == 0]
+    starts = epoch_starts(n, recipe.batch_size, world)
     steps_per_epoch = _loader_length(train) if isinstance(train, DataLoader) else len(starts)
     state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:

@@ -3,34 +3,32 @@ the evaluation of N stacked models; the design and its measurements are in train
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
 from ..data import Split
+from .engine import epoch_starts
+from .loop import evaluate_members
 from .stacked import StackedModels, backward
 from .optim import BatchedOptimizer
 
-__all__ = ["BatchedStep", "EpochTotals", "train_epoch", "epoch_starts", "evaluate_stack", "EVAL_CHUNK"]
+__all__ = ["BatchedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK"]
 
 EVAL_CHUNK = 2500
 
 
 def evaluate_stack(stack: StackedModels, split: Split, chunk: int = EVAL_CHUNK) -> tuple[list[float], list[float]]:
-    """Per-model mean cross-entropy and error (%) on `split` in evaluation mode (as `evaluate`)."""
-    n_models, n = stack.n, len(split)
-    loss = torch.zeros(n_models, dtype=torch.float64, device=stack.device)
-    wrong = torch.zeros(n_models, dtype=torch.long, device=stack.device)
-    for start in range(0, n, chunk):
-        x, y = split.x[start:start + chunk], split.y[start:start + chunk]
-        logits = stack.forward_logits(x.flatten(1), training=False)  # (N, classes, B)
-        yy = y.unsqueeze(0).expand(n_models, -1)
-        ce = F.cross_entropy(logits, yy, reduction="none")  # (N, B)
-        loss += ce.sum(1, dtype=torch.float64)
-        finite = torch.isfinite(logits).all(dim=1)
-        wrong += ((logits.argmax(dim=1) != yy) | ~finite).sum(1)
-    return (loss / n).tolist(), (100.0 * wrong.double() / n).tolist()
+    """Per-model mean cross-entropy and error (%) on `split` in evaluation mode: `loop.evaluate_members`
+    (the one evaluation of every path) over the stack's outputs, in chunks of `chunk` samples."""
+    def outputs(x: torch.Tensor) -> list[torch.Tensor]:
+        return list(stack.forward_logits(x.flatten(1), training=False).transpose(1, 2))  # N × (B, classes)
+
+    chunks = ((split.x[s:s + chunk], split.y[s:s + chunk]) for s in range(0, len(split), chunk))
+    results = evaluate_members(outputs, chunks, stack.n)
+    return [loss for loss, _ in results], [error if error is not None else math.nan for _, error in results]
 
 
 class BatchedStep:
@@ -75,12 +73,6 @@ class EpochTotals:
     bad_step: torch.Tensor
     bad_loss: torch.Tensor
     seen: int
-
-
-def epoch_starts(n: int, batch_size: int) -> list[int]:
-    """The first index of each mini-batch of an epoch over n samples, as `fit` makes them: a final
-    batch of one sample is folded away (it would break BatchNorm's training statistics)."""
-    return [s for s in range(0, n, batch_size) if n - s > 1 or s == 0]
 
 
 def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
