@@ -44,7 +44,9 @@ class EpochStats:
     `loss_sum[i]`: the sum over the epoch's batches of member i's batch-mean loss × batch size;
     `wrong[i]`: its misclassified training samples, or None when the outputs are not class scores;
     `seen`: samples per member; `steps`: optimiser steps taken; `diverged`: position → {"step",
-    "loss"} for members whose loss stopped being finite (at that step of the epoch, 0-based).
+    "loss"} for members whose loss stopped being finite (at that step of the epoch, 0-based);
+    `extra`: per member, further numbers of the epoch for its record (e.g. the full-batch studies'
+    gradient norm), or None.
     """
 
     loss_sum: list[float]
@@ -52,6 +54,7 @@ class EpochStats:
     seen: int
     steps: int
     diverged: dict[int, dict[str, Any]] = field(default_factory=dict)
+    extra: list[dict[str, Any]] | None = None
 
 
 class Engine(Protocol):
@@ -157,6 +160,8 @@ def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
             active, lrs = [active[p] for p in keep], [lrs[p] for p in keep]
             stats.loss_sum = [stats.loss_sum[p] for p in keep]
             stats.wrong = [stats.wrong[p] for p in keep]
+            if stats.extra is not None:
+                stats.extra = [stats.extra[p] for p in keep]
         if not active:
             break
         if stats.seen == 0:
@@ -167,6 +172,8 @@ def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
             record = epoch_record(epoch, lrs[pos], stats.loss_sum[pos], stats.wrong[pos], stats.seen,
                                   val[pos] if val else None, test[pos] if test else None, ks[pos],
                                   epoch_time, m.state.elapsed_s)
+            if stats.extra is not None:
+                record.update(stats.extra[pos])
             steps_per_epoch = m.state.steps_per_epoch
             if m.state.stop and steps_per_epoch is not None and stats.steps < steps_per_epoch:
                 record["stopped_at_step"] = stats.steps

@@ -15,6 +15,7 @@ from ..data import DataSplits
 from .recipes import Recipe
 
 if TYPE_CHECKING:
+    from .full_batch import BatchedGD
     from .optim import BatchedOptimizer
 
 __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress"]
@@ -61,7 +62,7 @@ class TrainState:
     """
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer | BatchedOptimizer
+    optimizer: torch.optim.Optimizer | BatchedOptimizer | BatchedGD
     recipe: Recipe
     data: DataSplits | None
     generator: torch.Generator
