@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -163,3 +164,15 @@ def test_gate_family_refuses_bad_options(tmp_path, capsys):
     assert _exit_code(["reproduce", "gate-family", "--depths", "3", "--out", str(tmp_path / "y")]) == 2
     assert "depths" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()
+
+
+def test_reproduce_gate_family_quick_from_the_command_line(tmp_path, fake_mnist_root):
+    out = tmp_path / "quick"
+    assert main(["reproduce", "gate-family", "--quick", "--out", str(out), "--quiet"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["quick"] is True and results["config"]["depths"] == [2, 10]
+    states = {r["state"] for c in results["cells"] for r in c["runs"]}
+    assert states == {"finished"}
+    assert len(results["cells"]) == 2 * 7 and all(c["test_error_pct"]["n"] == 2 for c in results["cells"])
+    # a finished study is only re-reported when run again
+    assert main(["reproduce", "gate-family", "--quick", "--out", str(out), "--quiet"]) == 0
