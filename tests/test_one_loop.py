@@ -1,4 +1,4 @@
-"""Single and batched training share one loop (train.engine.run_loop; issue 15).
+"""Single and batched training share one loop (train.loop.run_loop; issue 15).
 
 `run_training` (fit) and `train_batched` with N = 1 write the same files with the same content: every
 non-numeric field equal, every number equal to the stacked kernels' rounding (they compute the same

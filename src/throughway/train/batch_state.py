@@ -2,7 +2,7 @@
 
 The stacked parameters, running statistics, optimiser state and each member's data-order generator
 go into `batch-eNNNN.safetensors`; batch.json names that file with its SHA-256 and holds, per
-member, the progress entry every checkpoint stores (`loop_state.progress_entry`: history and
+member, the progress entry every checkpoint stores (`loop.progress_entry`: history and
 elapsed seconds, read back by `restore_progress`, the one resume path) and whether it has ended.
 Written by `rundir.write_rotating`, like a run's checkpoint: the new file first, then the JSON, then the
 old file is deleted.
@@ -21,8 +21,7 @@ from safetensors.torch import load_file, save
 
 from .._io import read_json_object, sha256_file
 from .checkpoint import check_history, is_int, is_number
-from .engine import Member
-from .loop_state import progress_entry
+from .loop import Member, progress_entry
 from .rundir import BATCH_FILE, member_file, write_rotating
 from .runner import RunConfig
 from .stacked import StackedModels

@@ -10,9 +10,9 @@ Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, 
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
 parameter matrix. The stacked model is `train.stacked.StackedModels`, its optimiser
 `train.optim.BatchedOptimizer` (the toolkit's one update rule over the (N, P) rows), their step
-(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked_step`, the batch's checkpoint in
+(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the batch's checkpoint in
 `train.batch_state`; here is the trainer: the stack's engine of the one epoch loop
-(`train.engine.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
+(`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
 
 Design choices, measured by benchmarks/batched_throughput.py (results/batched/
 benchmark_batched_throughput.txt, its "design" lines, N = 32 depth-20 gated residual nets): stacked
@@ -61,15 +61,14 @@ import torch
 from .._io import read_json
 from ..data import DataSplits, load_dataset
 from .batch_state import STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state, save_batch_state
-from .engine import EpochStats, Member, epoch_starts, run_loop
-from .loop_state import History, TrainState, restore_progress
+from .loop import EpochStats, History, Member, TrainState, epoch_starts, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
 from .rundir import BATCH_FILE, RunDir
 from .stacked import MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward, batch_family
 from .optim import BatchedOptimizer
-from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked_step import BatchedStep, EpochTotals, train_epoch
-from .stacked_step import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
+from .stacked import EVAL_CHUNK as _EVAL_CHUNK
+from .stacked import BatchedStep, EpochTotals, train_epoch
+from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
                      check_resumable, read_results, results_header)
 
@@ -318,7 +317,7 @@ class _DivergenceNote:
 
 
 class _StackEngine:
-    """`train_batched`'s engine (train.engine.Engine): the active members as one `StackedModels`.
+    """`train_batched`'s engine (train.loop.Engine): the active members as one `StackedModels`.
 
     Differences from `fit`'s engine, by construction of a stacked step: `on_step_end` is not called
     (it would cost a device synchronisation per step for N models), so a member's `state.stop` takes

@@ -6,7 +6,7 @@ so that every trainer lives in `train`. Its update is the toolkit's one rule (`o
 SGD without momentum, p ← p − lr·g, over the (R, P) rows of the R networks' weights.
 
 `train_full_batch(gd, x, y, epochs)` trains them through the toolkit's one epoch loop
-(`engine.run_loop`, as `fit` and `train_batched` do): each network is a member with its own
+(`loop.run_loop`, as `fit` and `train_batched` do): each network is a member with its own
 `TrainState` and `History`, one full-batch step is its epoch, and divergence follows the loop's rule
 (the history marks it, the weights go back to the end of the last finished epoch, the network
 leaves the loop). The studies (experiments.shortcut_lr, hessian_dynamics, weight_norms) read what
@@ -24,8 +24,7 @@ from torch import nn
 from ..layers.shortcut import ShortcutUnit
 from ..models import create_model
 from ..models.shortcut import ShortcutNet
-from .engine import EpochStats, Member, run_loop
-from .loop_state import History, TrainState
+from .loop import EpochStats, History, Member, TrainState, run_loop
 from .optim import update_rows
 from .recipes import Recipe
 
@@ -137,7 +136,7 @@ def _copy_into(model: nn.Module, weights: torch.Tensor) -> None:
 
 
 class _FullBatchEngine:
-    """`train_full_batch`'s engine (train.engine.Engine): one full-batch GD step of every active network is
+    """`train_full_batch`'s engine (train.loop.Engine): one full-batch GD step of every active network is
     an epoch. Positions are the active networks in order; `rows` maps them to rows of `gd`."""
 
     def __init__(self, gd: BatchedGD, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -199,7 +198,7 @@ class _FullBatchEngine:
 def train_full_batch(gd: BatchedGD, x: torch.Tensor, y: torch.Tensor, epochs: int,
                      callbacks: Sequence[Sequence[Any]] | None = None) -> list[History]:
     """Train the R networks of `gd` on the full batch (x, y) for `epochs` steps through the one epoch loop
-    (`engine.run_loop`); return each network's History.
+    (`loop.run_loop`); return each network's History.
 
     Network r is a member whose `TrainState.model` is a real `shortcut_net` holding its weights at the
     end of every epoch (`gd.model_at`), with the recipe of plain full-batch GD (SGD, its lr, no

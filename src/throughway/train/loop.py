@@ -29,9 +29,20 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `runner.run_training` adds.
 
-The epoch loop itself is `engine.run_loop`, shared with `batched.train_batched` (one loop for one
-model and for many stacked models); `fit` supplies the engine of one module (`_ModuleEngine`: the
-batches, the forward, the divergence check, the step and `on_step_end`). The hooks' contract does
+The epoch loop itself is `run_loop`, shared with `batched.train_batched` (many stacked models) and
+`full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
+one model and for many. What differs between them is only how an epoch of steps is computed,
+evaluated and rolled back, the `Engine` (the one narrow seam); `fit` supplies the engine of one
+module (`_ModuleEngine`: the batches, the forward, the divergence check, the step and
+`on_step_end`), `batched._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
+written once, here: the learning rates, the hooks, divergence (the member's history is kept and
+marked, its weights go back to the end of its last finished epoch, it leaves the loop and its
+`on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record
+(`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
+
+The file reads top to bottom: what the loop keeps per model (`History`, `TrainState`, `Callback`,
+the one resume path `restore_progress`), the loop (`Engine`, `Member`, `run_loop`), evaluation,
+then `fit` and its engine. The hooks' contract does
 not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
 numbers belong in the record (a record's value may be a list, as `k` already is).
@@ -47,7 +58,9 @@ train.distributed).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -58,15 +71,295 @@ from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
-from .engine import EpochStats, Member, epoch_starts, run_loop
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
-from .loop_state import Callback, History, TrainState
-from .loop_state import call as call_hook
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
 
-__all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "evaluate_members", "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
+if TYPE_CHECKING:
+    from .full_batch import BatchedGD
+    from .optim import BatchedOptimizer
 
+__all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
+           "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
+           "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
+
+
+# ----------------------------------------------------------------------------------------------
+# What the loop keeps per model and shows its callbacks
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class History:
+    """Per-epoch records and the run's outcome.
+
+    Each record holds: `epoch` (1-based), `lr`, `train_loss` (mean mini-batch loss during the
+    epoch, in training mode, as Keras reports it and the paper's figure 4 plots),
+    `train_error_pct` (mini-batch errors during the epoch; None when the outputs are not class
+    scores for integer labels), `val_loss`/`val_error_pct` (None when training on the full set or
+    without a validation split), `test_loss`/`test_error_pct` (None without evaluation data), `k`
+    and `k_mean` for models with scalar gates, `epoch_time_s` and `elapsed_s`; and
+    `stopped_at_step` for an epoch a callback ended early.
+    """
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    diverged: bool = False
+    diverged_at: dict[str, Any] | None = None
+
+    def last(self) -> dict[str, Any] | None:
+        """The last epoch's record, or None before the first epoch ends."""
+        return self.epochs[-1] if self.epochs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The history as a JSON-able dict (for checkpoints and results files)."""
+        return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "History":
+        """Rebuild a History from `to_dict`'s output."""
+        return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
+
+
+@dataclass
+class TrainState:
+    """What callbacks see and may change.
+
+    `epoch` counts finished epochs and `step` finished optimiser steps (both continue across a
+    resume); `steps_per_epoch` is None for a DataLoader without a length. `data` is the DataSplits
+    `fit` was given, else None. Setting `stop = True` ends training (see the module docstring).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | BatchedOptimizer | BatchedGD
+    recipe: Recipe
+    data: DataSplits | None
+    generator: torch.Generator
+    history: History
+    epoch: int = 0
+    elapsed_s: float = 0.0
+    stop: bool = False
+    step: int = 0
+    steps_per_epoch: int | None = None
+
+
+class Callback(Protocol):
+    """Hooks called by `fit`; every method is optional (`fit` calls only those a callback has).
+
+    The contract is the same whatever the number of models the loop trains (module docstring)."""
+
+    def on_fit_start(self, state: TrainState) -> None:
+        """Called once before training; may restore a checkpoint into `state`."""
+
+    def on_epoch_start(self, state: TrainState) -> None:
+        """Called before each epoch's first step (`state.epoch` is the number of finished epochs)."""
+
+    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
+        """Called after each optimiser step: `step` is the run's step count (1-based, continuing across
+        epochs and resumes; equal to `state.step`), `loss` the batch's mean training loss as a Python
+        float (the loss the step minimised; under data parallelism, the global batch's). Setting
+        `state.stop = True` ends the epoch after this step and then training."""
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Called after each finished epoch with its record (already in `state.history`)."""
+
+    def on_fit_end(self, state: TrainState) -> None:
+        """Called once when training ends (finished, diverged or stopped)."""
+
+
+def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+    """Call `hook(*args)` on every callback that has it, in order (every hook is optional)."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args)
+
+
+def progress_entry(state: TrainState) -> dict[str, Any]:
+    """What a checkpoint stores of a member's progress besides tensors (JSON-able): its history and
+    elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's
+    checkpoint.json, a batch's batch.json) store exactly this per model, read back by `restore_progress`."""
+    return {"history": state.history.to_dict(), "elapsed_s": state.elapsed_s}
+
+
+def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
+    """Set `state`'s history, epoch (finished epochs = the history's records) and elapsed seconds from a
+    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_batched`."""
+    state.history = History.from_dict(entry["history"])
+    state.epoch = len(state.history.epochs)
+    state.elapsed_s = float(entry.get("elapsed_s", 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# The one epoch loop
+# ----------------------------------------------------------------------------------------------
+def epoch_starts(n: int, batch_size: int, world: int = 1) -> list[int]:
+    """The first index of each mini-batch of an epoch over n samples, for every path (fit's in-memory
+    data, train_batched's stacks): consecutive batches of `batch_size`, except that a final batch of
+    fewer than two samples per rank (`world` data-parallel processes) is folded away, since it would
+    break BatchNorm's training statistics."""
+    return [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
+
+
+@dataclass
+class EpochStats:
+    """What one epoch of training measured, per active member (positions as in the engine).
+
+    `loss_sum[i]`: the sum over the epoch's batches of member i's batch-mean loss × batch size;
+    `wrong[i]`: its misclassified training samples, or None when the outputs are not class scores;
+    `seen`: samples per member; `steps`: optimiser steps taken; `diverged`: position → {"step",
+    "loss"} for members whose loss stopped being finite (at that step of the epoch, 0-based);
+    `extra`: per member, further numbers of the epoch for its record (e.g. the full-batch studies'
+    gradient norm), or None.
+    """
+
+    loss_sum: list[float]
+    wrong: list[int | None]
+    seen: int
+    steps: int
+    diverged: dict[int, dict[str, Any]] = field(default_factory=dict)
+    extra: list[dict[str, Any]] | None = None
+
+
+class Engine(Protocol):
+    """How the loop's members are trained, evaluated and rolled back (see the module docstring).
+
+    Positions are indices into the engine's active members, in the order `run_loop` keeps them."""
+
+    def begin(self) -> None:
+        """Called once after every member's `on_fit_start` (which may have restored a checkpoint)."""
+
+    def set_learning_rates(self, epoch: int) -> list[float]:
+        """Set and return each active member's learning rate for `epoch` (0-based)."""
+
+    def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
+        """One epoch of steps for every active member (the engine calls `on_step_end` where it can)."""
+
+    def evaluate(self, which: str) -> list[tuple[float | None, float | None]] | None:
+        """(loss, error %) of each active member on split `which` ("val" or "test"), or None without it."""
+
+    def gate_values(self) -> list[list[float]]:
+        """Each active member's scalar-gate k values in block order ([] for a member without gates)."""
+
+    def end_epoch(self) -> None:
+        """The epoch is finished: remember the weights a diverged member goes back to."""
+
+    def roll_back(self, position: int, state: TrainState) -> None:
+        """Put member `position`'s weights back to the end of its last finished epoch, into `state.model`."""
+
+    def sync(self, position: int, state: TrainState) -> None:
+        """Make `state.model` hold member `position`'s current weights (a no-op when it trains them)."""
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only the members at `positions`, in that order (members that ended leave the engine)."""
+
+
+@dataclass
+class Member:
+    """One model of the loop: its state, its callbacks, and whether it has ended."""
+
+    state: TrainState
+    callbacks: list[Any]
+    ended: bool = False
+
+
+def epoch_record(epoch: int, lr: float, loss_sum: float, wrong: int | None, seen: int,
+                 val: tuple[float | None, float | None] | None, test: tuple[float | None, float | None] | None,
+                 ks: list[float], epoch_time: float, elapsed: float) -> dict[str, Any]:
+    """One `History` record (its keys are documented there), written the same for every path."""
+    record: dict[str, Any] = {"epoch": epoch + 1, "lr": lr, "train_loss": loss_sum / seen,
+                              "train_error_pct": None if wrong is None else 100.0 * wrong / seen}
+    # Evaluation: recorded, never used to choose anything.
+    record["val_loss"], record["val_error_pct"] = val if val is not None else (None, None)
+    record["test_loss"], record["test_error_pct"] = test if test is not None else (None, None)
+    if ks:
+        record["k"] = ks
+        record["k_mean"] = sum(ks) / len(ks)
+    record["epoch_time_s"] = epoch_time
+    record["elapsed_s"] = elapsed
+    return record
+
+
+def _end(member: Member) -> None:
+    member.ended = True
+    call(member.callbacks, "on_fit_end", member.state)
+
+
+def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
+             after_epoch: Callable[[Sequence[Member]], None] | None = None) -> None:
+    """Train `members` with `engine` until each has `epochs` finished epochs, diverged or stopped.
+
+    Every member's `on_fit_start` runs first (it may restore its state, e.g. a checkpoint); members
+    already ended (`Member.ended`) are skipped throughout. Per epoch, in order: the learning rates,
+    `on_epoch_start`, the engine's epoch of steps, divergence (per member: history marked, weights
+    rolled back, `on_fit_end`, out of the loop), evaluation on val and test, the record appended to
+    each member's history, `after_epoch(active members)` (e.g. a batch checkpoint), `on_epoch_end`;
+    then members whose callbacks set `state.stop` end. `on_fit_end` runs once per member.
+    """
+    for m in members:
+        if not m.ended:
+            call(m.callbacks, "on_fit_start", m.state)
+    active = [m for m in members if not m.ended]
+    if len({m.state.epoch for m in active}) > 1:
+        raise ValueError(f"members resume from different epochs {sorted({m.state.epoch for m in active})}; "
+                         f"a loop's members are always at one epoch")
+    engine.begin()
+    while active and active[0].state.epoch < epochs:
+        epoch = active[0].state.epoch
+        lrs = engine.set_learning_rates(epoch)
+        for m in active:
+            call(m.callbacks, "on_epoch_start", m.state)
+        started = time.perf_counter()
+        stats = engine.train_epoch(epoch, [m.state for m in active], [m.callbacks for m in active])
+        epoch_time = time.perf_counter() - started
+        for pos, where in sorted(stats.diverged.items()):
+            m = active[pos]
+            m.state.history.diverged = True
+            m.state.history.diverged_at = {"epoch": epoch + 1, **where}
+            engine.roll_back(pos, m.state)
+            _end(m)
+        if stats.diverged:
+            keep = [p for p in range(len(active)) if p not in stats.diverged]
+            engine.keep(keep)
+            active, lrs = [active[p] for p in keep], [lrs[p] for p in keep]
+            stats.loss_sum = [stats.loss_sum[p] for p in keep]
+            stats.wrong = [stats.wrong[p] for p in keep]
+            if stats.extra is not None:
+                stats.extra = [stats.extra[p] for p in keep]
+        if not active:
+            break
+        if stats.seen == 0:
+            raise ValueError("data: the DataLoader yielded no batches in an epoch")
+        val, test, ks = engine.evaluate("val"), engine.evaluate("test"), engine.gate_values()
+        for pos, m in enumerate(active):
+            m.state.elapsed_s += epoch_time
+            record = epoch_record(epoch, lrs[pos], stats.loss_sum[pos], stats.wrong[pos], stats.seen,
+                                  val[pos] if val else None, test[pos] if test else None, ks[pos],
+                                  epoch_time, m.state.elapsed_s)
+            if stats.extra is not None:
+                record.update(stats.extra[pos])
+            steps_per_epoch = m.state.steps_per_epoch
+            if m.state.stop and steps_per_epoch is not None and stats.steps < steps_per_epoch:
+                record["stopped_at_step"] = stats.steps
+            m.state.history.epochs.append(record)
+            m.state.epoch = epoch + 1
+        engine.end_epoch()
+        if after_epoch is not None:
+            after_epoch(active)
+        for pos, m in enumerate(active):
+            engine.sync(pos, m.state)
+            call(m.callbacks, "on_epoch_end", m.state, m.state.history.epochs[-1])
+        stopped = [p for p, m in enumerate(active) if m.state.stop]
+        for p in stopped:
+            _end(active[p])
+        if stopped:
+            keep = [p for p in range(len(active)) if p not in stopped]
+            engine.keep(keep)
+            active = [active[p] for p in keep]
+    for m in active:
+        _end(m)
+
+
+# ----------------------------------------------------------------------------------------------
+# fit: one nn.Module on the user's data
+# ----------------------------------------------------------------------------------------------
 DEFAULT_EVAL_BATCH = 10_000
 
 # What `fit` trains on (see `fit`): in-memory splits, (x, y) tensors, a Dataset, or a DataLoader.
@@ -260,7 +553,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
 
 
 class _ModuleEngine:
-    """`fit`'s engine (train.engine.Engine) for one `nn.Module`: the member at position 0 of the loop."""
+    """`fit`'s engine (train.loop.Engine) for one `nn.Module`: the member at position 0 of the loop."""
 
     def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer, train: Split | ItemSplit | DataLoader,
                  evals: dict[str, Split | DataLoader | None],
@@ -371,7 +664,7 @@ class _ModuleEngine:
             stats.seen += batch_seen
             stats.steps += 1
             state.step += 1
-            call_hook(callbacks[0], "on_step_end", state, state.step, loss_value)
+            call(callbacks[0], "on_step_end", state, state.step, loss_value)
             if state.stop:
                 break
         stats.wrong = [wrong if classified else None]

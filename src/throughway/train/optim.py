@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .recipes import Recipe, parameter_groups
-from .stacked import StackedModels
+
+if TYPE_CHECKING:
+    from .stacked import StackedModels
 
 __all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "update_rows", "FlatOptimizer", "BatchedOptimizer",
            "build_optimizer"]

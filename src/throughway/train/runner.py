@@ -41,8 +41,7 @@ from .checkpoint import (MAX_MODEL_PARAMETERS, has_checkpoint, load_checkpoint, 
                          verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
-from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
-from .loop_state import progress_entry, restore_progress
+from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
 from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
