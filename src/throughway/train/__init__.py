@@ -1,4 +1,5 @@
-"""Training: recipes, the loop (fit / evaluate) and its callbacks, checkpoints and single runs."""
+"""Training: recipes, the one update rule (optim), the loop (fit / evaluate) and its callbacks, checkpoints,
+single runs, stacks of models and full-batch descent; docs/design.md draws how the modules fit together."""
 
 from .callbacks import METRICS_FILE, EarlyStopping, MetricsCSV, ModelCheckpoint, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
 from .checkpoint import load_model, save_model
