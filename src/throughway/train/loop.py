@@ -292,6 +292,13 @@ def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
     rolled back, `on_fit_end`, out of the loop), evaluation on val and test, the record appended to
     each member's history, `after_epoch(active members)` (e.g. a batch checkpoint), `on_epoch_end`;
     then members whose callbacks set `state.stop` end. `on_fit_end` runs once per member.
+
+    The divergence rule, the same for every engine: a member whose training loss in a step is not
+    finite (full-batch descent: or at least its bound, `BatchedGD.divergence_loss`) is reported by
+    the engine in `EpochStats.diverged`; here its history is marked (`diverged_at`: the 1-based epoch,
+    the step within it, the loss), its weights go back to the end of its last finished epoch, its
+    `on_fit_end` runs and it leaves the loop, the others going on undisturbed. Deep plain nets are
+    expected to fail; a study must go on.
     """
     for m in members:
         if not m.ended:
