@@ -28,7 +28,7 @@ import torch
 from .._io import atomic_write_json, read_json
 from ..analysis.gates import (highway_layer_change, highway_sample_activations, k_statistics, projection_blocks,
                               transform_gate_biases, transform_gate_statistics)
-from ..analysis.lesion import lesion
+from ..analysis.removal import lesion
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
 from ..train import evaluate
