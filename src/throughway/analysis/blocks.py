@@ -19,7 +19,7 @@ positions count from the end for `lesion`). The command line prints qualified na
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence, cast
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from torch import nn
 from ..layers import HighwayLayer, PlainBlock, PreActBlock, PreActUnit, ResidualBlock
 from ..layers.gated import AugmentedLayer
 
-__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "block_kind", "block_gate", "gate_magnitude",
+__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "block_kind", "block_gate", "gate_value", "gate_magnitude",
            "resolve_block", "resolve_blocks"]
 
 # The package's block types; a user's own block is found when it follows the block contract.
@@ -89,10 +89,17 @@ def block_kind(block: nn.Module) -> str:
     return "gated" if block_gate(block) is not None else "residual"
 
 
+def gate_value(gate: nn.Module) -> torch.Tensor:
+    """g of a gate with a `value()` method (see `block_gate`), detached, on the CPU, in float64: a 0-d
+    tensor for a scalar gate, (C,) for a vector gate."""
+    value = cast(Callable[[], torch.Tensor], gate.value)
+    return value().detach().double().cpu()
+
+
 def gate_magnitude(gate: nn.Module) -> float:
     """|g| of a gate, the size by which removal orders blocks: |g(k)| for a scalar gate, the mean
     |λ| over channels for a vector gate (issue 24: ReZero's α may be negative, LayerScale's λ a vector)."""
-    return float(gate.value().detach().abs().double().mean().cpu())
+    return float(gate_value(gate).abs().mean())
 
 
 def _positions_error(blocks: dict[str, nn.Module], given: object) -> IndexError:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate, TransformGate
-from .blocks import FAMILIES, block_gate, block_kind, find_blocks
+from .blocks import FAMILIES, block_gate, block_kind, find_blocks, gate_value
 
 __all__ = [
     "FAMILIES",
@@ -151,7 +151,7 @@ def gate_statistics(model: nn.Module) -> dict[str, Any]:
     "num_blocks"}. ValueError naming a block without a gate value.
     """
     gates = block_gates(model)
-    values = [gate.value().detach().double().cpu() for gate in gates.values()]
+    values = [gate_value(gate) for gate in gates.values()]
     means = [float(v.mean()) for v in values]
     magnitudes = [float(v.abs().mean()) for v in values]
     dead = [i for i, v in enumerate(values) if _is_dead(v)]

@@ -194,8 +194,8 @@ def _remove_from_copy(model: nn.Module, names: Sequence[str]) -> nn.Module:
         del pruned.__dict__["config"]
     by_parent: dict[str, list[str]] = {}
     for name in names:
-        parent, _, key = name.rpartition(".")
-        by_parent.setdefault(parent, []).append(key)
+        parent_name, _, key = name.rpartition(".")
+        by_parent.setdefault(parent_name, []).append(key)
     for parent_name, keys in by_parent.items():
         parent = pruned.get_submodule(parent_name)
         if isinstance(parent, (nn.Sequential, nn.ModuleList)):

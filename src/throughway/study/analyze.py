@@ -248,7 +248,7 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     lines = [
         f"{run_dir}: {family}, {count} {unit}s, {split} split ({len(part)} samples)",
         f"  unlesioned error {base:.2f}%; lesioned: {min(errors):.2f}% .. {max(errors):.2f}%",
-        f"  most harmful to lesion: "
+        "  most harmful to lesion: "
         + ", ".join(f"{_block_names(model, [i])} (+{increase[i]:.2f})" for i in summary["most_harmful_blocks"]),
         f"  {len(barely)} of {count} {unit}s raise the error by < {tolerance_pct_points} point when lesioned",
     ]
