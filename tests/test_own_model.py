@@ -266,3 +266,17 @@ def test_highway_analyses_of_an_own_sequential():
         h = torch.randn(2, 4)
         assert torch.equal(model[2](h), h)  # T = 0: the layer copies its input
     assert len(prune(model, ["2"])) == 4
+
+
+def test_gate_statistics_of_the_registry_layerscale_and_rezero_nets():
+    from throughway.models import create_model
+
+    layerscale = create_model("mlp_layerscale", depth=6, width=8)
+    with torch.no_grad():
+        layerscale.blocks[2].gate.k.fill_(-0.5)
+    stats = gate_statistics(layerscale)
+    assert stats["g_size"] == [8, 8, 8] and stats["negative_blocks"] == [2] and stats["dead_blocks"] == []
+    assert stats["g_abs_mean"] == pytest.approx([0.1, 0.1, 0.5])  # CaiT's ε = 0.1 up to depth 18
+    assert removal_order(layerscale, "greedy") == [0, 1, 2]
+    rezero = gate_statistics(create_model("mlp_rezero", depth=6, width=8))
+    assert rezero["dead_blocks"] == [0, 1, 2]  # α = 0 at initialisation: every block an exact identity
