@@ -254,7 +254,8 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     ]
     if window:
         w, e = summary["network_layers_15_to_45"], summary["network_layers_before_15"]
-        lines.append(f"  network layers 15–45 (highway layers 14–44): mean +{w['mean_increase_pct_points']:.2f} points, "
+        lines.append(f"  network layers 15–45 ({_block_names(model, window[:1])} .. {_block_names(model, window[-1:])}): "
+                     f"mean +{w['mean_increase_pct_points']:.2f} points, "
                      f"max +{w['max_increase_pct_points']:.2f}; {w['num_barely_matter']}/{w['num_layers']} barely matter; "
                      f"layers 2–14: mean +{e['mean_increase_pct_points']:.2f} points")
     if family == "highway":
