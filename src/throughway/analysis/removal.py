@@ -46,7 +46,8 @@ PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_h
 
 class ClosedGate(nn.Module):
     """A gate that is shut: `forward` returns zeros shaped like its input (T(x) = 0 for a transform
-    gate, g(k)·h = 0 for a scalar gate) and `value()` returns g = 0 (what `AugmentedLayer` reads).
+    gate, g·h = 0 for a scalar or vector gate) and `value()` returns g = 0 as a 0-d tensor (what
+    `AugmentedLayer` reads; it broadcasts wherever a vector g would).
 
     Holds the gate it replaces as `closed` (not registered as a submodule, so state_dict keys and
     parameters() are unchanged while it is in place)."""
