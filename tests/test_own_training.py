@@ -84,15 +84,13 @@ def test_early_stopping_names_a_metric_the_records_lack():
 
 
 def test_model_checkpoint_keeps_the_best_and_the_last_model(tmp_path):
-    from throughway import create_model
     from throughway.train import ModelCheckpoint, load_model
 
     class Worsen:  # a monitored number that improves once, then gets worse
         def on_epoch_end(self, state, record):
             record["score"] = [1.0, 0.5, 2.0][record["epoch"] - 1]
 
-    torch.manual_seed(0)
-    model = create_model("mlp_plain", depth=2, width=8, in_features=6, num_classes=3)
+    model = _model()  # a user's own nn.Sequential: save_model takes any module
     saved = ModelCheckpoint(tmp_path / "ckpt", monitor="score")
     snapshots = {}
 
@@ -102,7 +100,7 @@ def test_model_checkpoint_keeps_the_best_and_the_last_model(tmp_path):
 
     fit(model, _data(), RECIPE, [Worsen(), saved, Remember()], progress=False)
     assert saved.best_epoch == 2 and saved.best == 0.5
-    best, last = load_model(saved.best_path), load_model(saved.last_path)
+    best, last = load_model(saved.best_path, model=_model()), load_model(saved.last_path, model=_model())
     assert all(torch.equal(v, snapshots[2][k]) for k, v in best.state_dict().items())
     assert all(torch.equal(v, snapshots[3][k]) for k, v in last.state_dict().items())
     assert not all(torch.equal(v, snapshots[3][k]) for k, v in best.state_dict().items())
