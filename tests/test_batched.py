@@ -368,7 +368,7 @@ def test_plain_residual_and_gated_nets_of_one_depth_share_a_batch(tmp_path, fake
 
 def test_a_mixed_batch_refuses_models_of_another_shape():
     from throughway.models import create_model
-    from throughway.train.batched import StackedModels
+    from throughway.train.stacked import StackedModels
 
     plain = create_model("mlp_plain", depth=4, width=6, in_features=5, num_classes=3, activation="tanh")
     residual = create_model("mlp_residual", depth=4, width=6, in_features=5, num_classes=3)

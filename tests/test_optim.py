@@ -10,7 +10,8 @@ from torch.nn import functional as F
 
 from throughway import create_model
 from throughway.train import build_optimizer, get_recipe
-from throughway.train.batched import BatchedOptimizer, BatchedStep, StackedModels
+from throughway.train.optim import BatchedOptimizer
+from throughway.train.stacked import BatchedStep, StackedModels
 
 KINDS = [
     ("highway-mnist", {"momentum": 0.9, "weight_decay": 1e-3}),   # SGD with momentum and L2 decay

@@ -21,8 +21,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..data import DataSplits, Split, load_dataset
-from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
-                             train_batched)
+from ..train.batched import PER_MODEL_RECIPE_FIELDS, batch_key, train_batched
+from ..train.optim import BatchedOptimizer
+from ..train.stacked import BatchedStep, StackedModels
 from ..train.runner import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, prepare_data
@@ -101,7 +102,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     Returns {"jobs", "threads_per_job", "train_images", "eval_images", "batches": [{"batch": the
     specs, "models", "step_s", "epoch_s", "total_s"}], "serial_s", "wall_s", "load_average"}.
     """
-    from ..train.batched import epoch_starts
+    from ..train.loop import epoch_starts
 
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")

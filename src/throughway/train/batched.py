@@ -63,18 +63,15 @@ from ..data import DataSplits, load_dataset
 from .batch_state import STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state, save_batch_state
 from .loop import EpochStats, History, Member, TrainState, epoch_starts, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
-from .rundir import BATCH_FILE, RunDir
-from .stacked import MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward, batch_family
 from .optim import BatchedOptimizer
+from .rundir import BATCH_FILE, RunDir
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked import BatchedStep, EpochTotals, train_epoch
+from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
                      check_resumable, read_results, results_header)
 
-__all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
-           "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
-           "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS", "MIXABLE_MODELS", "batch_family"]
+__all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
 
 # Model arguments that change only initial values, so models of one batch may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
