@@ -327,7 +327,7 @@ def epoch_selection(folder: str | os.PathLike[str]) -> dict[str, Any]:
     for depth in config["depths"]:
         for arch in [a for a in config["archs"] if a in PAPER_TEST_ERROR]:
             names = [f"{arch}-d{depth}-s{seed}" for seed in range(config["seeds"])]
-            seeds = []
+            seeds: list[dict[str, Any]] = []
             for seed, (_name, result) in enumerate(read_runs(folder / "runs", names)):
                 if result is None:
                     seeds.append({"seed": seed, "state": "not started"})
