@@ -51,6 +51,7 @@ def _usage() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     from ..data import DATASETS
+    from ..data.augment import AUGMENTATIONS, NORMALIZATIONS
     from ..experiments import EXPERIMENTS
     from ..study.options import add_options
 
@@ -71,7 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", help="run directory (default runs/<model>-d<depth>-s<seed>)")
     train.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    train.add_argument("--train-on-full", action="store_true", help="train on train+validation (60,000 for MNIST)")
+    train.add_argument("--train-on-full", action=argparse.BooleanOptionalAction, default=None,
+                       help="train on train+validation (60,000 for MNIST, 50,000 for CIFAR); default: on for the "
+                            "recipes whose authors did (highway-conv-cifar, highway-conv-mnist), off otherwise")
+    train.add_argument("--augment", choices=list(AUGMENTATIONS),
+                       help="override the recipe's training augmentation (crop-flip: pad 4, crop-flip-8: pad 8)")
+    train.add_argument("--normalize", choices=list(NORMALIZATIONS),
+                       help="override the recipe's normalisation (e.g. mean: per-channel means; gcn-mean-image: "
+                            "the highway authors' GCN + mean image)")
     train.add_argument("--limit", type=_positive_int, help="keep only the first N samples of each split (smoke tests)")
     train.add_argument("--width", type=_positive_int, help="units per layer (default 50)")
     train.add_argument("--k-init", type=_finite_float, help="initial k of scalar gates (default 1)")
