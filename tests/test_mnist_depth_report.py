@@ -152,7 +152,7 @@ def test_selection_table_says_pending_and_the_findings_name_the_gap(tmp_path):
     assert selection_findings(summary, "best-val")["gated"]["below"] == [(100, 1.3, 1.26)]
     assert selection_findings(summary, "best-val")["residual"]["pending"] == [100]
     text = selection_findings_markdown(summary, ("best-test", "best-val"))
-    assert "best-test: residual pending, gated 1 of 1; best-val: residual pending, gated 0 of 1" in text
+    assert "best-test: residual not judged, gated 1 of 1; best-val: residual not judged, gated 0 of 1" in text
     assert "d = 100 (our best seed 1.30, paper 1.26: 0.04 points)" in text
 
 

@@ -442,11 +442,13 @@ def _has_quick(experiment: str) -> bool:
 
 def quick_variant(command: Recorded) -> list[str]:
     """The recorded reproduce command, small: --quick (where there is one) and SMALL's options, one job,
-    no --out / --resume (the caller adds --out)."""
+    no --out / --resume / --merge (the caller adds --out)."""
     experiment = command.argv[1]
     assert experiment in SMALL, f"{command.where}\n  no small configuration in SMALL for {experiment!r}"
+    # --merge (build the summary of runs made elsewhere) has no runs to merge in a fresh folder: the quick
+    # variant trains the runs it would merge.
     changes: dict[str, list[str] | None] = {"--out": None, "--resume": None, "--jobs": ["1"], "--quiet": [],
-                                            "--device": None, **SMALL[experiment]}
+                                            "--device": None, "--merge": None, **SMALL[experiment]}
     if _has_quick(experiment):
         changes["--quick"] = []
     return with_options(command.argv, changes)

@@ -399,7 +399,7 @@ def selection_findings(selection_summary: dict[str, Any], selection: str) -> dic
     The rule (ours; the paper gives no spread): Table 1's number is reproduced where it lies within the
     range of our finished seeds' selected errors (lowest to highest); "below" where it is lower than
     every seed (a gap: the paper's number is better than any of our runs), "above" where it is higher
-    than every seed. Cells with fewer than two finished seeds are "pending". Returns {arch: {"within":
+    than every seed. Cells with fewer than two finished seeds are not judged ("pending"). Returns {arch: {"within":
     [d], "below": [(d, our best, paper)], "above": [(d, our lowest, paper)], "pending": [d]}}."""
     out: dict[str, dict[str, list[Any]]] = {}
     for cell in selection_summary["cells"]:
@@ -428,7 +428,7 @@ def selection_findings_markdown(selection_summary: dict[str, Any], selections: t
         findings = selection_findings(selection_summary, selection)
         judged = {arch: len(v["within"]) + len(v["below"]) + len(v["above"]) for arch, v in findings.items()}
         counts.append(f"{selection}: " + ", ".join(
-            f"{arch} {len(v['within'])} of {judged[arch]}" if judged[arch] else f"{arch} pending"
+            f"{arch} {len(v['within'])} of {judged[arch]}" if judged[arch] else f"{arch} not judged"
             for arch, v in findings.items()))
     lines = ["- Cells of Table 1 reproduced, by selection: " + "; ".join(counts) + "."]
     for selection in selections:
@@ -446,7 +446,7 @@ def selection_findings_markdown(selection_summary: dict[str, Any], selections: t
                 parts.append("is better than the paper at " + "; ".join(
                     f"d = {d} (our best seed {best:.2f}, paper {paper:.2f})" for d, best, paper in verdict["above"]))
             if verdict["pending"]:
-                parts.append(f"is pending at d = {', '.join(map(str, verdict['pending']))} (fewer than two "
+                parts.append(f"is not judged at d = {', '.join(map(str, verdict['pending']))} (fewer than two "
                              f"finished seeds)")
             lines.append(f"- **{selection}**, {arch}: " + ("; ".join(parts) or "no cell") + ".")
         watch = next((c for c in selection_summary["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
