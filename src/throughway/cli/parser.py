@@ -27,11 +27,17 @@ def _finite_float(text: str) -> float:
 
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, threads: bool = True) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
     parser.add_argument("--data-dir", help="dataset cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway); "
                                            "for CIFAR the folder holding the official python batches")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    if not threads:  # the experiment's Config declares its own --threads (its single-process studies)
+        return
+    parser.add_argument("--threads", type=_positive_int,
+                        help="torch intra-op threads of this process and of each worker (--jobs); default: torch's, "
+                             "or cores // jobs with several workers. Recorded in results.json (environment.threads): "
+                             "a run re-runs bit for bit only with the same count")
 
 
 
@@ -117,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         exp.add_argument("--jobs", type=_positive_int,
                          help="runs trained at once, in separate single-threaded processes "
                               "(default: the number of CPU cores on a CPU device, 1 on a GPU)")
-        _add_common(exp)
+        _add_common(exp, threads="threads" not in getattr(getattr(module, "Config", None), "__dataclass_fields__", {}))
         _add_format(exp)
 
     report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "

@@ -93,7 +93,7 @@ def normalize_splits(data: DataSplits, mode: str) -> DataSplits:
         def rescale(split: Split | None) -> Split | None:
             return None if split is None else Split(torch.round(split.x * 255.0) / 256.0, split.y)
 
-        return DataSplits(name=data.name, num_classes=data.num_classes, train=rescale(data.train),  # type: ignore[arg-type]
+        return DataSplits(name=data.name, num_classes=data.num_classes, checksums=data.checksums, train=rescale(data.train),  # type: ignore[arg-type]
                           val=rescale(data.val), test=rescale(data.test))  # type: ignore[arg-type]
     if mode == "gcn-mean-image":
         # The highway authors' CIFAR preprocessing (module docstring): GCN, then the training mean image.
@@ -103,7 +103,7 @@ def normalize_splits(data: DataSplits, mode: str) -> DataSplits:
         def gcn_minus_mean(split: Split | None) -> Split | None:
             return None if split is None else Split(global_contrast_normalize(split.x) - mean_image, split.y)
 
-        return DataSplits(name=data.name, num_classes=data.num_classes, train=Split(train_x - mean_image, data.train.y),
+        return DataSplits(name=data.name, num_classes=data.num_classes, checksums=data.checksums, train=Split(train_x - mean_image, data.train.y),
                           val=gcn_minus_mean(data.val), test=gcn_minus_mean(data.test))  # type: ignore[arg-type]
     mean, std = channel_stats(data.train.x)
     shift = mean.view(1, -1, 1, 1)
@@ -112,7 +112,7 @@ def normalize_splits(data: DataSplits, mode: str) -> DataSplits:
     def apply(split: Split | None) -> Split | None:
         return None if split is None else Split((split.x - shift) / scale, split.y)
 
-    return DataSplits(name=data.name, num_classes=data.num_classes, train=apply(data.train),  # type: ignore[arg-type]
+    return DataSplits(name=data.name, num_classes=data.num_classes, checksums=data.checksums, train=apply(data.train),  # type: ignore[arg-type]
                       val=apply(data.val), test=apply(data.test))  # type: ignore[arg-type]
 
 

@@ -235,11 +235,15 @@ def resolve_recipe(config: RunConfig) -> Recipe:
 
 
 def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, data: DataSplits) -> dict[str, Any]:
-    """The results.json fields known before training (format, config, environment, recipe, model, data)."""
+    """The results.json fields known before training (format, config, environment, recipe, model, data).
+    The environment holds the data set's checksums (`DataSplits.checksums`) where the data has them."""
+    environment = environment_info(config.device)
+    if data.checksums:
+        environment["data_sha256"] = dict(data.checksums)
     return {
         "format": RESULTS_FORMAT,
         "config": config.to_dict(),
-        "environment": environment_info(config.device),
+        "environment": environment,
         "recipe": recipe.to_dict(),
         "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
                   "config": getattr(model, "config", {})},
