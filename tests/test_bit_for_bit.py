@@ -58,3 +58,28 @@ def test_the_reference_run_reruns_bit_for_bit(tmp_path):
     weights, committed = load_file(tmp_path / "again" / "model.safetensors"), load_file(REFERENCE / "model.safetensors")
     assert weights.keys() == committed.keys()
     assert all(torch.equal(weights[k], committed[k]) for k in committed)
+
+
+def test_train_takes_threads_and_records_it_with_the_cpu_and_the_datas_checksums(tmp_path, fake_mnist_root,
+                                                                                  monkeypatch):
+    from throughway.cli import main
+    from throughway.study.runs import THREADS_ENV, worker_threads
+
+    monkeypatch.setenv(THREADS_ENV, "")    # unset for worker_threads; restored (removed) after the test
+    previous = torch.get_num_threads()
+    try:
+        assert main(["train", "--model", "mlp_plain", "--depth", "2", "--epochs", "1", "--limit", "200",
+                     "--threads", "1", "--quiet", "--out", str(tmp_path / "run")]) == 0
+        environment = json.loads((tmp_path / "run" / "results.json").read_text())["environment"]
+        assert environment["threads"] == 1 and environment["cpu_model"] == environment_info()["cpu_model"]
+        assert environment["data_sha256"] == array_checksums(load_arrays("mnist"))   # the fixture's arrays
+        # A study's workers take the same count, whatever --jobs would give them.
+        assert worker_threads(jobs=2) == 1 and worker_threads(jobs=1) == 1
+    finally:
+        torch.set_num_threads(previous)
+    monkeypatch.setenv(THREADS_ENV, "two")
+    with pytest.raises(ValueError, match=THREADS_ENV):
+        worker_threads(jobs=2)
+    with pytest.raises(SystemExit) as exit_status:
+        main(["train", "--model", "mlp_plain", "--depth", "2", "--threads", "0", "--out", str(tmp_path / "x")])
+    assert exit_status.value.code == 2
