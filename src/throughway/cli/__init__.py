@@ -4,7 +4,6 @@
     throughway train --model NAME --depth D  one training run into --out
     throughway reproduce EXPERIMENT          a paper's table or figure, with the paper's numbers beside ours
     throughway report DIR                    remake an experiment's table and figures from DIR/results.json
-    throughway report --readme README.md [--check]   rewrite (check) the README's generated result blocks
     throughway data fetch DATASET            fetch, verify and cache a dataset
     throughway analyze gates|prune|highway|lesion RUN_DIR   what a finished run's gates learned
     throughway analyze bn-stats RUN_DIR ... --out DIR     test error with BatchNorm statistics re-estimated

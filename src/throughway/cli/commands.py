@@ -170,23 +170,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .._io import read_json_object
     from ..experiments import get_experiment
 
-    if args.readme is not None:
-        from ..readme import update_readme
-
-        if args.dir is not None:
-            raise ValueError("report: give either DIR or --readme README, not both")
-        names = update_readme(args.readme, args.results, check=args.check)
-        if args.check:
-            if names:
-                print(f"{args.readme}: generated blocks differ from the results files: {', '.join(names)}; "
-                      f"run `throughway report --readme {args.readme}`")
-                return 1
-            print(f"{args.readme}: every generated block matches the results files")
-            return 0
-        print(f"{args.readme}: rewrote {len(names)} block(s)" + (f": {', '.join(names)}" if names else ""))
-        return 0
-    if args.dir is None:
-        raise ValueError("report: give an experiment's output folder DIR, or --readme README")
     path = Path(args.dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")

@@ -112,15 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(exp)
         _add_format(exp)
 
-    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "
-                                           "or (--readme) the README's generated blocks from results/")
-    report.add_argument("dir", nargs="?", help="an experiment's output folder")
-    report.add_argument("--readme", metavar="README", help="rewrite every <!-- generated:NAME --> block of this "
-                                                           "file from the JSON under results/ beside it")
-    report.add_argument("--results", metavar="DIR", help="with --readme: the results folder (default: results/ "
-                                                         "beside the README)")
-    report.add_argument("--check", action="store_true", help="with --readme: change nothing; exit 1 naming the "
-                                                             "blocks that differ from what the results give")
+    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json")
+    report.add_argument("dir", help="an experiment's output folder (holding its results.json)")
     _add_format(report)
 
     analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
