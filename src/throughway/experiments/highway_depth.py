@@ -109,7 +109,7 @@ class Config:
     architecture and depth, all 60,000 training images, 400 epochs."""
 
     layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
-                                     quick=(10, 20))
+                                     quick=(10, 20), flag="--depths", aliases=("--layers",))
     archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
     trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4)
     epochs: int = option(FIGURE1_EPOCHS, "epochs per trial (ours, an unchecked recollection of figure 1's x-axis; "
