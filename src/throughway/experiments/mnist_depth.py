@@ -26,7 +26,7 @@ from ..study.options import option, quick_config
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
-from ..report.stats import SIGNIFICANCE, paired_t_test
+from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  stem_ablation_markdown, table_markdown)
 from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
@@ -198,8 +198,9 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
 
 def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "residual") -> list[dict[str, Any]]:
     """Per depth, the paired t-test (report.stats.paired_t_test) of `a` − `b` test error over the seeds
-    both finished, for the last-epoch error and for the mean of the last 10 epochs, with a verdict:
-    "<a> better" or "<b> better" where p < SIGNIFICANCE, else "no significant difference"."""
+    both finished, for the last-epoch error and for the mean of the last 10 epochs, with a verdict
+    (report.stats.paired_verdict): "<a> better" or "<b> better" where p < SIGNIFICANCE, "too few seeds"
+    below 3 seeds, else "no significant difference"."""
     by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
     out = []
     for depth in summary["config"]["depths"]:
@@ -211,12 +212,7 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
         row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
         for key in ("test_error_pct", "test_error_last10_pct"):
             test = paired_t_test([first[s][key] for s in seeds], [second[s][key] for s in seeds])
-            verdict = "no significant difference"
-            if test.p_value is not None and test.p_value < SIGNIFICANCE and test.mean_difference:
-                verdict = f"{a} better" if test.mean_difference < 0 else f"{b} better"
-            elif test.p_value is None:
-                verdict = "too few seeds"
-            row[key] = {**test.to_dict(), "verdict": verdict}
+            row[key] = {**test.to_dict(), "verdict": paired_verdict(test, a, b)}
         out.append(row)
     return out
 
