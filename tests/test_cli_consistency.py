@@ -117,3 +117,75 @@ def test_version_and_top_level_help_list_every_command():
             assert f"    throughway {parts[1]}" in text, parts[1]
     for name in ("gates", "prune", "highway", "lesion", "bn-stats", "redraw"):
         assert name in text.split("positional arguments")[0], name
+
+
+# --------------------------------------------------------------------------------------------
+# A study's progress, its compile default and the arithmetic of --estimate
+
+def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root, monkeypatch):
+    from throughway.study import batching
+    from throughway.train.batched import epoch_starts
+
+    monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(0.01, 1e-5, 0.5))
+    monkeypatch.setattr(batching, "batch_overhead_s", lambda *a, **k: 2.0)  # larger than the 0.5 timed: it wins
+    monkeypatch.setattr(batching, "worker_start_s", lambda: 3.0)
+    study = get_experiment("highway-depth")
+    config = dataclasses.replace(study.QUICK, layers=(3,), trials=4, epochs=2, limit=300)
+    specs = study.specs(config)
+    one, two = batching.project_batches(specs, jobs=1), batching.project_batches(specs, jobs=2)
+    steps = len(epoch_starts(one["train_images"], 100))  # highway-mnist: batch 100
+    for row in one["batches"]:
+        assert row["setup_s"] == 2.0 and not row["compiled"]
+        assert row["epoch_s"] == pytest.approx(0.01 * steps + 1e-5 * one["eval_images"])
+        assert row["total_s"] == pytest.approx(2.0 + 2 * row["epoch_s"])
+    totals = [r["total_s"] for r in one["batches"]]
+    assert 3.0 <= one["fixed_s"] < 3.0 + 5  # one process start, one (fast, fake) data load
+    assert one["wall_s"] == pytest.approx(one["fixed_s"] + sum(totals))
+    if len(totals) > 1:  # two workers: each starts and loads the data too, and the batches overlap
+        assert two["fixed_s"] >= 6.0
+        assert two["wall_s"] == pytest.approx(two["fixed_s"] + batching.makespan(totals, 2))
+    text = batching.projection_markdown("t", one, [])
+    assert "s to set up" in text and "fixed costs" in text
+
+
+def test_batch_seconds_is_set_up_plus_epochs():
+    from throughway.study.batching import BatchTiming, batch_seconds
+
+    seconds = batch_seconds(BatchTiming(step_s=0.02, eval_s=1e-4, setup_s=100.0), epochs=3, steps_per_epoch=390,
+                            eval_samples=20_000)
+    assert seconds["epoch_s"] == pytest.approx(0.02 * 390 + 2.0)
+    assert seconds["total_s"] == pytest.approx(100.0 + 3 * seconds["epoch_s"])
+
+
+def test_full_runs_compile_by_default_and_quick_runs_and_tests_do_not():
+    from throughway.study.batching import COMPILE_MIN_STEPS, compiles, group_specs
+    from throughway.train.batched import epoch_starts
+
+    study = get_experiment("mnist-depth")
+    full, quick = _config("mnist-depth"), _config("mnist-depth", "--quick")
+    assert full.compile is None and quick.compile is False and _config("mnist-depth", "--no-compile").compile is False
+    batch = group_specs(study.specs(dataclasses.replace(full, depths=(2,))))[0]
+    steps = 100 * len(epoch_starts(60_000, 128))  # the full study: 100 epochs of 60,000 images, batch 128
+    assert steps >= COMPILE_MIN_STEPS and compiles(batch, None, 60_000)
+    assert not compiles(batch, None, 600)  # a test's fake data: 5 steps an epoch
+    assert compiles(batch, True, 600) and not compiles(batch, False, 60_000)
+    quick_batch = group_specs(study.specs(dataclasses.replace(quick, depths=(2,))))[0]
+    assert not compiles(quick_batch, quick.compile, 50_000)
+
+
+def test_a_study_shows_one_progress_line_per_batch_with_an_eta_and_nothing_when_quiet():
+    from throughway.study.batching import StudyProgress
+
+    stream = io.StringIO()  # not a terminal: one line per finished batch, tqdm's format
+    bar = StudyProgress(10, "study: runs", stream=stream)
+    bar.advance(3, "batch d=2 done")
+    bar.advance(7, "batch d=10 done")
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and "3/10" in lines[0] and "10/10" in lines[1] and "batch d=2 done" in lines[0]
+    assert "<" in lines[0]  # elapsed<remaining: the ETA
+    quiet = io.StringIO()
+    bar = StudyProgress(10, enabled=False, stream=quiet)
+    bar.advance(10)
+    bar.close()
+    assert quiet.getvalue() == ""

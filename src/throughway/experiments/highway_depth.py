@@ -126,8 +126,9 @@ class Config:
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
     init: str = option("normalized", "weight init (normalized: Glorot uniform for tanh, He normal for ReLU nets)",
                        choices=INIT_CHOICES)
-    compile: bool = option(False, "torch.compile each batch's step (minutes of compilation per batch; pays for "
-                                  "long batches)", negatable=False)
+    compile: bool | None = option(None, "torch.compile each batch's step; default: only the batches that train "
+                                        "at least 10,000 steps (minutes of compilation per batch; pays for long "
+                                        "batches)", quick=False)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.archs) - set(ARCHITECTURES))
@@ -298,10 +299,11 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project this shard's search's duration on this machine without training it
     (`batching.project_batches`: timed steps of every batch, scaled, handed to `jobs` workers)."""
-    e = project_batches(specs(config), jobs, steps, config.max_batch)
+    e = project_batches(specs(config), jobs, steps, config.max_batch, compile=config.compile)
     rows = [{"arch": r["batch"][0].name.split("-")[0], "layers": r["batch"][0].config.depth + 1,
              "activation": r["batch"][0].config.model_kwargs["activation"], "models": r["models"],
-             "step_s": r["step_s"], "epoch_s": r["epoch_s"], "total_s": r["total_s"]} for r in e["batches"]]
+             "compiled": r["compiled"], "step_s": r["step_s"], "setup_s": r["setup_s"], "epoch_s": r["epoch_s"],
+             "total_s": r["total_s"]} for r in e["batches"]]
     return {**e, "epochs": config.epochs, "batches": rows}
 
 

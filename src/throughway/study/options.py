@@ -123,7 +123,8 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
         kind, is_tuple, _ = _base_type(hints[f.name])
         count = meta.get("count", False)
-        text = f"{meta['help']} (default {_shown(f.default, count)}"
+        auto = kind is bool and f.default is None  # a switch whose default the study decides
+        text = f"{meta['help']} (default {'auto' if auto else _shown(f.default, count)}"
         text += ")" if meta["quick"] is NO_QUICK else f"; --quick: {_shown(meta['quick'], count)})"
         if kind is bool and not is_tuple:
             action = argparse.BooleanOptionalAction if meta.get("negatable", True) else "store_true"
