@@ -145,7 +145,7 @@ def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root,
         assert two["fixed_s"] >= 6.0
         assert two["wall_s"] == pytest.approx(two["fixed_s"] + batching.makespan(totals, 2))
     text = batching.projection_markdown("t", one, [])
-    assert "s to set up" in text and "fixed costs" in text
+    assert "s for all epochs" in text and "set-up" in text and text.strip().splitlines()[-1].startswith("serial sum")
 
 
 def test_batch_seconds_is_set_up_plus_epochs():

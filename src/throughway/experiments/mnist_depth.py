@@ -57,7 +57,7 @@ BATCHNORM_CONSTANTS: dict[str, dict[str, float]] = {"torch": {}, "keras": {"bn_m
 
 @dataclass(frozen=True)
 class Config:
-    """The study's settings; the defaults are the paper's (except `train_on_full`, see the README)."""
+    """The study's settings; the defaults are the paper's (except `train_on_full`, see docs/reproductions/mnist-depth.md)."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (paper: 2 10 20 50 100)",
                                      minimum=0)

@@ -243,26 +243,30 @@ def add_estimate_options(parser: argparse.ArgumentParser, config_cls: type) -> N
 
 def projection_markdown(title: str, projection: dict[str, Any],
                         columns: Sequence[tuple[str, Callable[[dict[str, Any]], str]]], note: str = "") -> str:
-    """A `project_batches` result as markdown: `title` with the machine's setting, one row per batch
-    (the given `columns`, then seconds per step, per epoch and for all epochs), and the projected
-    serial and wall times (`note` after the latter)."""
+    """A `project_batches` result as markdown: `title` with the machine's setting (and a warning when
+    it was busy), one row per batch (the given `columns`, then seconds per step, per epoch and for all
+    epochs, its set-up included), the fixed costs, and last the projected serial and wall times
+    (`note` after the latter). The table's columns and the last line's start are those that
+    estimates committed under results/ have."""
     e = projection
+    cores = os.cpu_count() or 1
     lines = [f"{title}; {e['jobs']} worker(s) of {e['threads_per_job']} thread(s); measured with load average "
-             f"{e['load_average']:.2f}", "",
-             "| " + " | ".join([c for c, _ in columns] + ["s per step", "s per epoch", "s to set up",
-                                                           "s in all"]) + " |",
-             "|" + "---|" * (len(columns) + 4)]
+             f"{e['load_average']:.2f}", ""]
+    if e["load_average"] > cores:
+        lines += [f"The machine was busy while measuring (load average {e['load_average']:.1f} on {cores} cores): "
+                  f"on a shared machine a step's time varies many-fold with the load, so the projection holds only "
+                  f"for the same load; measure on a quiet machine.", ""]
+    lines += ["| " + " | ".join([c for c, _ in columns] + ["s per step", "s per epoch", "s for all epochs"]) + " |",
+              "|" + "---|" * (len(columns) + 3)]
     for r in e["batches"]:
         cells = [f(r) for _, f in columns] + [f"{r['step_s']:.3f}" + (" (compiled)" if r.get("compiled") else ""),
-                                              f"{r['epoch_s']:.1f}", f"{r['setup_s']:.1f}", f"{r['total_s']:.0f}"]
+                                              f"{r['epoch_s']:.1f}", f"{r['total_s']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"fixed costs (start, data, reports) {e['fixed_s']:.0f} s; serial sum {_duration(e['serial_s'])}; "
-                  f"projected wall time with {e['jobs']} worker(s): {_duration(e['wall_s'])}{note}"]
-    cores = os.cpu_count() or 1
-    if e["load_average"] > cores:
-        lines += ["", f"The machine was busy while measuring (load average {e['load_average']:.1f} on {cores} cores): "
-                      f"on a shared machine a step's time varies many-fold with the load, so the projection holds "
-                      f"only for the same load; measure on a quiet machine."]
+    setup = sum(r.get("setup_s", 0.0) for r in e["batches"])
+    lines += ["", f"Included: each batch's set-up (building, first step, compilation, files; {setup:.0f} s in all) "
+                  f"and fixed costs (process starts, data loads, the study's reports; {e.get('fixed_s', 0.0):.0f} s).",
+              "", f"serial sum {_duration(e['serial_s'])}; projected wall time with {e['jobs']} worker(s): "
+                  f"{_duration(e['wall_s'])}{note}"]
     return "\n".join(lines) + "\n"
 
 
