@@ -129,6 +129,7 @@ def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root,
     monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(0.01, 1e-5, 0.5))
     monkeypatch.setattr(batching, "batch_overhead_s", lambda *a, **k: 2.0)  # larger than the 0.5 timed: it wins
     monkeypatch.setattr(batching, "worker_start_s", lambda: 3.0)
+    monkeypatch.setattr(batching, "contention", lambda batch, jobs, *a: 1.0 if jobs == 1 else 1.5)
     study = get_experiment("highway-depth")
     config = dataclasses.replace(study.QUICK, layers=(3,), trials=4, epochs=2, limit=300)
     specs = study.specs(config)
@@ -141,9 +142,11 @@ def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root,
     totals = [r["total_s"] for r in one["batches"]]
     assert 3.0 <= one["fixed_s"] < 3.0 + 5  # one process start, one (fast, fake) data load
     assert one["wall_s"] == pytest.approx(one["fixed_s"] + sum(totals))
-    if len(totals) > 1:  # two workers: each starts and loads the data too, and the batches overlap
-        assert two["fixed_s"] >= 6.0
-        assert two["wall_s"] == pytest.approx(two["fixed_s"] + batching.makespan(totals, 2))
+    if len(totals) > 1:  # two workers: each starts and loads the data too, they slow each other, batches overlap
+        assert two["fixed_s"] >= 6.0 and two["contention"] == 1.5
+        for row, alone in zip(two["batches"], one["batches"]):
+            assert row["epoch_s"] == pytest.approx(1.5 * alone["epoch_s"])
+        assert two["wall_s"] == pytest.approx(two["fixed_s"] + batching.makespan([r["total_s"] for r in two["batches"]], 2))
     text = batching.projection_markdown("t", one, [])
     assert "s for all epochs" in text and "set-up" in text and text.strip().splitlines()[-1].startswith("serial sum")
 
@@ -189,3 +192,9 @@ def test_a_study_shows_one_progress_line_per_batch_with_an_eta_and_nothing_when_
     bar.advance(10)
     bar.close()
     assert quiet.getvalue() == ""
+
+
+def test_contention_is_one_for_a_single_worker():
+    from throughway.study.batching import contention
+
+    assert contention([], 1, 2, (784,), 10) == 1.0  # nothing is measured for one worker

@@ -170,6 +170,28 @@ def batch_overhead_s(batch: Sequence[RunSpec], data: DataSplits, timing: BatchTi
     return max(0.0, wall - 2 * timing.step_s - evaluated * timing.eval_s)
 
 
+def _step_seconds(batch: list[RunSpec], threads: int, input_shape: tuple[int, ...], num_classes: int) -> float:
+    # in a worker process: the batch's step time with `threads` threads, as time_batch measures it
+    torch.set_num_threads(threads)
+    return time_batch(batch, 8, input_shape=input_shape, num_classes=num_classes).step_s
+
+
+def contention(batch: Sequence[RunSpec], jobs: int, threads: int, input_shape: tuple[int, ...],
+               num_classes: int) -> float:
+    """How much slower a step of `batch` is when `jobs` workers train at once than when one does
+    (≥ 1): the workers share the cores' memory bandwidth and caches, and on a busy machine the cores
+    themselves. Measured by timing the batch's steps in `jobs` spawned processes at once and in one."""
+    if jobs < 2:
+        return 1.0
+    context = multiprocessing.get_context("spawn")
+    args = (list(batch), threads, input_shape, num_classes)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        list(pool.map(_step_seconds, *[[a] * jobs for a in args]))  # start and warm every worker first
+        alone = pool.submit(_step_seconds, *args).result()
+        together = list(pool.map(_step_seconds, *[[a] * jobs for a in args]))
+    return max(1.0, sorted(together)[len(together) // 2] / alone)
+
+
 def worker_start_s() -> float:
     """Seconds a fresh worker process of `run_batched` (spawned) takes to start and import the toolkit:
     measured by starting one."""
@@ -185,7 +207,8 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     epochs and data sizes (`batch_seconds`), hand the batches, in run_batched's order, to `jobs`
     workers (`makespan`), and add the fixed costs: a process's start (`worker_start_s`) and loading
     the data (timed here), with jobs > 1 again for each worker. Each batch's set-up is measured by a
-    real one-epoch run on two mini-batches (`batch_overhead_s`). A batch that `run_batched` would
+    real one-epoch run on two mini-batches (`batch_overhead_s`); with jobs > 1 the step and
+    evaluation times are scaled by the measured slowdown of workers training at once (`contention`). A batch that `run_batched` would
     compile (`compiles`) is timed compiled, its compilation included in its set-up (minutes). Assumes the machine is otherwise
     as busy as while measuring and that no model diverges (a diverged model leaves its batch: an
     upper bound); the study's own reporting after each batch is not included.
@@ -210,12 +233,15 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
+    # workers training at once slow each other down: measured on the largest batch, applied to all
+    slowdown = contention(max(batches, key=len), jobs, threads, tuple(data.input_shape), data.num_classes)
     try:
         for batch in batches:
             recipe = resolve_recipe(batch[0].config)
             compiled = compiles(batch, compile, n_train)
             timing = time_batch(batch, steps, input_shape=tuple(data.input_shape), num_classes=data.num_classes,
                                 compile=compiled)
+            timing = dataclasses.replace(timing, step_s=timing.step_s * slowdown, eval_s=timing.eval_s * slowdown)
             # the set-up: what time_batch measured (and its compilation), or a real one-epoch run's extra
             # costs beyond steps and evaluation, whichever is larger
             timing = dataclasses.replace(timing, setup_s=max(timing.setup_s, batch_overhead_s(batch, data, timing)))
@@ -228,7 +254,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     start_s = worker_start_s()
     fixed = start_s + load_s + (start_s + load_s if jobs > 1 else 0.0)
     return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
-            "batches": rows, "fixed_s": fixed, "serial_s": fixed + sum(r["total_s"] for r in rows),
+            "batches": rows, "fixed_s": fixed, "contention": slowdown, "serial_s": fixed + sum(r["total_s"] for r in rows),
             "wall_s": fixed + makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
 
 
@@ -263,8 +289,9 @@ def projection_markdown(title: str, projection: dict[str, Any],
                                               f"{r['epoch_s']:.1f}", f"{r['total_s']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     setup = sum(r.get("setup_s", 0.0) for r in e["batches"])
-    lines += ["", f"Included: each batch's set-up (building, first step, compilation, files; {setup:.0f} s in all) "
-                  f"and fixed costs (process starts, data loads, the study's reports; {e.get('fixed_s', 0.0):.0f} s).",
+    lines += ["", f"Included: each batch's set-up (building, first step, compilation, files; {setup:.0f} s in all), "
+                  f"fixed costs (process starts, data loads, the study's reports; {e.get('fixed_s', 0.0):.0f} s), and "
+                  f"the slowdown of {e['jobs']} worker(s) training at once (×{e.get('contention', 1.0):.2f}, measured).",
               "", f"serial sum {_duration(e['serial_s'])}; projected wall time with {e['jobs']} worker(s): "
                   f"{_duration(e['wall_s'])}{note}"]
     return "\n".join(lines) + "\n"
