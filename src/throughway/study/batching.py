@@ -29,7 +29,7 @@ from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedS
                              train_batched)
 from ..train.runner import build_model, resolve_recipe
 from .options import add_options
-from .runs import RunSpec, check_specs, prepare_data
+from .runs import RunSpec, check_specs, prepare_data, worker_threads
 
 __all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan",
            "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "compiles",
@@ -229,7 +229,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     n_train, n_eval = len(data.train), len(data.test) + (len(data.val) if data.val is not None else 0)
     batches = group_specs(specs, max_batch)
     jobs = min(jobs, max(1, len(batches)))  # as run_batched: no more workers than batches
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+    threads = worker_threads(jobs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
@@ -393,7 +393,7 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     prepare_data([spec.config for spec in specs])
     jobs = min(jobs, max(1, len(batches)))
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+        threads = worker_threads(jobs)
     errors: dict[str, str | None] = {}
     bar = StudyProgress(len(specs), f"{Path(out).parent.name or 'study'}: runs", enabled=progress)
 
