@@ -17,11 +17,8 @@ ALLOWED = {
     "report": set(),
     "study": {"layers", "models", "data", "train", "analysis", "report"},
     "experiments": {"layers", "models", "data", "train", "analysis", "report", "study"},
-    # The README's generated blocks read results files through the experiments' report functions.
-    "readme_sections": {"experiments", "report"},
     # The command line is the top: it may use every room, and nothing imports it.
-    "cli": {"layers", "models", "data", "train", "analysis", "report", "study", "experiments", "readme",
-            "readme_sections"},
+    "cli": {"layers", "models", "data", "train", "analysis", "report", "study", "experiments"},
 }
 
 
@@ -143,9 +140,8 @@ def _private_imports(path: Path) -> list[str]:
 
 
 # Rooms still importing other modules' private names, owed by the helpers reshaping them (issue 21:
-# cli and the README renderer, which moves out of the package; study's analyze command; data's cache
-# helpers). Take a room off this list when it is clean.
-PRIVATE_IMPORTS_OWED = {"cli", "data", "readme.py", "readme_sections", "study"}
+# cli; study's analyze command; data's cache helpers). Take a room off this list when it is clean.
+PRIVATE_IMPORTS_OWED = {"cli", "data", "study"}
 
 
 def test_no_module_imports_another_modules_private_names():
@@ -166,3 +162,16 @@ def test_the_private_name_check_sees_one():
         assert _private_imports(path) == ["checkpoint._is_int", "throughway.train.stacked._MIXED_FAMILY"]
     finally:
         path.unlink()
+
+
+def test_the_package_does_not_hold_or_import_the_repository_tooling():
+    # The docs renderer (tools/readme) is tooling for this checkout, not something a user imports.
+    assert not (PACKAGE / "readme.py").exists() and not (PACKAGE / "readme_sections").exists()
+    importers = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "tools" or n.startswith("tools.") for n in names):
+                importers.append(str(path.relative_to(PACKAGE)))
+    assert importers == [], importers

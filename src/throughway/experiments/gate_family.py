@@ -78,8 +78,9 @@ class Config:
     width: int = option(50, "units per layer (gated-residual-v2: 50)", minimum=1)
     limit: int | None = option(None, "keep only the first N samples of each split (smoke tests)", quick=2000,
                                minimum=1)
-    compile: bool = option(False, "torch.compile each batch's training step (CPU: about 100 s of compilation per "
-                                  "batch; not bitwise equal to eager)")
+    compile: bool | None = option(None, "torch.compile each batch's training step; default: only the batches that "
+                                        "train at least 10,000 steps (CPU: about 100 s of compilation per batch; "
+                                        "not bitwise equal to eager)", quick=False)
     device: str = "cpu"
     data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
@@ -236,7 +237,7 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project the study's training time on this machine without training it: the batches `run` would
     train (residual and gated nets of one depth and norm share one; ReZero and LayerScale train in
     batches of their own), timed and handed to `jobs` workers (`batching.project_batches`)."""
-    return project_batches(specs(config), jobs, steps)
+    return project_batches(specs(config), jobs, steps, compile=config.compile)
 
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
