@@ -222,6 +222,7 @@ def test_gate_record_counts_dead_relu_gates_and_negative_identity_gates():
     assert record["mean"] == pytest.approx(0.4 / 3) and record["count"] == 3
     record = gate_record(rezero, "identity")
     assert record["negative"] == 1 and record["dead"] is None  # a negative α is not a dead gate
+    assert record["mean_abs"] == pytest.approx(0.3)
     record = gate_record(layerscale, "identity")
     assert record["vector"] and record["count"] == 8 and record["negative"] == 2
     assert record["per_block"] == pytest.approx([0.15, 0.4]) and record["mean"] == pytest.approx(0.275)  # mean |λ|

@@ -18,7 +18,10 @@ cell is usable alone (results.json is rewritten as each batch ends). By default 
 are held out (`train_on_full`), so each run records the validation error beside the test error.
 
 Writes, in the output folder: runs/<family>-d<d>-s<seed>/ (one run directory each), results.json
-(the summary) and table.md.
+(the summary), removal.json (the layer-removal curves of the gated families' finished runs,
+gate_family_report.update_removal), table.md (`report_markdown`: error, paired tests, gates at the
+end, removal), train_loss.png and removal.png (report.gate_family_plots). The analyses at
+initialisation are a study of their own: `reproduce gate-family-init` (experiments.gate_family_init).
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ def block_gates(model: nn.Module) -> list[torch.Tensor]:
 
 def gate_record(model: nn.Module, function: str) -> dict[str, Any]:
     """One model's gates at the end: `mean` (of k or α; of |λ| for a vector gate: the mean over blocks
-    and channels), `per_block` (the same per block), and for g = relu the dead gates (k ≤ 0: relu(k)
+    and channels), `per_block` (the same per block), `mean_abs` (the mean |gate| over all entries),
+    and for g = relu the dead gates (k ≤ 0: relu(k)
     = 0, the block is an exact identity, gated-residual-v2 §2.2); for g = identity the negative gates
     (α < 0, or λ entries < 0: the branch is flipped in sign, not closed). `count` is the number of
     gates (blocks, or blocks × channels)."""
@@ -114,6 +115,7 @@ def gate_record(model: nn.Module, function: str) -> dict[str, Any]:
     per_block = [float(g.abs().mean()) if vector else float(g[0]) for g in gates]
     values = torch.cat(gates) if gates else torch.zeros(0, dtype=torch.float64)
     return {"mean": sum(per_block) / len(per_block) if per_block else None, "per_block": per_block,
+            "mean_abs": float(values.abs().mean()) if len(values) else None,
             "vector": vector, "count": int(values.numel()),
             "dead": int((values <= 0).sum()) if function == "relu" else None,
             "negative": int((values < 0).sum()) if function == "identity" else None}
@@ -122,12 +124,13 @@ def gate_record(model: nn.Module, function: str) -> dict[str, Any]:
 def gate_values_markdown(summary: dict[str, Any]) -> str:
     """The gates at the end by depth (rows) and gated family (columns): the mean over seeds of each
     model's mean gate (k, α, or |λ| over channels) ± std, and beside it the dead gates (g = relu:
-    k ≤ 0) or negative gates (g = identity: α or λ_c < 0), summed over seeds, out of all gates."""
+    k ≤ 0) or negative gates (g = identity: α or λ_c < 0), summed over seeds, out of all gates; for
+    ReZero also the mean |α| (positive and negative α cancel in the mean)."""
     families = [f for f in summary["config"]["families"] if f in GATE_SYMBOL]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Gates at the end of training, mean over seeds ± std of each net's mean gate; dead = relu gate with "
              "k ≤ 0 (an exact identity), negative = identity gate below 0 (a sign flip, not a closed block)", "",
-             "| d | " + " | ".join(f"{f} (mean {GATE_SYMBOL[f]})" for f in families) + " |",
+             "| d | " + " | ".join(f"{f} (mean {_cell(GATE_SYMBOL[f])})" for f in families) + " |",
              "|---|" + "---|" * len(families)]
     for depth in summary["config"]["depths"]:
         cells = []
@@ -141,6 +144,8 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
             dead = [g["dead"] for g in gates if g["dead"] is not None]
             negative = [g["negative"] for g in gates if g["negative"] is not None]
             extra = f"dead {sum(dead)}/{total}" if dead else f"negative {sum(negative)}/{total}"
+            if negative and not gates[0]["vector"]:  # signs may cancel in the mean α: give the mean |α| too
+                extra = f"mean \\|α\\| {sum(g['mean_abs'] for g in gates) / len(gates):.3g}, " + extra
             cells.append(f"{stat['mean']:.3g} ± {(stat['std'] or 0):.2g} ({extra}, n={stat['n']})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -155,8 +160,9 @@ def removal_order_by_gate(model: nn.Module) -> list[int]:
     identity gate a large negative α matters as much as a large positive one, hence |g|)."""
     sizes = []
     for index, block in enumerate(cast(nn.ModuleList, model.blocks)):
+        gate: Any = block.gate
         with torch.no_grad():
-            sizes.append((float(getattr(block, "gate").value().detach().double().abs().mean()), index))
+            sizes.append((float(gate.value().detach().double().abs().mean()), index))
     return [index for _, index in sorted(sizes)]
 
 
@@ -241,6 +247,11 @@ def removal_markdown(summary: dict[str, Any]) -> str:
             cells.append(f"{_share(greedy)} / {_share(random)} (n={len(removal)})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """`text` inside a markdown table cell: its "|" escaped."""
+    return text.replace("|", "\\|")
 
 
 def _share(stat: dict[str, Any]) -> str:

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from matplotlib.ticker import NullLocator
+
 from .depth_study_plots import _mean_band
 from .plots import plt, save_figure
 
@@ -120,42 +122,46 @@ def _legend(fig: Any, axes: Any) -> None:
 
 def plot_init_by_depth(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """The gate families at initialisation against depth (experiments.gate_family_init): distance to
-    identity, the Hessian's P10 condition number (filled markers; over the non-zero eigenvalues, hollow
-    and dotted, where the paper's measure is undefined), the fraction of zero eigenvalues and the index;
-    mean over seeds, error bars one standard deviation."""
+    identity, the fraction of the Hessian's eigenvalues that are zero, and over its non-zero eigenvalues
+    the P10 condition number and the index (the paper's measures over the whole spectrum are undefined
+    for most of these ReLU nets: see table.md); mean over seeds, error bars one standard deviation.
+    A family whose distance is 0 at every depth (ReZero: α = 0) is named in the panel, as a log axis
+    cannot draw it."""
     config = summary["config"]
     panels = [("distance_to_identity", "squared distance to identity", True),
-              ("condition", "Hessian condition max|λ| / P10|λ|", True),
               ("zero_fraction", "fraction of zero eigenvalues", False),
-              ("index", "index (fraction of negative λ)", False)]
+              ("nonzero_condition", "max|λ| / P10|λ|, non-zero λ", True),
+              ("nonzero_index", "index (share of λ < 0), non-zero λ", False)]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
     by = {(p["family"], p["depth"]): p for p in summary["points"]}
+    depths = [d for d in config["depths"] if d > 0]
     for ax, (measure, label, log) in zip(axes[0], panels):
+        zero = []
         for family in config["families"]:
             style = FAMILY_STYLE.get(family, {})
-            points = [by[(family, d)] for d in config["depths"] if by[(family, d)]["seeds"]]
-            shown = [(p["depth"], p[measure]) for p in points if p[measure]["mean"] is not None]
+            shown = [(d, by[(family, d)][measure]) for d in depths
+                     if by[(family, d)]["seeds"] and by[(family, d)][measure]["mean"] is not None]
+            if log and shown and all(s["mean"] == 0 for _, s in shown):
+                zero.append(family)
             if log:
                 shown = [(d, s) for d, s in shown if s["mean"] > 0]
             if shown:
                 ax.errorbar([d for d, _ in shown], [s["mean"] for _, s in shown], yerr=[s["std"] for _, s in shown],
                             marker="o", markersize=4, capsize=2, label=family, **style)
-            if measure == "condition":
-                fallback = [(p["depth"], p["nonzero_condition"]) for p in points
-                            if p["condition"]["mean"] is None and p["nonzero_condition"]["mean"] is not None]
-                if fallback:
-                    ax.plot([d for d, _ in fallback], [s["mean"] for _, s in fallback], marker="o", markersize=5,
-                            markerfacecolor="none", linestyle=":", color=style.get("color"))
+        if zero:
+            ax.text(0.98, 0.02, " and ".join(zero) + ": 0 at every depth", transform=ax.transAxes, ha="right",
+                    va="bottom", fontsize="x-small")
         ax.set_xscale("log")
+        ax.set_xticks(depths)
+        ax.set_xticklabels([str(d) for d in depths])
+        ax.xaxis.set_minor_locator(NullLocator())
         if log:
             ax.set_yscale("log")
         ax.set_xlabel("depth d")
         ax.set_title(label, fontsize="medium")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][1].text(0.02, 0.98, "hollow, dotted: P10 over non-zero λ\n(paper's measure undefined)",
-                    transform=axes[0][1].transAxes, va="top", fontsize="x-small")
     _legend(fig, axes[0])
-    fig.suptitle(f"Gate families at initialisation, mean ± std over {config['seeds']} seeds "
-                 f"(Hessian: width-{config['hessian_width']} proxies, {config['samples']} whitened MNIST images)",
+    fig.suptitle(f"Gate families at initialisation, mean ± std over {config['seeds']} seeds (Hessian of the "
+                 f"cross-entropy: width-{config['hessian_width']} proxies, {config['samples']} whitened MNIST images)",
                  y=1.12)
     return save_figure(fig, path)
