@@ -299,6 +299,12 @@ def test_gate_family_report_on_the_quick_study(tmp_path, fake_mnist_root):
     assert "| 6 | pending | pending" in gate_values_markdown(wider)
     assert "| 6 | pending | pending | pending |" in removal_markdown(wider)
     assert "| 6 | pending |" in study.table_markdown(wider)
+    # re-reporting from the run folders alone (no training) rebuilds the removal file and the tables
+    (out / "removal.json").unlink()
+    (out / "table.md").unlink()
+    again = study.report_finished(out)
+    assert json.loads((out / "removal.json").read_text()) == removal
+    assert again["cells"] == summary["cells"] and (out / "table.md").read_text() == table
 
 
 def test_gate_family_init_quick(tmp_path, fake_mnist_root):

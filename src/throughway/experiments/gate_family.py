@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info, read_json
+from .._io import atomic_write_json, environment_info, read_json
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option, quick_config
@@ -43,7 +43,7 @@ from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown
 from .mnist_depth import LAST_EPOCHS, read_back
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
-           "table_markdown", "report_markdown", "write_report", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
+           "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
 
 NAME = "gate-family"
 DESCRIPTION = ("issue 24: residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
@@ -241,6 +241,26 @@ def _update_removal(config: Config, out: Path) -> None:
     gated = [(spec.name, asdict(spec.config)) for spec in specs(config)
              if spec.name.rsplit("-d", 1)[0] in GATE_SYMBOL and spec.config.depth >= 2]
     update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir)
+
+
+def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Rebuild `out`/results.json from the run folders as they stand, without training: the summary of
+    the config that results.json records (`summarize`; its command and environment kept), the removal
+    curves of gated runs finished since (removal.json), then table.md and the figures. For rendering a
+    study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
+    rewrites results.json."""
+    out = Path(out)
+    previous = read_json(out / RESULTS_FILE)
+    known = {f.name for f in fields(Config)}
+    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
+                              if k in known}
+    config = Config(**stored)
+    _update_removal(config, out)
+    summary = summarize(config, out)
+    summary.update({k: previous[k] for k in ("command", "environment", "errors") if k in previous})
+    atomic_write_json(out / RESULTS_FILE, summary)
+    write_report(out)
+    return summary
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
