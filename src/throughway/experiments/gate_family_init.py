@@ -159,6 +159,13 @@ def _defined(point: dict[str, Any], measure: str, fmt: str = ".3g") -> str:
     return _stat(point[measure], fmt) + (f" (undefined in {undefined})" if undefined else "")
 
 
+def _with_seeds(cell: Any, point: dict[str, Any], seeds: int) -> str:
+    """A table cell: "pending" without any seed, the seed count added where it falls short of `seeds`."""
+    if not point["seeds"]:
+        return "pending"
+    return cell(point) + (f" (n={point['seeds']} of {seeds})" if point["seeds"] < seeds else "")
+
+
 def table_markdown(summary: dict[str, Any]) -> str:
     """One table per measure, depth (rows) × family (columns): distance to identity; the Hessian's P10
     condition number; its index; the fraction of zero eigenvalues; the P10 condition number of the
@@ -170,13 +177,14 @@ def table_markdown(summary: dict[str, Any]) -> str:
     def table(title: str, cell: Any) -> list[str]:
         rows = [title, "", "| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
         for depth in depths:
-            rows.append(f"| {depth} | " + " | ".join(cell(by[(f, depth)]) if by[(f, depth)]["seeds"] else "pending"
+            rows.append(f"| {depth} | " + " | ".join(_with_seeds(cell, by[(f, depth)], config["seeds"])
                                                      for f in families) + " |")
         return rows + [""]
 
     sizes = ", ".join(f"d = {d}: {by[(families[0], d)]['parameters']}" for d in depths
                       if by[(families[0], d)]["parameters"])
-    lines = [f"At initialisation, mean ± std over {config['seeds']} seeds per cell (no training).", ""]
+    lines = [f"At initialisation, mean ± std over {config['seeds']} seeds per cell unless a cell says otherwise "
+             "(no training).", ""]
     lines += table(f"Squared distance to identity, summed over blocks, of the study's nets (width {config['width']}, "
                    "784 inputs): Σ max(k,0)² (gated), Σ α² (ReZero), Σ ‖λ‖² (LayerScale), Σ ‖branch weights‖² "
                    "(residual)", lambda p: _stat(p["distance_to_identity"]))
