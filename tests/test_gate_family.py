@@ -230,8 +230,6 @@ def test_gate_record_counts_dead_relu_gates_and_negative_identity_gates():
 
 
 def test_removal_order_by_gate_magnitude_for_scalar_and_vector_gates():
-    from throughway.experiments.gate_family_report import removal_order_by_gate
-
     rezero = create_model("mlp_rezero", depth=6, width=4)
     layerscale = create_model("mlp_layerscale", depth=6, width=4)
     with torch.no_grad():
@@ -239,8 +237,8 @@ def test_removal_order_by_gate_magnitude_for_scalar_and_vector_gates():
             block.gate.k.fill_(alpha)
         for block, lam in zip(layerscale.blocks, (0.2, 0.05, -0.1)):
             block.gate.k.fill_(lam)
-    assert removal_order_by_gate(rezero) == [2, 0, 1]  # |α|: the large negative α goes last
-    assert removal_order_by_gate(layerscale) == [1, 2, 0]
+    assert removal_order(rezero, "greedy") == [2, 0, 1]  # |α|: the large negative α goes last
+    assert removal_order(layerscale, "greedy") == [1, 2, 0]  # mean |λ|
 
 
 def test_removal_record_removes_closed_blocks_first_at_no_cost():

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_json, read_json
-from ..analysis.lesion import prune
+from ..analysis.removal import removal_curve, removal_order
 from ..data import load_dataset
 from ..report.stats import paired_t_test
 from ..study.runs import mean_std
@@ -33,7 +33,7 @@ from ..train import load_model
 from ..train.loop import evaluate
 
 __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "gated_comparisons", "comparisons_markdown",
-           "block_gates", "gate_record", "gate_values_markdown", "removal_order_by_gate", "removal_record",
+           "block_gates", "gate_record", "gate_values_markdown", "removal_record",
            "update_removal", "removal_markdown"]
 
 SIGNIFICANCE = 0.05
@@ -154,36 +154,19 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Layer removal
 
-def removal_order_by_gate(model: nn.Module) -> list[int]:
-    """Blocks by ascending |g| (mean |λ_c| for a vector gate), ties by block index: the block whose
-    branch is scaled least goes first (gated-residual-v2 §3.1 removes the smallest k first; with an
-    identity gate a large negative α matters as much as a large positive one, hence |g|)."""
-    sizes = []
-    for index, block in enumerate(cast(nn.ModuleList, model.blocks)):
-        gate: Any = block.gate
-        with torch.no_grad():
-            sizes.append((float(gate.value().detach().double().abs().mean()), index))
-    return [index for _, index in sorted(sizes)]
-
-
-def _accuracy_curve(model: nn.Module, order: Sequence[int], metric: Callable[[nn.Module], float]) -> list[float]:
-    count = len(cast(nn.ModuleList, model.blocks))
-    return [metric(prune(model, list(order[:removed])) if removed else model) for removed in range(count + 1)]
-
-
 def removal_record(model: nn.Module, metric: Callable[[nn.Module], float], orders: int = 3,
                    seed: int = 0) -> dict[str, Any]:
-    """Test accuracy (%) of `model` with r = 0 .. all blocks physically removed (analysis.lesion.prune),
-    smallest |gate| first (`removal_order_by_gate`) and in `orders` random orders from `seed`:
+    """Test accuracy (%) of `model` with r = 0 .. all blocks physically removed (analysis.removal.prune),
+    smallest |gate| first (analysis.removal.removal_order "greedy": ascending |g(k)|, mean |λ| for
+    LayerScale) and in `orders` random orders from `seed`:
     `greedy` and `random` (each random curve) hold accuracy after r removals; `half_share_greedy` and
     `half_share_random` (mean over the random orders) hold accuracy at r = ⌊blocks/2⌋ over the full
     model's (gated-residual-v2 §3.1's "retains over 90% of its performance")."""
     count = len(cast(nn.ModuleList, model.blocks))
-    greedy_order = removal_order_by_gate(model)
-    greedy = _accuracy_curve(model, greedy_order, metric)
+    greedy_order = removal_order(model, "greedy")
+    greedy = removal_curve(model, greedy_order, metric)
     generator = torch.Generator().manual_seed(seed)
-    random = [_accuracy_curve(model, torch.randperm(count, generator=generator).tolist(), metric)
-              for _ in range(orders)]
+    random = [removal_curve(model, removal_order(model, "random", generator), metric) for _ in range(orders)]
     half = count // 2
 
     def share(curve: list[float]) -> float | None:
