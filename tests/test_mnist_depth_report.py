@@ -125,7 +125,7 @@ def test_no_last_10_epochs_table_for_a_run_of_fewer_than_10_epochs():
 def _write_run(folder, name, history, finished=True, diverged=False):
     import json
     run = folder / "runs" / name
-    run.mkdir(parents=True)
+    run.mkdir(parents=True, exist_ok=True)   # a run may be written again as it finishes
     final = {"test_error_pct": history[-1]["test_error_pct"]} if finished else None
     (run / "results.json").write_text(json.dumps({"history": history, "final": final, "diverged": diverged}))
 
@@ -172,7 +172,12 @@ def test_selection_table_says_pending_and_the_findings_name_the_gap(tmp_path):
     assert row.count("pending (running at epoch 2)") == 2        # residual: both selections
     assert "1.25 ± 0.07; best 1.20 (seed 0) (2/3 seeds)" in row   # gated best-test
     assert "selected on the test set: optimistic" in table
-    # The paper's 1.26 lies between 1.2 and 1.3 (best-test) but below both 1.3 and 1.4 (best-val).
+    # Two finished seeds are too few for a verdict (MIN_PAIRS_FOR_VERDICT = 3): the cell is pending.
+    assert selection_findings(summary, "best-test")["gated"]["pending"] == [100]
+    # The third seed finishes: best-test 1.35 and best-val 1.35 (both at epoch 3).
+    _write_run(tmp_path, "gated-d100-s2", _epochs([1.5, 1.45, 1.35, 1.4], val=[2.0, 1.9, 1.2, 1.3]))
+    summary = epoch_selection(tmp_path)
+    # The paper's 1.26 lies between 1.2 and 1.35 (best-test) but below 1.3, 1.35 and 1.4 (best-val).
     assert selection_findings(summary, "best-test")["gated"]["within"] == [100]
     assert selection_findings(summary, "best-val")["gated"]["below"] == [(100, 1.3, 1.26)]
     assert selection_findings(summary, "best-val")["residual"]["pending"] == [100]

@@ -435,6 +435,7 @@ SMALL: dict[str, dict[str, list[str] | None]] = {
     "weight-norms": {"--depths": ["2", "4"], "--epochs": ["10"], "--relu-epochs": ["10"], "--relu-subset": ["100"]},
     "sdi-table": {},
     "identity-distance": {"--depth": ["2"], "--epochs": ["1"]},
+    "gate-family-init": {},  # --quick: d = 2, 6, 2 seeds, width-3 Hessian proxies on 32 images
 }
 
 

@@ -42,7 +42,9 @@ from .sections.common import _json, _match, _text
 from .sections.conv import _conv_table
 from .sections.depth_study import (_bn_stats, _mnist_depth_batchnorm_ablation, _mnist_depth_findings,
                                    _mnist_depth_stem_ablation, _mnist_depth_stem_dense_k_ratio,
-                                   _mnist_depth_stem_dense_table, _mnist_depth_table)
+                                   _mnist_depth_stem_dense_table, _mnist_depth_table,
+                                   _mnist_depth_selection, _mnist_depth_val_selection)
+from .sections.gate_family import _gate_family_init_table, _gate_family_trained
 from .sections.gates import _gates_table, _gates_text, _highway_analysis_table
 from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
                                _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
@@ -66,12 +68,16 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "test-suite-time": _test_suite_time,
     "mnist-depth-table": _mnist_depth_table,
     "mnist-depth-findings": _mnist_depth_findings,
+    "mnist-depth-selection": _mnist_depth_selection,
+    "mnist-depth-val-selection": _mnist_depth_val_selection,
     "mnist-depth-stem-ablation": _mnist_depth_stem_ablation,
     "bn-stats": _bn_stats,
     "mnist-depth-batchnorm-ablation": _mnist_depth_batchnorm_ablation,
     "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
     "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,
+    "gate-family-init-table": _gate_family_init_table,
+    "gate-family-trained": _gate_family_trained,
     "gates-text": _gates_text,
     "highway-analysis-table": _highway_analysis_table,
     "sdi-table": _sdi_table,

@@ -153,7 +153,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     """What the study's finished cells say against the paper, as a markdown list: per architecture,
     the depths where Table 1's error lies within our seeds' range and where it is below or above
     it; Table 2's mean k against ours; and per depth the paired gated − residual verdict (p < 0.05).
-    Only cells with at least two finished seeds are judged."""
+    Only cells with at least MIN_PAIRS_FOR_VERDICT (3) finished seeds are judged: fewer give no verdict."""
     config = summary["config"]
     by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
     lines = []
@@ -163,7 +163,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             cell = by.get((arch, depth))
             values = [r["test_error_pct"] for r in (cell or {}).get("per_seed", [])]
             paper = PAPER_TEST_ERROR[arch].get(depth)
-            if len(values) < 2 or paper is None:
+            if len(values) < MIN_PAIRS_FOR_VERDICT or paper is None:
                 continue
             if min(values) <= paper <= max(values):
                 inside.append(str(depth))
@@ -175,17 +175,17 @@ def findings_markdown(summary: dict[str, Any]) -> str:
                  f"below every seed of ours at d = {'; '.join(below)}" if below else "",
                  f"above every seed of ours at d = {'; '.join(above)}" if above else ""]
         text = "; ".join(p for p in parts if p)
-        lines.append(f"- **{arch}**, Table 1's error: {text or 'no depth with two finished seeds yet'}.")
+        lines.append(f"- **{arch}**, Table 1's error: {text or 'no depth with three finished seeds yet (too few)'}.")
     ratios = []
     for depth in config["depths"]:
         cell = by.get(("gated", depth))
-        if cell and cell["k_mean"]["n"] >= 2 and cell["k_mean"]["mean"] and PAPER_MEAN_K.get(depth):
+        if cell and cell["k_mean"]["n"] >= MIN_PAIRS_FOR_VERDICT and cell["k_mean"]["mean"] and PAPER_MEAN_K.get(depth):
             ratios.append((depth, PAPER_MEAN_K[depth] / cell["k_mean"]["mean"], cell["k_mean"]))
     if ratios:
         lines.append("- **Mean k** (Table 2 / ours): " + ", ".join(
             f"d = {d}: {r:.2f} (ours {k['mean']:.2f} ± {k['std']:.2f})" for d, r, k in ratios) + ".")
     for row in summary.get("comparisons") or []:
-        if len(row["seeds"]) < 2:
+        if len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT:
             continue
         last, tail = row["test_error_pct"], row["test_error_last10_pct"]
         tail_text = (f"mean of the last {LAST_EPOCHS} epochs: too few epochs ({config['epochs']} < {LAST_EPOCHS})"
@@ -195,7 +195,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"- **d = {row['depth']}, gated − residual** over {len(row['seeds'])} seeds: last epoch "
                      f"{last['mean_difference']:+.3f} points (p = {_format_p(last['p_value'])}: {_verdict(last)}); "
                      f"{tail_text}.")
-    return "\n".join(lines) + "\n" if lines else "- No cell has two finished seeds yet.\n"
+    return "\n".join(lines) + "\n" if lines else "- No cell has three finished seeds yet (too few for a verdict).\n"
 
 
 
@@ -416,7 +416,7 @@ def selection_findings(selection_summary: dict[str, Any], selection: str) -> dic
     The rule (ours; the paper gives no spread): Table 1's number is reproduced where it lies within the
     range of our finished seeds' selected errors (lowest to highest); "below" where it is lower than
     every seed (a gap: the paper's number is better than any of our runs), "above" where it is higher
-    than every seed. Cells with fewer than two finished seeds are not judged ("pending"). Returns {arch: {"within":
+    than every seed. Cells with fewer than MIN_PAIRS_FOR_VERDICT (3) finished seeds are not judged ("pending"). Returns {arch: {"within":
     [d], "below": [(d, our best, paper)], "above": [(d, our lowest, paper)], "pending": [d]}}."""
     out: dict[str, dict[str, list[Any]]] = {}
     for cell in selection_summary["cells"]:
@@ -424,7 +424,7 @@ def selection_findings(selection_summary: dict[str, Any], selection: str) -> dic
             continue
         verdict = out.setdefault(cell["arch"], {"within": [], "below": [], "above": [], "pending": []})
         values = cell[selection]["values"]
-        if len(values) < 2:
+        if len(values) < MIN_PAIRS_FOR_VERDICT:
             verdict["pending"].append(cell["depth"])
         elif min(values) <= cell["paper"] <= max(values):
             verdict["within"].append(cell["depth"])
@@ -463,18 +463,18 @@ def selection_findings_markdown(selection_summary: dict[str, Any], selections: t
                 parts.append("is better than the paper at " + "; ".join(
                     f"d = {d} (our best seed {best:.2f}, paper {paper:.2f})" for d, best, paper in verdict["above"]))
             if verdict["pending"]:
-                parts.append(f"is not judged at d = {', '.join(map(str, verdict['pending']))} (fewer than two "
-                             f"finished seeds)")
+                parts.append(f"is not judged at d = {', '.join(map(str, verdict['pending']))} (fewer than three "
+                             f"finished seeds: too few)")
             lines.append(f"- **{selection}**, {arch}: " + ("; ".join(parts) or "no cell") + ".")
         watch = next((c for c in selection_summary["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
-        if watch is not None and len(watch[selection]["values"]) >= 2:
+        if watch is not None and len(watch[selection]["values"]) >= MIN_PAIRS_FOR_VERDICT:
             stat = watch[selection]
             lines.append(f"  - d = 100 gated, the paper's {watch['paper']:.2f}: ours {stat['mean']:.2f} ± "
                          f"{stat['std']:.2f}, best seed {stat['best']:.2f} "
                          + ("(reached)." if stat["best"] <= watch["paper"] else
                             f"({stat['best'] - watch['paper']:.2f} points above the paper even at our best seed)."))
     rule = ("Rule (ours; the paper gives no spread): a selection reproduces a cell when Table 1's number lies "
-            "between our lowest and highest finished seed; cells need two finished seeds.")
+            "between our lowest and highest finished seed; cells need three finished seeds.")
     return "\n".join(lines + ["", rule]) + "\n"
 
 

@@ -75,3 +75,22 @@ def _bn_stats(root: Path) -> str:
             f"{min(diffs):+.3f} to {max(diffs):+.3f} points (mean over {seeds} seeds per cell), {tests}, against a "
             f"gap to Table 1 of {min(gaps):.2f} to {max(gaps):.2f} points from d = 10 on (`results/bn-stats`): "
             f"{verdict}; its ε (1e-5 against Keras's 1e-3) acts in training, so it needs the study trained again (below)")
+
+
+def _mnist_depth_selection(root: Path) -> str:
+    """The 60,000-image study's Table 1 by epoch selection: last epoch and best test epoch (optimistic)."""
+    from throughway.experiments import mnist_depth_report
+
+    return mnist_depth_report.selection_report_markdown(Path(root) / "mnist-depth", ("last", "best-test"))
+
+
+def _mnist_depth_val_selection(root: Path) -> str:
+    """The 50,000/10,000 study's Table 1 with the epoch chosen on the validation split (honest), beside the
+    last and best test epochs; a pending line while results/mnist-depth-val is not committed."""
+    from throughway.experiments import mnist_depth_report
+
+    folder = Path(root) / "mnist-depth-val"
+    if not (folder / "runs").is_dir():
+        return ("Pending: `results/mnist-depth-val` is not committed yet "
+                "(`throughway reproduce mnist-depth --archs plain residual gated --out results/mnist-depth-val`).")
+    return mnist_depth_report.selection_report_markdown(folder, ("last", "best-test", "best-val"))
