@@ -1,0 +1,238 @@
+"""Issue 25, the second reliability round: one test per finding (numbered as in the issue).
+
+Each test asserts the exact promise: exit 2 (or ValueError) with a message naming the file, field or
+option; no file outside the run directory created or changed (the SHA-256 of a sentinel tree); no
+finished work lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from throughway.cli import main
+from throughway.data import to_splits
+from throughway.data.sources import save_cache
+from throughway.models import create_model
+from throughway.train import RunConfig, run_training, save_model
+from throughway.train.checkpoint import read_checkpoint_meta, save_checkpoint
+from throughway.train.rundir import RunDir
+from conftest import Crash, make_arrays
+
+TRAIN = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--width", "8", "--epochs", "2", "--limit", "64",
+         "--quiet"]
+CONFIG = RunConfig(model="mlp_gated_residual", depth=2, epochs=2, limit=64, model_kwargs={"width": 8})
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (relative path → SHA-256), links included as their target's name."""
+    tree = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            tree[str(path.relative_to(folder))] = "link:" + os.readlink(path)
+        elif path.is_file():
+            tree[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return tree
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Path:
+    """A folder outside every run directory, with files that must survive unchanged."""
+    folder = tmp_path / "sentinel"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "VICTIM.txt").write_text("must survive\n")
+    (folder / "sub" / "gates.json").write_text('{"mine": true}\n')
+    (folder / "metrics.csv").write_text("my,own,numbers\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """data/: a fake MNIST cache; finished/: a finished gated run; interrupted/: one stopped after epoch 1."""
+    root = tmp_path_factory.mktemp("round2")
+    arrays = make_arrays(n_train=128, n_val=64, n_test=64)
+    save_cache(root / "data" / "mnist", arrays, "test fixture")
+    data = to_splits(arrays)
+    run_training(CONFIG, root / "finished", progress=False, data=data)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(CONFIG, root / "interrupted", progress=False, data=data, callbacks=[Crash(after=1)])
+    return root
+
+
+@pytest.fixture
+def work(base, tmp_path, monkeypatch) -> Path:
+    """A copy of `base` in this test's folder, with $THROUGHWAY_DATA pointing at its data cache."""
+    for name in ("data", "finished", "interrupted"):
+        shutil.copytree(base / name, tmp_path / name, symlinks=True)
+    monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "data"))
+    return tmp_path
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def _edit_results(run: Path, change: Any) -> None:
+    results = json.loads((run / "results.json").read_text())
+    change(results)
+    (run / "results.json").write_text(json.dumps(results))
+
+
+# -- 1. a run directory never chooses the data folder; every config field read back is type-checked --
+
+def test_1_analyze_never_takes_the_data_folder_from_results_json(work, capsys, sentinel):
+    elsewhere = work / "elsewhere"
+    _edit_results(work / "finished", lambda r: r["config"].update(data_dir=str(elsewhere)))
+    before = _tree(sentinel)
+    code, err = _run(capsys, ["analyze", "lesion", str(work / "finished"), "--quiet"])
+    assert code == 0, err
+    assert not elsewhere.exists()  # nothing downloaded to, or read from, the folder the file names
+    assert _tree(sentinel) == before
+    assert (work / "finished" / "analysis" / "lesion.json").is_file()
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("train_on_full", "no", "true or false"),
+    ("limit", "64", "null or an integer ≥ 2"),
+    ("dataset", "../mnist", "one of"),
+    ("depth", 2.5, "an integer from 1 to"),
+])
+def test_1_config_fields_read_back_are_type_checked(work, capsys, field, value, accepted):
+    _edit_results(work / "finished", lambda r: r["config"].update({field: value}))
+    code, err = _run(capsys, ["analyze", "lesion", str(work / "finished"), "--quiet"])
+    assert code == 2
+    assert f"results.json: field 'config.{field}' is {value!r}; accepted: {accepted}" in err
+    assert not (work / "finished" / "analysis").exists()
+
+
+# -- 2. symbolic links inside run directories are refused -------------------------------------------
+
+def test_2_a_symlinked_analysis_folder_is_refused(work, capsys, sentinel):
+    (work / "finished" / "analysis").symlink_to(sentinel / "sub")
+    before = _tree(sentinel)
+    code, err = _run(capsys, ["analyze", "gates", str(work / "finished")])
+    assert code == 2
+    assert f"{work / 'finished' / 'analysis'}: is a symbolic link" in err and "nothing was written" in err
+    assert _tree(sentinel) == before
+
+
+@pytest.mark.parametrize("link", [".", "results.json", "metrics.csv", "checkpoint.json", ".lock.json"])
+def test_2_a_symlinked_run_folder_or_run_file_is_refused(work, capsys, sentinel, link):
+    run = work / "interrupted"
+    if link == ".":
+        target, run = run, work / "link"
+        run.symlink_to(target)
+    else:
+        (sentinel / link).write_text("{}\n") if not (sentinel / link).exists() else None
+        (run / link).unlink(missing_ok=True)
+        (run / link).symlink_to(sentinel / link)
+    before = _tree(sentinel)
+    code, err = _run(capsys, TRAIN + ["--out", str(run), "--resume"])
+    assert code == 2
+    assert "is a symbolic link" in err and "nothing was changed" in err
+    assert _tree(sentinel) == before
+
+
+# -- 3. a user's metrics.csv and .lock.json are never overwritten or deleted -------------------------
+
+def test_3_a_folder_holding_metrics_csv_is_refused_without_resume(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.csv").write_text("my,own,numbers\n")
+    code, err = _run(capsys, TRAIN + ["--out", str(out)])
+    assert code == 2
+    assert f"{out} already holds a run (metrics.csv); pass --resume" in err
+    assert (out / "metrics.csv").read_text() == "my,own,numbers\n"
+
+
+def test_3_a_lock_file_the_toolkit_did_not_write_is_left_alone(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock.json").write_text('{"my": "notes"}\n')
+    code, err = _run(capsys, TRAIN + ["--out", str(out)])
+    assert code == 2
+    assert f"{out / '.lock.json'}: exists but is not a lock record written by throughway" in err
+    assert (out / ".lock.json").read_text() == '{"my": "notes"}\n'
+
+
+def test_3_a_lock_file_replaced_while_the_run_holds_the_lock_is_not_deleted(tmp_path):
+    run = RunDir(tmp_path / "out")
+    with run.locked():
+        assert json.loads(run.lock_file.read_text())["pid"] == os.getpid()
+        run.lock_file.write_text('{"written": "by someone else"}\n')
+    assert run.lock_file.read_text() == '{"written": "by someone else"}\n'
+    run.lock_file.unlink()
+    with run.locked():
+        pass
+    assert not run.lock_file.exists()  # the record this process wrote is removed at the end
+
+
+# -- 4. runs of 10,000 epochs or more resume -------------------------------------------------------
+
+def test_4_checkpoints_past_epoch_9999_are_valid_and_rotate(tmp_path, sentinel):
+    model = create_model("mlp_plain", depth=1, width=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator()
+    before = _tree(sentinel)
+    for epoch in (9999, 10000, 10001):
+        save_checkpoint(tmp_path, model=model, optimizer=optimizer, generator=generator, epoch=epoch, extra={})
+    assert read_checkpoint_meta(tmp_path)["file"] == "checkpoint-e10001.safetensors"
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-e*")) == ["checkpoint-e10001.safetensors"]
+    assert [p.name for p in RunDir(tmp_path).checkpoint_files()] == ["checkpoint-e10001.safetensors"]
+    assert _tree(sentinel) == before
+
+
+def test_4_batch_states_past_epoch_9999_are_valid():
+    from throughway.train.rundir import BATCH_FILE, CHECKPOINT_FILE
+
+    assert BATCH_FILE.fullmatch("batch-e12345.safetensors") and CHECKPOINT_FILE.fullmatch("checkpoint-e10000.safetensors")
+    assert not CHECKPOINT_FILE.fullmatch("checkpoint-e999.safetensors")
+
+
+# -- 6. analyze checks model.safetensors against results.json ---------------------------------------
+
+def test_6_a_model_file_of_another_depth_is_refused(work, capsys):
+    run = work / "finished"
+    save_model(run / "model.safetensors", create_model("mlp_gated_residual", depth=4, width=8))
+    code, err = _run(capsys, ["analyze", "gates", str(run)])
+    assert code == 2
+    assert f"{run / 'model.safetensors'}: holds another model than {run / 'results.json'} describes" in err
+    assert "model.config.depth: file 4, results 2; config.depth: file 4, results 2" in err
+    assert not (run / "analysis").exists()
+
+
+# -- 7. analyze bn-stats pools only runs of one setting ---------------------------------------------
+
+@pytest.mark.parametrize("field, value", [("recipe", "highway-mnist"), ("epochs", 7), ("limit", 32)])
+def test_7_bn_stats_refuses_to_pool_runs_of_other_settings(work, capsys, field, value):
+    other = work / "other"
+    shutil.copytree(work / "finished", other)
+    _edit_results(other, lambda r: r["config"].update({field: value}))
+    code, err = _run(capsys, ["analyze", "bn-stats", str(work / "finished"), str(other), "--out", str(work / "bn")])
+    assert code == 2
+    assert f"fields config.{field} differ; a row pools seeds of one setting only" in err
+    assert not (work / "bn").exists()
+
+
+def test_7_bn_stats_refuses_to_pool_runs_of_other_widths(work, capsys):
+    other = work / "other"
+    shutil.copytree(work / "finished", other)
+    save_model(other / "model.safetensors", create_model("mlp_gated_residual", depth=2, width=16))
+
+    def widen(results: dict[str, Any]) -> None:
+        results["model"]["config"]["width"] = results["config"]["model_kwargs"]["width"] = 16
+
+    _edit_results(other, widen)
+    code, err = _run(capsys, ["analyze", "bn-stats", str(work / "finished"), str(other), "--out", str(work / "bn")])
+    assert code == 2
+    assert "fields config.model_kwargs, model.config differ" in err
+    assert not (work / "bn").exists()
