@@ -234,5 +234,33 @@ def test_7_bn_stats_refuses_to_pool_runs_of_other_widths(work, capsys):
     _edit_results(other, widen)
     code, err = _run(capsys, ["analyze", "bn-stats", str(work / "finished"), str(other), "--out", str(work / "bn")])
     assert code == 2
-    assert "fields config.model_kwargs, model.config differ" in err
+    assert "fields model.config, config.model_kwargs differ" in err
     assert not (work / "bn").exists()
+
+
+# -- 12. analyze --checkpoint while train writes the run --------------------------------------------
+
+def test_12_a_checkpoint_is_paired_with_its_own_epoch_record(work, capsys):
+    run = work / "interrupted"
+    meta = read_checkpoint_meta(run)
+    record = meta["history"]["epochs"][meta["epoch"] - 1]
+    # results.json is rewritten after the checkpoint: a reader may see it one epoch behind.
+    _edit_results(run, lambda r: r.update(history=[]))
+    code, err = _run(capsys, ["analyze", "gates", str(run), "--checkpoint"])
+    assert code == 0, err
+    gates = json.loads((run / "analysis" / "gates.json").read_text())
+    assert gates["run_final"] == {"snapshot": True, "epochs_completed": meta["epoch"],
+                                  "test_error_pct": record["test_error_pct"]}
+
+
+@pytest.mark.parametrize("damage", ["missing", "rewritten"])
+def test_12_a_checkpoint_replaced_while_reading_says_try_again(work, capsys, damage):
+    run = work / "interrupted"
+    path = run / read_checkpoint_meta(run)["file"]
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-10])
+    code, err = _run(capsys, ["analyze", "gates", str(run), "--checkpoint"])
+    assert code == 2
+    assert str(path) in err and "try again" in err
