@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from throughway.cli import main
 from throughway.data import to_splits
 from throughway.data.sources import save_cache
 from throughway.models import create_model
-from throughway.train import RunConfig, run_training, save_model
+from throughway.train import RunConfig, load_model, run_training, save_model
 from throughway.train.checkpoint import read_checkpoint_meta, save_checkpoint
 from throughway.train.rundir import RunDir
 from conftest import Crash, make_arrays
@@ -196,6 +197,40 @@ def test_4_batch_states_past_epoch_9999_are_valid():
 
     assert BATCH_FILE.fullmatch("batch-e12345.safetensors") and CHECKPOINT_FILE.fullmatch("checkpoint-e10000.safetensors")
     assert not CHECKPOINT_FILE.fullmatch("checkpoint-e999.safetensors")
+
+
+# -- 5. a finished run whose model.safetensors is missing, truncated or a FIFO ---------------------
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "fifo"])
+def test_5_a_finished_runs_lost_model_file_is_rebuilt_from_its_final_checkpoint(work, capsys, damage):
+    run = work / "finished"
+    model = run / "model.safetensors"
+    original = {k: v.clone() for k, v in load_file(str(model)).items()}  # not the file's memory map
+    if damage == "missing":
+        model.unlink()
+    elif damage == "truncated":
+        model.write_bytes(model.read_bytes()[:100])
+    else:
+        model.unlink()
+        os.mkfifo(model)
+    code, err = _run(capsys, TRAIN[:-1] + ["--out", str(run), "--resume"])
+    assert code == 0, err
+    assert f"{model}: " in err and "rebuilt from checkpoint-e0002.safetensors (epoch 2)" in err
+    rebuilt = load_file(str(model))
+    assert sorted(rebuilt) == sorted(original) and all(torch.equal(rebuilt[k], original[k]) for k in original)
+    recorded = json.loads((run / "results.json").read_text())["model"]["config"]
+    assert {k: load_model(model).config[k] for k in recorded} == recorded
+
+
+def test_5_a_finished_run_without_model_or_checkpoint_is_an_error_naming_the_file(work, capsys):
+    run = work / "finished"
+    for name in ("model.safetensors", "checkpoint.json", "checkpoint-e0002.safetensors"):
+        (run / name).unlink()
+    before = _tree(run)
+    code, err = _run(capsys, TRAIN + ["--out", str(run), "--resume"])
+    assert code == 2
+    assert f"{run / 'model.safetensors'}: is missing, but {run / 'results.json'} says the run finished" in err
+    assert _tree(run) == before
 
 
 # -- 6. analyze checks model.safetensors against results.json ---------------------------------------
