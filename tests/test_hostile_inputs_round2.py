@@ -299,3 +299,49 @@ def test_12_a_checkpoint_replaced_while_reading_says_try_again(work, capsys, dam
     code, err = _run(capsys, ["analyze", "gates", str(run), "--checkpoint"])
     assert code == 2
     assert str(path) in err and "try again" in err
+
+
+# -- 8. duplicate values in study lists are refused up front ----------------------------------------
+
+STUDY = ["reproduce", "mnist-depth", "--quick", "--archs", "gated", "--epochs", "1", "--limit", "64", "--width", "8",
+         "--jobs", "1", "--quiet"]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (STUDY + ["--depths", "2", "2"], "--depths 2 2: lists 2 more than once; accepted: distinct values"),
+    (["reproduce", "hessian-dynamics", "--seeds", "3", "3"],
+     "--seeds 3 3: lists 3 more than once; accepted: distinct values"),
+    (["reproduce", "shortcut-lr", "--networks", "xavier", "orthogonal", "xavier"],
+     "--networks xavier orthogonal xavier: lists xavier more than once"),
+])
+def test_8_a_study_list_with_a_repeated_value_is_refused_before_anything_runs(tmp_path, capsys, argv, named):
+    code, err = _run(capsys, argv + ["--out", str(tmp_path / "study")])
+    assert code == 2
+    assert named in err
+    assert not (tmp_path / "study").exists()
+
+
+def test_8_check_specs_refuses_a_run_listed_twice():
+    from throughway.study.runs import RunSpec, check_specs
+
+    spec = RunSpec("gated-d2-s0", CONFIG)
+    with pytest.raises(ValueError, match="runs gated-d2-s0: listed more than once"):
+        check_specs([spec, spec])
+
+
+# -- 15. one process per study folder ---------------------------------------------------------------
+
+def test_15_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tmp_path, capsys, monkeypatch):
+    from throughway.study.runs import study_lock
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the second process read data or trained")
+
+    monkeypatch.setattr("throughway.study.runs.prepare_data", refuse)
+    out = tmp_path / "study"
+    with study_lock(out):  # the first process (a separate open file description: flock's unit)
+        code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out)])
+        assert (out / ".lock.json").is_file()
+    assert code == 2
+    assert f"throughway: error: {out} is in use by another throughway process (pid {os.getpid()} on " in err
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing written; the holder's record removed by it

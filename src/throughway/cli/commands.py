@@ -152,7 +152,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         from ..study.runs import check_specs
 
         check_specs(module.specs(config))
-    summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+    from ..study.runs import study_lock
+
+    with study_lock(out):  # one process per study folder (issue 25, finding 15)
+        summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
     errors = summary.get("errors") if isinstance(summary, dict) else None

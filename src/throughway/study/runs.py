@@ -9,6 +9,7 @@ with two threads on a 2-core machine.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import shlex
@@ -23,7 +24,7 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, read_json
 from ..train import RESULTS_FILE, RunConfig, run_training
 
-__all__ = ["RunSpec", "run_many", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
+__all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
            "stored_study", "check_same_settings", "read_runs"]
 
 
@@ -63,6 +64,11 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
     from ..train.batched import batch_key
     from ..train.runner import check_config, resolve_recipe
 
+    names = [spec.name for spec in specs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:  # a study list with a repeated value (issue 25, finding 8): refused before anything runs
+        raise ValueError(f"runs {', '.join(repeated)}: listed more than once (a study option repeats a value); "
+                         f"accepted: each run once")
     checked: set[Any] = set()
     for spec in specs:
         try:
@@ -74,6 +80,16 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
         except (ValueError, KeyError, TypeError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             raise ValueError(f"run {spec.name}: {message}") from exc
+
+
+def study_lock(out: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
+    """The exclusive lock of a study's output folder `out` (created when absent), held while the
+    study runs: a second study process on the same folder fails at once with RunLockedError naming
+    the holder (pid, host, command) instead of racing the first for its runs' locks and summary
+    (issue 25, finding 15). The same lock as a run directory's (`train.rundir.RunDir.locked`)."""
+    from ..train.rundir import RunDir
+
+    return RunDir(out, "--out").locked()
 
 
 def prepare_data(configs: Sequence[RunConfig]) -> None:
