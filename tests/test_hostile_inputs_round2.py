@@ -345,3 +345,57 @@ def test_15_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tm
     assert code == 2
     assert f"throughway: error: {out} is in use by another throughway process (pid {os.getpid()} on " in err
     assert sorted(p.name for p in out.iterdir()) == []  # nothing written; the holder's record removed by it
+
+
+# -- 13. a study folder whose results.json holds another JSON value ---------------------------------
+
+@pytest.mark.parametrize("argv, name", [
+    (STUDY + ["--depths", "2"], "mnist-depth"),
+    (["reproduce", "hessian-init", "--depths", "2", "--resume"], "hessian-init"),
+])
+def test_13_a_study_summary_that_is_not_an_object_is_named(tmp_path, capsys, argv, name):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "results.json").write_text("[]\n")
+    code, err = _run(capsys, argv + ["--out", str(out)])
+    assert code == 2
+    assert f"{out / 'results.json'}: holds list []; expected a {name} study's summary (a JSON object)" in err
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+    assert (out / "results.json").read_text() == "[]\n"
+
+
+# -- 14. damaged study or run files are named with the field ----------------------------------------
+
+def _study_with_run(tmp_path: Path, base: Path, change: Any) -> Path:
+    out = tmp_path / "study"
+    run = out / "runs" / "gated-d2-s0"
+    shutil.copytree(base / "finished", run)
+    _edit_results(run, change)
+    return out
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda r: r["history"][0].pop("train_loss"), "field 'history[0].train_loss' is None (missing)"),
+    (lambda r: r["history"][1].update(epoch="2"), "field 'history[1].epoch' is '2' (wrong type)"),
+    (lambda r: r["history"][0].update(test_error_pct="1.5"), "field 'history[0].test_error_pct' is '1.5'"),
+    (lambda r: r["final"].update(k=["a"]), "field 'final.k' is ['a']; accepted: null or a list of numbers"),
+    (lambda r: r.update(history={"epochs": []}), "field 'history' must be a list of objects"),
+])
+def test_14_a_damaged_run_of_a_study_is_named_with_its_field(tmp_path, base, capsys, change, named):
+    out = _study_with_run(tmp_path, base, change)
+    run = out / "runs" / "gated-d2-s0"
+    before = _tree(run)
+    code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
+    assert code == 2
+    assert f"{run / 'results.json'}: {named}" in err
+    assert _tree(run) == before
+
+
+def test_14_a_damaged_study_summary_is_named_with_its_field(tmp_path, capsys):
+    out = tmp_path / "study"
+    summary = {"experiment": "mnist-depth", "config": {}}
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(summary))
+    code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
+    assert code == 2
+    assert f"{out / 'results.json'}: field 'cells' is not a list of cells" in err

@@ -155,7 +155,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from ..study.runs import study_lock
 
     with study_lock(out):  # one process per study folder (issue 25, finding 15)
-        summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+        try:
+            summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            # The study's files are untrusted input (issue 25, findings 13 and 14): the summary and each run's
+            # results.json are checked as they are read; what those checks miss is still said as the files' fault.
+            raise ValueError(f"{out / 'results.json'} (or a run's results.json under {out / 'runs'}): does not hold "
+                             f"what the study writes ({_what(exc)}); the file was edited or damaged: delete it (the "
+                             f"runs are kept) and rerun with --resume") from exc
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
     errors = summary.get("errors") if isinstance(summary, dict) else None

@@ -53,12 +53,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info, read_json
+from .._io import environment_info
 from ..layers.init import INIT_SCHEMES
-from ..train import RESULTS_FILE, RunConfig, RunExistsError
+from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
-from ..study.runs import RunSpec, StudySummary, remake_report
+from ..study.runs import RunSpec, StudySummary, check_run_results, read_summary, remake_report
 from .highway_depth_report import PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, observations, table_markdown
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
@@ -217,7 +217,7 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                 if not path.is_file():
                     missing += 1
                     continue
-                result = read_json(path)
+                result = check_run_results(read_results(path.parent), path)
                 curve = [h["train_loss"] for h in result["history"]]
                 state = "running" if result.get("final") is None else ("diverged" if result.get("diverged") else "finished")
                 loss = _final_loss(result)
@@ -267,7 +267,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
-        previous = read_json(summary_path).get("config", {})
+        previous = read_summary(summary_path, NAME).get("config", {})
         settings = asdict(config)
         differing = sorted(k for k in settings if k not in _PER_PROCESS and _json(previous.get(k)) != _json(settings[k]))
         if differing:

@@ -21,11 +21,11 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overloa
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, read_json
-from ..train import RESULTS_FILE, RunConfig, run_training
+from .._io import atomic_write_json, atomic_write_text, read_json_object
+from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 
 __all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
-           "stored_study", "check_same_settings", "read_runs"]
+           "stored_study", "check_same_settings", "read_runs", "read_summary", "check_run_results"]
 
 
 @dataclass(frozen=True)
@@ -141,10 +141,56 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
 
 def read_runs(runs_dir: str | os.PathLike[str], names: Iterable[str]) -> Iterator[tuple[str, dict[str, Any] | None]]:
     """(name, its results.json) for each run `names` of a study's `runs_dir`, in order; the results are
-    None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0})."""
+    None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0}).
+
+    Each file is checked as `check_run_results` says, so a summary never fails on a damaged run's
+    field with a bare key name (issue 25, finding 14): ValueError naming the file and the field."""
     for name in names:
         path = Path(runs_dir) / name / RESULTS_FILE
-        yield name, read_json(path) if path.is_file() else None
+        yield name, check_run_results(read_results(path.parent), path) if path.is_file() else None
+
+
+# What a study's summary reads of each history record (`train.History`): a number or null each.
+_RECORD_FIELDS = ("train_loss", "test_error_pct")
+
+
+def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`results` (a run's results.json, already checked by `read_results`) when the fields a study
+    summary reads have the types `run_training` writes: 'history' a list of records with an integer
+    'epoch' and a number or null for 'train_loss' and 'test_error_pct', 'diverged' a bool, 'final.k'
+    null or a list of numbers; otherwise ValueError naming `path` and the field."""
+    def number(value: Any) -> bool:
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+    history = results.get("history")
+    if not isinstance(history, list):
+        raise ValueError(f"{path}: field 'history' is {type(history).__name__}; accepted: a list of epoch records "
+                         f"(the file was edited or damaged)")
+    for i, record in enumerate(history):
+        bad = [key for key in _RECORD_FIELDS if key not in record or not number(record[key])]
+        if not isinstance(record.get("epoch"), int) or isinstance(record.get("epoch"), bool):
+            bad.insert(0, "epoch")
+        if bad:
+            raise ValueError(f"{path}: field 'history[{i}].{bad[0]}' is {record.get(bad[0])!r} "
+                             f"({'missing' if bad[0] not in record else 'wrong type'}); accepted: "
+                             f"{'an integer' if bad[0] == 'epoch' else 'a number or null'} (the file was edited or damaged)")
+    if not isinstance(results.get("diverged", False), bool):
+        raise ValueError(f"{path}: field 'diverged' is {results['diverged']!r}; accepted: true or false")
+    k = (results.get("final") or {}).get("k")
+    if not (k is None or (isinstance(k, list) and all(number(v) and v is not None for v in k))):
+        raise ValueError(f"{path}: field 'final.k' is {str(k)[:60]}; accepted: null or a list of numbers")
+    return results
+
+
+def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """A study's summary `path` (its results.json) as an object whose 'config' (when present) is an
+    object too; ValueError naming the file and the field otherwise (issue 25, finding 13: a file
+    holding `[]` is the file's fault, said as such, not an AttributeError)."""
+    summary = read_json_object(path, f"a {name} study's summary")
+    if not isinstance(summary.get("config", {}), dict):
+        raise ValueError(f"{path}: field 'config' holds {type(summary['config']).__name__}; accepted: an object "
+                         f"(the file was edited or damaged)")
+    return summary
 
 
 def mean_std(values: Sequence[float]) -> dict[str, Any]:
@@ -162,7 +208,7 @@ def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[st
     """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
     `out`/results.json alone; return the table text."""
     out = Path(out)
-    summary = read_json(out / "results.json")
+    summary = read_summary(out / "results.json", "study")
     table = table_markdown(summary)
     atomic_write_text(out / "table.md", table)
     for plot, name in figures:
@@ -228,7 +274,7 @@ def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resum
         return None
     if not resume:
         raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
-    stored = read_json(path)
+    stored = read_summary(path, name)
     check_same_settings({**(legacy or {}), **stored.get("config", {})}, config, fields, out)
     return stored
 
