@@ -399,3 +399,146 @@ def test_14_a_damaged_study_summary_is_named_with_its_field(tmp_path, capsys):
     code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
     assert code == 2
     assert f"{out / 'results.json'}: field 'cells' is not a list of cells" in err
+
+
+# -- 9. model arguments and the batch size are checked before any data is read ----------------------
+
+@pytest.fixture
+def no_data(monkeypatch):
+    """Reading the data fails the test: the case must be refused before."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the data was read before the arguments were checked")
+
+    monkeypatch.setattr("throughway.train.runner.load_dataset", refuse)
+
+
+@pytest.mark.parametrize("argument, accepted", [
+    ("bn_momentum=5", "bn_momentum=5 (--model-arg bn_momentum=..., model_kwargs.bn_momentum); accepted: a number from 0 to 1"),
+    ("bn_momentum=-1", "bn_momentum=-1 (--model-arg"),
+    ("bn_eps=-1", "bn_eps=-1 (--model-arg bn_eps=..., model_kwargs.bn_eps); accepted: a number above 0, at most 1"),
+    ("bn_eps=1e30", "bn_eps=1e+30 (--model-arg"),
+])
+def test_9_batchnorm_constants_out_of_range_are_refused_before_the_data(tmp_path, capsys, no_data, argument, accepted):
+    out = tmp_path / "out"
+    code, err = _run(capsys, TRAIN + ["--model-arg", argument, "--out", str(out)])
+    assert code == 2
+    assert accepted in err
+    assert not out.exists()
+
+
+def test_9_a_batch_of_one_with_batchnorm_is_refused_before_the_data(tmp_path, capsys, no_data):
+    out = tmp_path / "out"
+    code, err = _run(capsys, TRAIN + ["--batch-size", "1", "--out", str(out)])
+    assert code == 2
+    assert "recipe_overrides.batch_size=1 (--batch-size): model 'mlp_gated_residual' has BatchNorm layers" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("key, value", [("bn_eps", 1e30), ("bn_momentum", float("inf")), ("k_init", float("nan"))])
+def test_9_load_model_refuses_metadata_out_of_range(tmp_path, key, value):
+    from safetensors.torch import save_file
+
+    model = create_model("mlp_gated_residual", depth=2, width=8)
+    path = tmp_path / "model.safetensors"
+    config = {**model.config, key: value}
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path),
+              metadata={"format": "throughway-model-1", "config": json.dumps(config)})
+    with pytest.raises(ValueError, match=rf"{path}: metadata field 'config' does not describe a model .*{key}="):
+        load_model(path)
+
+
+def test_9_load_model_refuses_integer_tensors_where_floats_belong(tmp_path):
+    model = create_model("mlp_gated_residual", depth=2, width=8)
+    path = save_model(tmp_path / "model.safetensors", model)
+    tensors = load_file(str(path))
+    metadata = {"format": "throughway-model-1", "config": json.dumps(model.config)}
+    tensors = {k: v.to(torch.int32) if v.is_floating_point() else v.clone() for k, v in tensors.items()}
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    with pytest.raises(ValueError, match=rf"{path}: tensor '.*' is torch.int32, the model's is torch.float32"):
+        load_model(path)
+
+
+# -- 10. sdi refuses non-finite numbers --------------------------------------------------------------
+
+@pytest.mark.parametrize("option, value", [("--gate-bias", "nan"), ("--target", "inf"), ("--k-init", "nan")])
+def test_10_sdi_refuses_non_finite_numbers(capsys, option, value):
+    capsys.readouterr()
+    code = main(["sdi", option, value])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert f"({option}): accepted: a finite number" in err
+    assert out == ""  # no table of nan
+
+
+# -- 11. the Python API checks what the command line checks ----------------------------------------
+
+@pytest.mark.parametrize("config, named", [
+    (RunConfig(model="mlp_plain", depth=2, epochs=1.5, model_kwargs={"width": 8}),  # type: ignore[arg-type]
+     "epochs=1.5: must be a whole number ≥ 1"),
+    (RunConfig(model="mlp_plain", depth=2, recipe="wrn-cifar", dataset="mnist",
+               recipe_overrides={"milestone_factor": -0.1}, model_kwargs={"width": 8}),
+     "milestone_factor=-0.1: must be a finite number > 0"),
+])
+def test_11_run_training_refuses_what_the_cli_refuses(tmp_path, no_data, config, named):
+    with pytest.raises(ValueError, match=named):
+        run_training(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"weight_decay": float("nan")}, "weight_decay=nan: must be a finite number ≥ 0"),
+    ({"milestone_factor": -0.5}, "milestone_factor=-0.5"),
+    ({"epochs": 2.5}, "epochs=2.5: must be a whole number"),
+    ({"batch_size": 1.5}, "batch_size=1.5: must be a whole number"),
+])
+def test_11_recipes_refuse_fractional_counts_and_non_finite_rates(change, named):
+    from throughway.train.recipes import get_recipe
+
+    with pytest.raises(ValueError, match=named):
+        get_recipe("gresnet-mnist", **change)
+
+
+def test_11_nan_inputs_are_named_as_the_data_not_a_divergence():
+    from throughway.train import fit
+
+    x = torch.rand(16, 1, 28, 28)
+    x[5, 0, 3, 3] = float("nan")
+    y = torch.randint(0, 10, (16,))
+    model = create_model("mlp_plain", depth=2, width=8)
+    with pytest.raises(ValueError, match=r"^data: the inputs hold NaN or infinite values in 1 sample\(s\) "
+                                         r"\(the first: index 5\)"):
+        fit(model, (x, y), "gresnet-mnist", progress=False)
+
+
+# -- 16. --quiet is quiet; prune names a meta-device model ------------------------------------------
+
+def test_16_quiet_prints_no_start_or_done_lines(tmp_path, capsys, monkeypatch):
+    from throughway.study import batching, runs
+
+    monkeypatch.setattr(runs, "run_training", lambda *a, **k: None)
+    monkeypatch.setattr(batching, "train_batched", lambda *a, **k: None)
+    monkeypatch.setattr(batching, "_data_for", lambda config: None)
+    spec = runs.RunSpec("gated-d2-s0", CONFIG)
+    capsys.readouterr()
+    assert runs._worker(spec, str(tmp_path), False, 1, False) == ("gated-d2-s0", None)
+    assert batching._batch_worker([spec], str(tmp_path), False, 1, False) == (["gated-d2-s0"], None)
+    assert capsys.readouterr().err == ""
+    runs._worker(spec, str(tmp_path), False, 1, True)
+    assert capsys.readouterr().err == "[gated-d2-s0] start\n[gated-d2-s0] done\n"
+
+
+def test_16_train_resume_quiet_prints_nothing(work, capsys):
+    code, err = _run(capsys, TRAIN + ["--out", str(work / "interrupted"), "--resume"])
+    assert code == 0
+    assert err == ""
+
+
+def test_16_prune_names_a_meta_device_model():
+    from throughway.analysis.lesion import prune
+
+    with torch.device("meta"):
+        model = create_model("mlp_gated_residual", depth=4, width=8)
+    with pytest.raises(ValueError, match="'mlp_gated_residual' is on the meta device .*prune needs a model with its weights"):
+        prune(model, [0])

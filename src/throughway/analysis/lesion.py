@@ -147,6 +147,11 @@ def prune(model: nn.Module, blocks: Sequence[int]) -> nn.Module:
     original's (gated-residual-v2 §2.2: such layers "can be removed without affecting performance").
     """
     check_prunable(model)
+    # A meta-device model has shapes but no weights to carry over; without this the failed copy read as
+    # "blocks are not interchangeable" (issue 25, finding 16).
+    if any(t.is_meta for t in model.state_dict().values()):
+        raise ValueError(f"model {cast(dict, model.config).get('name')!r} is on the meta device (it has shapes but no "
+                         f"weights); prune needs a model with its weights, e.g. from load_model")
     config = dict(cast(dict, model.config))
     per_block = layers_per_block(model)
     count = len(cast(nn.ModuleList, model.blocks))

@@ -173,10 +173,12 @@ def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, pr
     torch.set_num_threads(threads)
     names = [s.name for s in batch]
     try:
-        print(f"[batch of {len(batch)}: {names[0]} ...] start", file=sys.stderr, flush=True)
+        if progress:  # --quiet prints nothing (issue 25, finding 16)
+            print(f"[batch of {len(batch)}: {names[0]} ...] start", file=sys.stderr, flush=True)
         train_batched([s.config for s in batch], [Path(out) / s.name for s in batch], resume=resume, progress=progress,
                       data=_data_for(batch[0].config), compile=compile)
-        print(f"[batch of {len(batch)}: {names[0]} ...] done", file=sys.stderr, flush=True)
+        if progress:
+            print(f"[batch of {len(batch)}: {names[0]} ...] done", file=sys.stderr, flush=True)
         return names, None
     except Exception as exc:  # noqa: BLE001 - one failed batch must not stop the study
         return names, f"{type(exc).__name__}: {exc}"

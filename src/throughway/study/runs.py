@@ -47,9 +47,11 @@ def command_line() -> str:
 def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool) -> tuple[str, str | None]:
     torch.set_num_threads(threads)
     try:
-        print(f"[{spec.name}] start", file=sys.stderr, flush=True)
+        if progress:  # --quiet prints nothing (issue 25, finding 16)
+            print(f"[{spec.name}] start", file=sys.stderr, flush=True)
         run_training(spec.config, Path(out) / spec.name, resume=resume, progress=progress)
-        print(f"[{spec.name}] done", file=sys.stderr, flush=True)
+        if progress:
+            print(f"[{spec.name}] done", file=sys.stderr, flush=True)
         return spec.name, None
     except Exception as exc:  # noqa: BLE001 - one failed run must not stop the study
         return spec.name, f"{type(exc).__name__}: {exc}"

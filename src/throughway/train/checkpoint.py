@@ -314,5 +314,12 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
     state = _load_tensors(path)
     if compiled:
         state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
+    # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
+    expected = model.state_dict()
+    wrong = sorted(k for k, v in state.items() if k in expected and v.dtype != expected[k].dtype)
+    if wrong:
+        raise ValueError(f"{path}: tensor {wrong[0]!r} is {state[wrong[0]].dtype}, the model's is "
+                         f"{expected[wrong[0]].dtype} ({len(wrong)} tensor(s) of another type); the file was edited "
+                         f"or damaged")
     model.load_state_dict(state)
     return model.to(device).eval()

@@ -202,11 +202,16 @@ def check_config(config: RunConfig) -> None:
     if config.limit is not None and (not isinstance(config.limit, int) or config.limit < 2):
         raise ValueError(f"limit={config.limit!r}: must be at least 2 (BatchNorm needs two samples)")
     _finite("model_kwargs", config.model_kwargs)
-    resolve_recipe(config)
+    recipe = resolve_recipe(config)
     shape, classes = DATASET_SHAPES[config.dataset]
     kwargs = model_kwargs_for(config, shape, classes)
     with torch.device("meta"):
         skeleton = create_model(config.model, **kwargs)
+    # A training batch of one has no variance for BatchNorm: torch fails only after the data is read
+    # and leaves results files behind (issue 25, finding 9).
+    if recipe.batch_size < 2 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in skeleton.modules()):
+        raise ValueError(f"recipe_overrides.batch_size={recipe.batch_size} (--batch-size): model {config.model!r} has "
+                         f"BatchNorm layers, which need at least 2 samples per batch; accepted: 2 or more")
     count = sum(p.numel() for p in skeleton.parameters())
     if count > MAX_MODEL_PARAMETERS:
         raise ValueError(f"model {config.model!r} with depth={config.depth} and model_kwargs={config.model_kwargs} "
@@ -310,9 +315,11 @@ def _own_optimizer(state: TrainState) -> torch.optim.Optimizer | FlatOptimizer:
 class _RunFiles(ResultsFiles):
     """`ResultsFiles` plus the run's own checkpoint every epoch, restored on resume (`run_training`)."""
 
-    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
+    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True,
+                 progress: bool = True) -> None:
         super().__init__(out_dir, results, write)
         self.resume = resume
+        self.progress = progress  # False (--quiet): no "resuming" line either (issue 25, finding 16)
         # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
         self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
 
@@ -322,7 +329,7 @@ class _RunFiles(ResultsFiles):
             meta = load_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state),
                                    generator=state.generator)
             restore_progress(state, meta)
-            if self.write:
+            if self.write and self.progress:
                 print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
         super().on_fit_start(state)
 
@@ -480,7 +487,7 @@ def _train(config: RunConfig, out_dir: Path, *, resume: bool, progress: bool, da
     model = build_model(config, data)
     results: dict[str, Any] = results_header(config, recipe, model, data)
     distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
-    files = _RunFiles(out_dir, results, resume, write=main_process)
+    files = _RunFiles(out_dir, results, resume, write=main_process, progress=progress)
     transform = RandomCropFlip(padding=4, flip_p=0.5) if recipe.augment == "crop-flip" else None
     # The event files are written before each checkpoint (TensorBoardLogger: no epoch twice on resume).
     logs = [TensorBoardLogger(out_dir)] if tensorboard and main_process else []
