@@ -143,6 +143,17 @@ def test_2_a_symlinked_run_folder_or_run_file_is_refused(work, capsys, sentinel,
     assert _tree(sentinel) == before
 
 
+def test_2_a_symlinked_run_folder_in_a_study_is_not_trained_into(tmp_path, capsys, sentinel, fake_mnist_root):
+    out = tmp_path / "study"
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "gated-d2-s0").symlink_to(sentinel / "sub")
+    before = _tree(sentinel)
+    code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
+    assert code == 2
+    assert f"{out / 'runs' / 'gated-d2-s0'} is a symbolic link" in err
+    assert _tree(sentinel) == before
+
+
 # -- 3. a user's metrics.csv and .lock.json are never overwritten or deleted -------------------------
 
 def test_3_a_folder_holding_metrics_csv_is_refused_without_resume(tmp_path, capsys):
@@ -339,6 +350,7 @@ def test_15_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tm
 
     monkeypatch.setattr("throughway.study.runs.prepare_data", refuse)
     out = tmp_path / "study"
+    out.mkdir()
     with study_lock(out):  # the first process (a separate open file description: flock's unit)
         code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out)])
         assert (out / ".lock.json").is_file()
@@ -399,6 +411,16 @@ def test_14_a_damaged_study_summary_is_named_with_its_field(tmp_path, capsys):
     code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
     assert code == 2
     assert f"{out / 'results.json'}: field 'cells' is not a list of cells" in err
+
+
+def test_14_redraw_names_the_folder_for_a_field_that_is_no_number(tmp_path, capsys):
+    folder = tmp_path / "analysis"
+    folder.mkdir()
+    (folder / "prune.json").write_text(json.dumps({"family": "gated", "layers_per_block": "abc"}))
+    code, err = _run(capsys, ["analyze", "redraw", str(folder)])
+    assert code == 2
+    assert f"throughway: error: {folder}: its analysis JSON files" in err
+    assert "ValueError: invalid literal for int()" in err
 
 
 # -- 9. model arguments and the batch size are checked before any data is read ----------------------

@@ -84,14 +84,24 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
             raise ValueError(f"run {spec.name}: {message}") from exc
 
 
-def study_lock(out: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
-    """The exclusive lock of a study's output folder `out` (created when absent), held while the
-    study runs: a second study process on the same folder fails at once with RunLockedError naming
-    the holder (pid, host, command) instead of racing the first for its runs' locks and summary
-    (issue 25, finding 15). The same lock as a run directory's (`train.rundir.RunDir.locked`)."""
+@contextlib.contextmanager
+def study_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of a study's output folder `out` while the block runs: a second study
+    process on the same folder fails at once with RunLockedError naming the holder (pid, host,
+    command) instead of racing the first for its runs' locks and summary (issue 25, finding 15).
+    The same lock as a run directory's (`train.rundir.RunDir.locked`). A folder created for the lock
+    is removed again when the study wrote nothing into it (a study refused before any work)."""
     from ..train.rundir import RunDir
 
-    return RunDir(out, "--out").locked()
+    out = Path(out)
+    created = not out.exists()
+    try:
+        with RunDir(out, "--out").locked():
+            yield
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only succeeds when empty
 
 
 def prepare_data(configs: Sequence[RunConfig]) -> None:
