@@ -166,6 +166,19 @@ def test_3_a_folder_holding_metrics_csv_is_refused_without_resume(tmp_path, caps
     assert (out / "metrics.csv").read_text() == "my,own,numbers\n"
 
 
+def test_3_a_batched_member_folder_holding_metrics_csv_is_refused_without_resume(tmp_path, fake_data):
+    from throughway.train import RunExistsError
+    from throughway.train.batched import train_batched
+
+    dirs = [tmp_path / "study" / f"run-{i}" for i in range(2)]
+    dirs[1].mkdir(parents=True)
+    (dirs[1] / "metrics.csv").write_text("my,own,numbers\n")
+    configs = [RunConfig(model="mlp_gated_residual", depth=2, epochs=1, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]
+    with pytest.raises(RunExistsError, match=rf"{dirs[1]} already holds a run \(metrics.csv\); pass --resume"):
+        train_batched(configs, dirs, progress=False, data=fake_data)
+    assert (dirs[1] / "metrics.csv").read_text() == "my,own,numbers\n"
+
+
 def test_3_a_lock_file_the_toolkit_did_not_write_is_left_alone(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()

@@ -87,17 +87,17 @@ _NUMERIC_ARGUMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "bn_eps": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1 (PyTorch's default 1e-5, Keras's 1e-3)"),
     "k_init": (_number, "a finite number"),
     "gate_bias": (_number, "a finite number"),
-    "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number from 0 to below 1"),
 }
 
 
 def check_numeric_arguments(name: str, kwargs: dict[str, Any]) -> None:
     """ValueError naming the argument and the accepted values when one of `kwargs` listed in
-    `_NUMERIC_ARGUMENTS` (bn_momentum, bn_eps, k_init, gate_bias, dropout) is out of its range;
-    called by `create_model`, so a command line, a Python call and a model file's metadata are all
-    checked before any data is read or any memory allocated."""
+    `_NUMERIC_ARGUMENTS` (bn_momentum, bn_eps, k_init, gate_bias) is out of its range; None (the
+    factory's own default, e.g. a layout's gate bias) is accepted. Called by `create_model`, so a
+    command line, a Python call and a model file's metadata are all checked before any data is
+    read or any memory allocated."""
     for key, value in kwargs.items():
-        if key in _NUMERIC_ARGUMENTS:
+        if key in _NUMERIC_ARGUMENTS and value is not None:
             ok, accepted = _NUMERIC_ARGUMENTS[key]
             if not ok(value):
                 raise ValueError(f"create_model({name!r}): {key}={value!r} (--model-arg {key}=..., model_kwargs.{key}); "

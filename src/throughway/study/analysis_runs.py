@@ -6,6 +6,7 @@ the setting of gated-residual-v2 Tables 1 and 2, the output folder and its files
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
@@ -16,7 +17,7 @@ from safetensors.torch import load
 from .._io import atomic_write_text, environment_info
 from ..analysis.gates import model_family
 from ..data import DATASET_SHAPES, DataSplits, load_dataset
-from ..models import create_model, with_legacy_config
+from ..models import create_model, model_entry, with_legacy_config
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
 from ..train.runner import MAX_DEPTH
 from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
@@ -138,9 +139,13 @@ def _check_model_matches(model: torch.nn.Module, results: dict[str, Any], run_di
     weights of one model under the other's name (issue 25, finding 6)."""
     built = with_legacy_config(dict(_config(model)))
     recorded_model = (results.get("model") or {}).get("config")
-    recorded = with_legacy_config(dict(recorded_model)) if isinstance(recorded_model, dict) else None
+    recorded = with_legacy_config(dict(recorded_model)) if isinstance(recorded_model, dict) else {}
+    if isinstance(recorded.get("name"), str) and recorded["name"] == built.get("name"):
+        # An argument added to the model after the run was recorded counts as its default value.
+        defaults = {k: v for k, v in model_entry(recorded["name"]).parameters().items()
+                    if v is not inspect.Parameter.empty}
+        recorded = {**defaults, **recorded}
     depth = results["config"]["depth"]
-    recorded = recorded or {}
     differing = [f"model.config.{k}: file {built.get(k)!r}, results {recorded.get(k)!r}"
                  for k in sorted(set(built) | set(recorded)) if recorded.get(k) != built.get(k)]
     if built.get("depth") != depth:

@@ -205,11 +205,12 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
     for i, (c, d) in enumerate(zip(configs, dirs)):
+        present = RunDir(d).artifacts()  # metrics.csv too: a user's file is never overwritten (issue 25, finding 3)
+        if present and not resume:
+            raise RunExistsError(f"{d} already holds a run ({', '.join(present)}); pass --resume to continue "
+                                 f"or skip it, or choose another --out")
         if (d / RESULTS_FILE).is_file():
             existing = read_results(d)
-            if not resume:
-                raise RunExistsError(f"{d} already holds a run ({RESULTS_FILE}); pass --resume to continue "
-                                     f"or skip it, or choose another --out")
             check_resumable(existing, c, d)
             if existing.get("final") is not None and saved is None:
                 check_finished_model(RunDir(d), existing)  # issue 25, finding 5
