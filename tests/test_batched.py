@@ -61,6 +61,29 @@ CASES = {
                             [({"gate_bias": -1.0}, {"lr": 0.05, "batch_size": 83}),
                              ({"gate_bias": -3.0}, {"lr": 0.1, "momentum": 0.8, "batch_size": 83}),
                              ({"gate_bias": -2.0}, {"lr": 0.02, "nesterov": False, "batch_size": 83})]),
+    # Issue 24's gate families. ReZero (identity gate, α from 0, so α may turn negative) and LayerScale
+    # (a per-channel λ, a (N, C) tensor in the stack), with BatchNorm and without it (norm="none": the
+    # normalisation-free variants, compared tightly); per-model initial gate and lr.
+    "nadam-rezero-bn": _configs("mlp_rezero", "gresnet-mnist", 4, {"width": 8},
+                                [({}, {"batch_size": 100}),
+                                 ({"k_init": 0.1}, {"lr": 0.004, "batch_size": 100}),
+                                 ({}, {"lr": 0.001, "batch_size": 100})]),
+    "nadam-layerscale-bn": _configs("mlp_layerscale", "gresnet-mnist", 4, {"width": 8},
+                                    [({}, {"batch_size": 100}),
+                                     ({"k_init": 1e-5}, {"lr": 0.004, "batch_size": 100}),
+                                     ({"k_init": 0.5}, {"lr": 0.001, "batch_size": 100})]),
+    "nadam-rezero-nf": _configs("mlp_rezero", "gresnet-mnist", 4, {"width": 8, "norm": "none"},
+                                [({}, {"batch_size": 100}),
+                                 ({"k_init": 0.1}, {"lr": 0.004, "batch_size": 100}),
+                                 ({}, {"lr": 0.001, "batch_size": 100})]),
+    "nadam-layerscale-nf": _configs("mlp_layerscale", "gresnet-mnist", 4, {"width": 8, "norm": "none"},
+                                    [({}, {"batch_size": 100}),
+                                     ({"k_init": 1e-5}, {"lr": 0.004, "batch_size": 100}),
+                                     ({"k_init": 0.5}, {"lr": 0.001, "batch_size": 100})]),
+    "nadam-gated-nf": _configs("mlp_gated_residual", "gresnet-mnist", 4, {"width": 8, "norm": "none"},
+                               [({"k_init": 1.0}, {"batch_size": 100}),
+                                ({"k_init": 0.5}, {"lr": 0.004, "batch_size": 100}),
+                                ({"k_init": 2.0}, {"lr": 0.001, "batch_size": 100})]),
 }
 
 
@@ -73,7 +96,7 @@ def _alone(configs, root, data):
 # g/√v turns into steps of size lr whatever the noise's scale. Two correct implementations then
 # disagree in those biases and in the running means that follow them, hence in eval-mode metrics
 # (≈ 1e-3 relative after two epochs here); training-mode losses and every other weight agree to ≈ 1e-6.
-NOISY_EVAL = {"nadam-gated-bn"}
+NOISY_EVAL = {"nadam-gated-bn", "nadam-rezero-bn", "nadam-layerscale-bn"}
 EVAL_RTOL = 1e-2
 
 

@@ -34,7 +34,8 @@ __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block"
 STRATEGIES = ("greedy", "random")
 # Registry names whose blocks are interchangeable (every block maps width to width) and whose
 # config rebuilds any number of them through `depth`.
-PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_highway", "mlp_plain")
+PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_highway", "mlp_plain", "mlp_rezero",
+                   "mlp_layerscale")
 
 
 class ClosedGate(nn.Module):

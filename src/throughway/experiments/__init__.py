@@ -29,6 +29,8 @@ from . import identity_distance  # noqa: E402  (issue 4)
 EXPERIMENTS[identity_distance.NAME] = identity_distance
 from . import cifar_gated  # noqa: E402  (issue 6)
 EXPERIMENTS[cifar_gated.NAME] = cifar_gated
+from . import gate_family  # noqa: E402  (issue 24)
+EXPERIMENTS[gate_family.NAME] = gate_family
 
 
 __all__ = ["EXPERIMENTS", "get_experiment"]

@@ -6,7 +6,8 @@ Imports only torch (docs/design.md: layers know nothing of models).
 from .gated import AugmentedLayer, augment
 from .conv import PreActBlock, PreActUnit, WideBlock, ZeroPadShortcut, conv_highway_layer
 from .dense import ACTIVATIONS, NORMS, PlainBlock, ResidualBlock, dense_unit, make_activation
-from .gates import GATE_FUNCTIONS, ScalarGate, TransformGate, scalar_gate_values, scalar_gates
+from .gates import (GATE_FUNCTIONS, ScalarGate, TransformGate, VectorGate, cait_layerscale_init, scalar_gate_values,
+                    scalar_gates)
 from .highway import HighwayLayer, dense_highway_layer
 from .init import INIT_SCHEMES, init_weights_
 
@@ -26,6 +27,8 @@ __all__ = [
     "ResidualBlock",
     "ScalarGate",
     "TransformGate",
+    "VectorGate",
+    "cait_layerscale_init",
     "augment",
     "dense_highway_layer",
     "dense_unit",

@@ -69,6 +69,9 @@ class PlainBlock(nn.Module):
 class ResidualBlock(nn.Module):
     """u = g(k)·f_r(x) + x (gated) or u = f_r(x) + x (ungated).
 
+    `gate` replaces the scalar gate with any gate module (a `VectorGate` for LayerScale,
+    u = x + diag(λ)·f_r(x)); with it `gated`, `k_init` and `gate_function` are not used.
+
     gated-residual-v2 section 2.2: the gate sits on the residual branch only, so the shortcut
     carries x unchanged; with g = ReLU, k ≤ 0 makes the block an exact identity and k = 1 makes it
     the ungated block. The branch is any module mapping x to the shape of x (for the MNIST models,
@@ -82,11 +85,15 @@ class ResidualBlock(nn.Module):
         k_init: float = 1.0,
         gate_function: str = "relu",
         shortcut: nn.Module | None = None,
+        gate: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.branch = branch
         self.shortcut = shortcut if shortcut is not None else nn.Identity()
-        self.gate = ScalarGate(k_init, gate_function) if gated else nn.Identity()
+        if gate is not None:
+            self.gate: nn.Module = gate
+        else:
+            self.gate = ScalarGate(k_init, gate_function) if gated else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gate(self.branch(x)) + self.shortcut(x)

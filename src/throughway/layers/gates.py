@@ -3,6 +3,8 @@
 * `ScalarGate` (gated-residual-v1 section 3, gated-residual-v2 section 2.2): one learnable scalar k
   per block and a fixed function g; `gate(h)` returns g(k)·h. With g = ReLU (the paper's choice),
   any k ≤ 0 closes the gate exactly, and k = 1 leaves the branch unchanged.
+* `VectorGate` (LayerScale, Touvron et al. 2021 "Going deeper with image transformers" §3): one
+  learnable value per channel, λ ∈ R^C, with g the identity by default; `gate(h)` returns diag(λ)·h.
 * `TransformGate` (highway paper section 2.2): T(x) = σ(W_T x + b_T), with b_T initialised to a
   negative constant so that the layer starts out carrying its input.
 """
@@ -15,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["GATE_FUNCTIONS", "ScalarGate", "TransformGate", "scalar_gates", "scalar_gate_values"]
+__all__ = ["GATE_FUNCTIONS", "ScalarGate", "VectorGate", "TransformGate", "scalar_gates", "scalar_gate_values",
+           "cait_layerscale_init"]
 
 # g(k): the papers use ReLU; identity and sigmoid are offered for ablations.
 GATE_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -56,6 +59,58 @@ class ScalarGate(nn.Module):
         # a model built on the meta device has no value to show; repr() must not fail on it
         k = "?" if self.k.is_meta else f"{self.k.item():.4g}"
         return f"function={self.function}, k={k}"
+
+
+class VectorGate(nn.Module):
+    """g(λ) with one learnable value per channel (LayerScale: u = x + diag(λ)·f(x), CaiT §3).
+
+    Args:
+        features: C, the number of channels (one λ each).
+        k_init: the initial value of every λ (CaiT's ε; `cait_layerscale_init` gives it by depth).
+        function: g, one of GATE_FUNCTIONS; LayerScale's is "identity" (the default).
+
+    The interface is ScalarGate's, so that analyses treat both alike: the parameter is named `k`
+    (shape (C,); recipes exclude it from weight decay by name, as they do the scalar k),
+    `value()` returns g(k) as a (C,) tensor, and `forward(h)` scales channel c of h (dimension 1,
+    so (B, C) and (B, C, H, W) alike) by g(k_c).
+    """
+
+    def __init__(self, features: int, k_init: float = 0.1, function: str = "identity") -> None:
+        super().__init__()
+        if function not in GATE_FUNCTIONS:
+            raise ValueError(
+                f"gate function={function!r} is not known; accepted values: {sorted(GATE_FUNCTIONS)}"
+            )
+        self.function = function
+        self.k = nn.Parameter(torch.full((int(features),), float(k_init)))
+
+    def value(self) -> torch.Tensor:
+        """Return g(k), a (C,) tensor on the parameter's device."""
+        return GATE_FUNCTIONS[self.function](self.k)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        g = self.value()
+        return g.view(1, -1, *([1] * (h.dim() - 2))) * h
+
+    def extra_repr(self) -> str:
+        if self.k.is_meta:
+            return f"function={self.function}, features={self.k.shape[0]}"
+        return f"function={self.function}, features={self.k.shape[0]}, mean |k|={self.k.abs().mean().item():.4g}"
+
+
+def cait_layerscale_init(depth: int) -> float:
+    """LayerScale's initial λ (ε) for a network of `depth`: 0.1 up to depth 18, 1e-5 up to 24, 1e-6
+    beyond (Touvron et al. 2021, "Going deeper with image transformers", §3: "we initialize λ to 0.1
+    for depth up to 18, 10^-5 for depth 24 and 10^-6 for deeper networks").
+
+    CaiT's depth counts transformer layers. For our MLPs "depth" is the model's `depth` argument,
+    the gated residual paper's d (middle Dot-BN-ReLU layers, two per block) — our choice, not CaiT's.
+    """
+    if depth <= 18:
+        return 0.1
+    if depth <= 24:
+        return 1e-5
+    return 1e-6
 
 
 class TransformGate(nn.Module):

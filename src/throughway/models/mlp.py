@@ -8,8 +8,17 @@ linear classifier whose logits feed a softmax cross-entropy. The middle layers s
 * mlp_plain: d Dot-BN-ReLU layers (or Dot-activation without BatchNorm, the highway paper's plain net);
 * mlp_residual: d/2 blocks u = f_r(x) + x, f_r two Dot-BN-ReLU layers;
 * mlp_gated_residual: d/2 blocks u = g(k)·f_r(x) + x, so exactly d/2 parameters more than mlp_residual;
+* mlp_rezero: d/2 blocks u = α·f_r(x) + x, one scalar α per block starting at 0 (ReZero,
+  Bachlechner et al. 2020; with norm="none" it is SkipInit's setting, De & Smith 2020);
+* mlp_layerscale: d/2 blocks u = diag(λ)·f_r(x) + x, one λ per channel starting at ε (LayerScale,
+  Touvron et al. 2021 §3; ε by depth as CaiT's, `cait_layerscale_init`);
 * mlp_augmented: d plain layers each augmented, u = g(k)·f(x) + (1 − g(k))·x;
 * mlp_highway: d highway layers y = H(x)·T(x) + x·(1 − T(x)).
+
+Every residual family takes norm="batch" (Dot-BN-ReLU units in the branch) or norm="none"
+(Dot-ReLU: the normalisation-free variant, SkipInit's setting). Every gate module has the same
+interface (layers.gates): `block.gate.k` is the parameter, `block.gate.value()` is g as a 0-d tensor
+(ScalarGate) or a (C,) tensor (VectorGate), `block.gate.function` names g.
 
 The first layer is the `stem` argument of every family:
 
@@ -34,11 +43,13 @@ from typing import Any
 
 from torch import nn
 
-from ..layers import PlainBlock, ResidualBlock, augment, dense_highway_layer, dense_unit, init_weights_
+from ..layers import (PlainBlock, ResidualBlock, VectorGate, augment, cait_layerscale_init, dense_highway_layer,
+                      dense_unit, init_weights_)
 from .base import MLP, check_positive_int
 from .registry import register_model
 
-__all__ = ["MLP", "HIGHWAY_PAPER_WIDTHS", "STEMS", "LEGACY_STEM", "MLP_FAMILIES", "make_stem", "with_legacy_stem"]
+__all__ = ["MLP", "HIGHWAY_PAPER_WIDTHS", "STEMS", "LEGACY_STEM", "MLP_FAMILIES", "GATE_FAMILY_MLPS", "make_stem",
+           "with_legacy_stem"]
 
 # Highway paper section 3.1: "each layer has 50 blocks for highway networks and 71 units for plain
 # networks, yielding roughly identical numbers of parameters (≈ 5000) per layer".
@@ -49,6 +60,9 @@ HIGHWAY_PAPER_WIDTHS = {"mlp_plain": 71, "mlp_highway": 50}
 STEMS = ("linear", "dense")
 LEGACY_STEM = "dense"
 MLP_FAMILIES = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmented", "mlp_highway")
+# Families added with issue 24; they never existed without a "stem", so they are not in MLP_FAMILIES
+# (whose members load as LEGACY_STEM when the config records none).
+GATE_FAMILY_MLPS = ("mlp_rezero", "mlp_layerscale")
 
 
 def _check_common(depth: int, width: int, in_features: int, num_classes: int) -> None:
@@ -111,7 +125,7 @@ def mlp_plain(
 
 def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: str, activation: str,
               init: str, bn_momentum: float, bn_eps: float, gated: bool, k_init: float, gate_function: str, name: str,
-              stem: str) -> MLP:
+              stem: str, vector_gate: bool = False) -> MLP:
     _check_common(depth, width, in_features, num_classes)
     _check_even(depth, name)
     stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum, bn_eps)
@@ -120,6 +134,7 @@ def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: 
             nn.Sequential(dense_unit(width, width, norm, activation, bn_momentum, bn_eps),
                           dense_unit(width, width, norm, activation, bn_momentum, bn_eps)),
             gated=gated, k_init=k_init, gate_function=gate_function,
+            gate=VectorGate(width, k_init, gate_function) if vector_gate else None,
         )
         for _ in range(depth // 2)
     ]
@@ -164,6 +179,58 @@ def mlp_gated_residual(
     return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum, bn_eps,
                      gated=True, k_init=k_init, gate_function=gate_function, name="mlp_gated_residual",
                      stem=stem)
+
+
+@register_model("mlp_rezero", "fully connected ReZero net: d/2 blocks u = α·f_r(x) + x, one scalar α per block, α = 0 at the start (Bachlechner et al. 2020; norm='none': SkipInit, De & Smith 2020)")
+def mlp_rezero(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    norm: str = "batch",
+    activation: str = "relu",
+    init: str = "glorot_uniform",
+    bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
+    k_init: float = 0.0,
+    gate_function: str = "identity",
+    stem: str = "linear",
+) -> MLP:
+    """ReZero net: depth/2 blocks u = α·f_r(x) + x after the first layer `stem`, α a scalar per block
+    (the ScalarGate's k with g the identity, so α may turn negative) initialised at `k_init` = 0, so
+    that every block starts as the identity (ReZero, Bachlechner et al. 2020, eq. 1 / §3). With
+    norm="none" the branch has no BatchNorm: SkipInit's setting (De & Smith 2020, §4). The same
+    parameter count as mlp_gated_residual: depth/2 more than mlp_residual."""
+    return _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum, bn_eps,
+                     gated=True, k_init=k_init, gate_function=gate_function, name="mlp_rezero", stem=stem)
+
+
+@register_model("mlp_layerscale", "fully connected LayerScale net: d/2 blocks u = diag(λ)·f_r(x) + x, one λ per channel, λ = ε at the start (Touvron et al. 2021 §3)")
+def mlp_layerscale(
+    depth: int = 2,
+    width: int = 50,
+    in_features: int = 784,
+    num_classes: int = 10,
+    norm: str = "batch",
+    activation: str = "relu",
+    init: str = "glorot_uniform",
+    bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
+    k_init: float | None = None,
+    gate_function: str = "identity",
+    stem: str = "linear",
+) -> MLP:
+    """LayerScale net: depth/2 blocks u = diag(λ)·f_r(x) + x after the first layer `stem`, λ a vector
+    of `width` values per block (a VectorGate), all initialised at `k_init`; None (the default) takes
+    CaiT's ε for `depth` (`cait_layerscale_init`: 0.1 up to 18, 1e-5 up to 24, 1e-6 beyond; "depth"
+    is our d, the middle layers). depth/2·width parameters more than mlp_residual. The resolved ε
+    is recorded in model.config["k_init"] (`resolved_arguments`), so the model rebuilds exactly."""
+    eps = cait_layerscale_init(depth) if k_init is None else float(k_init)
+    model = _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum, bn_eps,
+                      gated=True, k_init=eps, gate_function=gate_function, name="mlp_layerscale", stem=stem,
+                      vector_gate=True)
+    model.resolved_arguments = {"k_init": eps}  # type: ignore[assignment]  # create_model records it in config
+    return model
 
 
 @register_model("mlp_augmented", "fully connected plain net with every layer augmented: u = g(k)·f(x) + (1−g(k))·x (gated-residual-v1 §3)")

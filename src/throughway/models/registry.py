@@ -60,7 +60,8 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     """Build the registered model `name` with `kwargs`.
 
     Unknown keyword arguments raise a TypeError that lists the accepted ones. The returned model
-    carries `model.config` ({"name": ..., **all arguments}), enough to rebuild it exactly.
+    carries `model.config` ({"name": ..., **all arguments}, with any default the factory resolved
+    from other arguments replaced by the value it used), enough to rebuild it exactly.
     """
     entry = model_entry(name)
     accepted = entry.parameters()
@@ -71,6 +72,9 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     model = entry.factory(**kwargs)
     config = {k: v for k, v in accepted.items() if v is not inspect.Parameter.empty}
     config.update(kwargs)
+    # A factory that resolves a default from other arguments (mlp_layerscale's ε by depth) records
+    # the value it used, so that the config rebuilds the same model.
+    config.update(getattr(model, "resolved_arguments", {}))
     model.config = {"name": name, **config}  # type: ignore[assignment]  # nn.Module types attributes as tensors
     return model
 

@@ -6,7 +6,8 @@ Activations are held feature-major, (N models, C channels, B samples), so that e
 Parameters live in one flat (N, P) matrix whose per-parameter views autograd fills in place.
 Plain, residual and gated residual MLPs of one depth share the gated residual layout
 (`canonical_name`) with a per-model shortcut and gate mask, so the gated residual paper's three
-architectures of one depth train as one stack (issue 16).
+architectures of one depth train as one stack (issue 16). ReZero (a scalar identity gate α) and
+LayerScale (a per-channel gate λ, held (N, C)) MLPs train in stacks of their own (issue 24).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate
+from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate, VectorGate
 from ..layers.gates import GATE_FUNCTIONS
 from ..models import create_model
 
 __all__ = ["StackedModels", "backward", "canonical_name", "own_name", "SUPPORTED_MODELS", "MIXABLE_MODELS"]
 
-SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented")
+SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented", "mlp_rezero",
+                    "mlp_layerscale")
 # The gated residual paper's three MLPs of one depth share every Linear and BatchNorm shape and differ
 # only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one batch can hold all three
 # (issue 16). Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
@@ -52,7 +54,7 @@ def _structure(module: nn.Module) -> list[str]:
     out = []
     for name, m in module.named_modules():
         extra = ""
-        if isinstance(m, ScalarGate):
+        if isinstance(m, (ScalarGate, VectorGate)):
             extra = m.function
         elif isinstance(m, nn.BatchNorm1d):
             extra = f"{m.momentum},{m.eps},{m.affine},{m.track_running_stats}"
@@ -354,6 +356,9 @@ class StackedModels:
                 return torch.addcmul(x * self.shortcut_mask, g, out)
             if isinstance(m.gate, ScalarGate):
                 return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate), out)  # x + g(k)·f_r(x), one pass
+            if isinstance(m.gate, VectorGate):  # LayerScale, x + diag(g(λ))·f_r(x): λ is (N, C), x (N, C, B)
+                g = GATE_FUNCTIONS[m.gate.function](self.params[f"{prefix}gate.k"]).unsqueeze(2)
+                return torch.addcmul(x, g, out)
             return out + x
         if isinstance(m, AugmentedLayer):
             g = self._gate(f"{prefix}gate.", m.gate)

@@ -1,0 +1,266 @@
+"""The scalar gate beside its successors (issue 24): gated residual, ReZero, SkipInit and LayerScale on
+the gated-residual-v2 MNIST protocol.
+
+Fully connected nets of width 50 after a single linear first layer (gated-residual-v2 §3.1), d ∈ {2,
+10, 20, 50, 100} middle layers (d/2 residual blocks of two Dot-BN-ReLU layers), trained with the
+`gresnet-mnist` recipe (NAdam, lr 0.002, batch 128, 100 epochs), 5 seeds per cell. The families
+(`FAMILIES`) differ only in what scales the residual branch f_r and whether the branch has BatchNorm:
+
+* residual: u = x + f_r(x);                      residual-nf: the same without BatchNorm;
+* gated: u = x + relu(k)·f_r(x), k = 1 at first (gated-residual-v2 §2.2); gated-nf: without BatchNorm;
+* rezero: u = x + α·f_r(x), α = 0 at first (ReZero, Bachlechner et al. 2020);
+  rezero-nf: without BatchNorm, SkipInit's setting (De & Smith 2020);
+* layerscale: u = x + diag(λ)·f_r(x), λ ∈ R^50 = ε at first, CaiT's ε by depth (Touvron et al. 2021 §3;
+  `layers.cait_layerscale_init`: d = 2, 10 → 0.1; d = 20 → 1e-5; d = 50, 100 → 1e-6).
+
+Depths run shallowest first, so that the cells that finish first are whole depths; every finished
+cell is usable alone (results.json is rewritten as each batch ends). By default 10,000 training images
+are held out (`train_on_full`), so each run records the validation error beside the test error.
+
+Writes, in the output folder: runs/<family>-d<d>-s<seed>/ (one run directory each), results.json
+(the summary) and table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .._io import environment_info, read_json
+from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
+from ..study.options import config_from_args as study_config_from_args
+from ..study.options import option, quick_config
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..train import RESULTS_FILE, RunConfig
+from .mnist_depth import LAST_EPOCHS, paired_comparisons, read_back
+
+__all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
+           "table_markdown", "write_report", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
+
+NAME = "gate-family"
+DESCRIPTION = ("issue 24: residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
+               "variants (SkipInit's setting) on MNIST, d = 2..100")
+
+# family -> (registered model, model kwargs). "-nf": no BatchNorm in the branch (norm="none").
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "residual": ("mlp_residual", {}),
+    "gated": ("mlp_gated_residual", {}),
+    "rezero": ("mlp_rezero", {}),
+    "layerscale": ("mlp_layerscale", {}),
+    "residual-nf": ("mlp_residual", {"norm": "none"}),
+    "gated-nf": ("mlp_gated_residual", {"norm": "none"}),
+    "rezero-nf": ("mlp_rezero", {"norm": "none"}),
+}
+
+# The gate of each family's blocks: "relu" (k ≤ 0 closes the gate: a dead gate), "identity" (α or λ
+# may turn negative: a negative gate, not a dead one), None (ungated).
+GATE_KINDS: dict[str, str | None] = {"residual": None, "gated": "relu", "rezero": "identity",
+                                     "layerscale": "identity", "residual-nf": None, "gated-nf": "relu",
+                                     "rezero-nf": "identity"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol (issue 24)."""
+
+    depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (run shallowest first)",
+                                     quick=(2, 10), minimum=0)
+    families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
+    epochs: int = option(100, "epochs per run (gated-residual-v2: 100)", quick=2, minimum=1)
+    seeds: int = option(5, "seeds per cell: mean ± std, best seed, paired tests of gated against each family",
+                        quick=2, minimum=1)
+    recipe: str = option("gresnet-mnist", "training recipe (gated-residual-v2: NAdam, lr 0.002, batch 128)", cli=False)
+    train_on_full: bool = option(False, "train on all 60,000 images (default: 50,000, 10,000 held out for the "
+                                        "validation error)")
+    width: int = option(50, "units per layer (gated-residual-v2: 50)", minimum=1)
+    limit: int | None = option(None, "keep only the first N samples of each split (smoke tests)", quick=2000,
+                               minimum=1)
+    compile: bool = option(False, "torch.compile each batch's training step (CPU: about 100 s of compilation per "
+                                  "batch; not bitwise equal to eager)")
+    device: str = "cpu"
+    data_dir: str | None = None
+    quick: bool = option(False, "made by --quick", quick=True, cli=False)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.families) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"families: {unknown} not known; accepted values: {list(FAMILIES)}")
+        bad = [d for d in self.depths if d < 0 or d % 2]
+        if bad:
+            raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        if self.seeds < 1 or self.epochs < 1:
+            raise ValueError("seeds and epochs must be ≥ 1")
+
+
+# --quick: d = 2 and 10, every family, 2 epochs, 2 seeds, 2,000 images per split (a test runs it).
+QUICK = quick_config(Config)
+
+
+def run_name(family: str, depth: int, seed: int) -> str:
+    """The folder name of one run: <family>-d<depth>-s<seed>."""
+    return f"{family}-d{depth}-s{seed}"
+
+
+def specs(config: Config) -> list[RunSpec]:
+    """One RunSpec per (depth, family, seed), SHALLOWEST depth first: batches keep this order, so a
+    study stopped early leaves whole shallow depths finished (the deep ones cost the most)."""
+    out = []
+    for depth in sorted(config.depths):
+        for family in config.families:
+            model, kwargs = FAMILIES[family]
+            for seed in range(config.seeds):
+                out.append(RunSpec(run_name(family, depth, seed), RunConfig(
+                    model=model, depth=depth, dataset="mnist", recipe=config.recipe, epochs=config.epochs,
+                    seed=seed, train_on_full=config.train_on_full, device=config.device, limit=config.limit,
+                    data_dir=config.data_dir, model_kwargs={"width": config.width, **kwargs},
+                )))
+    return out
+
+
+def _run_record(family: str, result: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One finished run's numbers: last-epoch test and validation error, the mean test error of the last
+    `LAST_EPOCHS` epochs, and its scalar gates at the end (k for gated, α for ReZero; LayerScale's λ
+    are vectors, kept in the run's model.safetensors and not recorded per epoch)."""
+    history = result["history"]
+    final = result["final"]
+    tail = [h["test_error_pct"] for h in history[-LAST_EPOCHS:] if h.get("test_error_pct") is not None]
+    ks = final.get("k") or None
+    kind = GATE_KINDS[family]
+    return {"seed": seed, "test_error_pct": final["test_error_pct"], "val_error_pct": final.get("val_error_pct"),
+            "test_error_last10_pct": sum(tail) / len(tail) if tail else None,
+            "k_mean": final.get("k_mean") if ks else None, "k": ks,
+            # relu(k) with k ≤ 0 is an exact zero: a dead gate; an identity gate below 0 is only negative
+            "dead_gates": sum(1 for k in ks if k <= 0.0) if ks and kind == "relu" else None,
+            "negative_gates": sum(1 for k in ks if k < 0.0) if ks and kind == "identity" else None}
+
+
+def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Collect every run's results.json under `out`/runs into the study summary (finished or not).
+
+    Per cell (family, depth): last-epoch test error as mean ± std and best over the finished seeds,
+    the validation error, the mean of the last `LAST_EPOCHS` epochs, the mean scalar gate, each
+    finished seed's numbers (`per_seed`) and each run's state. `comparisons` holds, per depth and
+    family, the paired t-test of gated − that family over the seeds both finished
+    (mnist_depth.paired_comparisons). A cell is keyed "arch" as in mnist-depth so that its tools apply.
+    """
+    out = Path(out)
+    cells = []
+    for depth in sorted(config.depths):
+        for family in config.families:
+            per_seed, status = [], []
+            names = [run_name(family, depth, seed) for seed in range(config.seeds)]
+            for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                if result is None:
+                    status.append({"run": name, "state": "not started", "epochs": 0})
+                    continue
+                final = result.get("final")
+                state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
+                status.append({"run": name, "state": state, "epochs": len(result["history"]),
+                               "diverged_at": result.get("diverged_at")})
+                if final is not None:
+                    per_seed.append(_run_record(family, result, seed))
+            errors = [r["test_error_pct"] for r in per_seed]
+            cells.append({
+                "arch": family, "family": family, "model": FAMILIES[family][0],
+                "model_kwargs": FAMILIES[family][1], "gate_function": GATE_KINDS[family], "depth": depth,
+                "test_error_pct": mean_std(errors),
+                "test_error_best_pct": min(errors) if errors else None,
+                "val_error_pct": mean_std([r["val_error_pct"] for r in per_seed if r["val_error_pct"] is not None]),
+                "test_error_last10_pct": mean_std([r["test_error_last10_pct"] for r in per_seed]),
+                "k_mean": mean_std([r["k_mean"] for r in per_seed if r["k_mean"] is not None]),
+                "per_seed": per_seed, "runs": status,
+            })
+    summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": cells}
+    summary["config"]["depths"] = sorted(config.depths)
+    summary["comparisons"] = [row for other in config.families if other != "gated" and "gated" in config.families
+                              for row in paired_comparisons(summary, "gated", other)]
+    return summary
+
+
+def _cell_text(cell: dict[str, Any]) -> str:
+    error = cell["test_error_pct"]
+    if not error["n"]:
+        return "pending"
+    return f"{error['mean']:.2f} ± {error['std']:.2f} (best {cell['test_error_best_pct']:.2f}, n={error['n']})"
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """Test error (%) at the last epoch by depth (rows) and family (columns): mean ± std over the
+    finished seeds, the best seed and their number; "pending" where no seed has finished."""
+    families = summary["config"]["families"]
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    lines = ["| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    for depth in summary["config"]["depths"]:
+        lines.append(f"| {depth} | " + " | ".join(_cell_text(by[(f, depth)]) for f in families) + " |")
+    return "Test error (%) at the last epoch, mean ± std over seeds (best seed, finished seeds)\n\n" + "\n".join(lines) + "\n"
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md from `out`/results.json alone; return the table text."""
+    return remake_report(out, table_markdown, [])
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train every run of the study into `out`/runs (resumable; with seeds > 1 the seeds of a family and
+    depth train as one batch, train.batched), rewriting the summary and table as each batch ends."""
+    out = Path(out)
+    summary_path = out / RESULTS_FILE
+    if summary_path.is_file():
+        previous = read_json(summary_path)
+        old, new = previous.get("config", {}), read_back(asdict(config))
+        new["depths"] = sorted(new["depths"])
+        ignored = {"device", "data_dir", "quick", "compile"}
+        if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
+            raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
+        finished = all(r["state"] in ("finished", "diverged") for c in previous["cells"] for r in c["runs"])
+        if not resume and not finished:
+            raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
+        resume = True  # a finished study is only re-reported: every run is skipped
+    out.mkdir(parents=True, exist_ok=True)
+    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
+                           environment_info(config.device))
+    refresh()
+    if config.seeds > 1:
+        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
+                    compile=config.compile)
+    else:
+        run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    return refresh()
+
+
+def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
+    """Project the study's training time on this machine without training it: the batches `run` would
+    train (residual and gated nets of one depth and norm share one; ReZero and LayerScale train in
+    batches of their own), timed and handed to `jobs` workers (`batching.project_batches`)."""
+    return project_batches(specs(config), jobs, steps)
+
+
+def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
+    """`estimate` as a table and a projected wall time."""
+    e = estimate(config, jobs, steps)
+    title = (f"Projected cost of the {NAME} study: {len(config.families)} families x {len(config.depths)} depths x "
+             f"{config.seeds} seeds, {config.epochs} epochs, {e['train_images']} training images (+ {e['eval_images']} "
+             f"evaluated per epoch)")
+    return projection_markdown(title, e,
+                               [("d", lambda r: str(r["batch"][0].config.depth)),
+                                ("families", lambda r: _batch_families(r["batch"])),
+                                ("models in batch", lambda r: str(r["models"]))])
+
+
+def _batch_families(batch: list[RunSpec]) -> str:
+    """The families of a batch's runs (names <family>-d<d>-s<seed>), in order, joined by " + "."""
+    return " + ".join(dict.fromkeys(spec.name.rsplit("-d", 1)[0] for spec in batch))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The study's command-line options: one per Config field, and --estimate (study.batching)."""
+    add_estimate_options(parser, Config)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The Config the command line asks for: --quick's values, then every explicit option."""
+    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)
