@@ -377,6 +377,7 @@ def test_15_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tm
 @pytest.mark.parametrize("argv, name", [
     (STUDY + ["--depths", "2"], "mnist-depth"),
     (["reproduce", "hessian-init", "--depths", "2", "--resume"], "hessian-init"),
+    (["reproduce", "gate-family", "--quick", "--resume"], "gate-family"),
 ])
 def test_13_a_study_summary_that_is_not_an_object_is_named(tmp_path, capsys, argv, name):
     out = tmp_path / "study"

@@ -29,11 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info, read_json
+from .._io import environment_info
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option, quick_config
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
+                          summary_finished)
 from ..train import RESULTS_FILE, RunConfig
 from .mnist_depth import LAST_EPOCHS, paired_comparisons, read_back
 
@@ -210,13 +211,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
-        previous = read_json(summary_path)
+        previous = read_summary(summary_path, NAME)  # issue 25, findings 13 and 14: checked, named on error
         old, new = previous.get("config", {}), read_back(asdict(config))
         new["depths"] = sorted(new["depths"])
         ignored = {"device", "data_dir", "quick", "compile"}
         if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
             raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
-        finished = all(r["state"] in ("finished", "diverged") for c in previous["cells"] for r in c["runs"])
+        finished = summary_finished(summary_path, previous)
         if not resume and not finished:
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped

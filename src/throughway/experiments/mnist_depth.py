@@ -29,7 +29,8 @@ from ..study.batching import add_estimate_options, project_batches, projection_m
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  stem_ablation_markdown, table_markdown)
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many
+from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
+                          summary_finished)
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
@@ -241,12 +242,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         ignored = {"device", "data_dir", "quick", "compile"}
         if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
             raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
-        try:
-            finished = all(r["state"] in ("finished", "diverged") for c in previous["cells"] for r in c["runs"])
-        except (KeyError, TypeError) as exc:  # issue 25, finding 14: the file and the field, not "error: cells"
-            raise ValueError(f"{summary_path}: field 'cells' is not a list of cells with their 'runs' and each run's "
-                             f"'state' as the study writes them ({type(exc).__name__}: {exc}); the file was edited or "
-                             f"damaged: delete it (the runs are kept) and rerun with --resume") from exc
+        finished = summary_finished(summary_path, previous)
         if not resume and not finished:
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped

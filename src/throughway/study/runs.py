@@ -25,7 +25,7 @@ from .._io import atomic_write_json, atomic_write_text, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 
 __all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
-           "stored_study", "check_same_settings", "read_runs", "read_summary", "check_run_results"]
+           "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished", "check_run_results"]
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,18 @@ def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
     if not (k is None or (isinstance(k, list) and all(number(v) and v is not None for v in k))):
         raise ValueError(f"{path}: field 'final.k' is {str(k)[:60]}; accepted: null or a list of numbers")
     return results
+
+
+def summary_finished(path: str | os.PathLike[str], summary: dict[str, Any]) -> bool:
+    """Whether every run a study's `summary` (read from `path`) lists under 'cells' → 'runs' →
+    'state' is finished or diverged; ValueError naming the file and the field when 'cells' is not a
+    list of such cells (issue 25, finding 14: the file and the field, never a bare "error: cells")."""
+    try:
+        return all(r["state"] in ("finished", "diverged") for c in summary["cells"] for r in c["runs"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: field 'cells' is not a list of cells with their 'runs' and each run's 'state' as "
+                         f"the study writes them ({type(exc).__name__}: {exc}); the file was edited or damaged: "
+                         f"delete it (the runs are kept) and rerun with --resume") from exc
 
 
 def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
