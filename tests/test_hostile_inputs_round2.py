@@ -133,14 +133,15 @@ def test_2_a_symlinked_run_folder_or_run_file_is_refused(work, capsys, sentinel,
         target, run = run, work / "link"
         run.symlink_to(target)
     else:
-        (sentinel / link).write_text("{}\n") if not (sentinel / link).exists() else None
+        if not (sentinel / link).exists():
+            (sentinel / link).write_text("{}\n")
         (run / link).unlink(missing_ok=True)
         (run / link).symlink_to(sentinel / link)
-    before = _tree(sentinel)
+    before, target_before = _tree(sentinel), _tree(work / "interrupted")
     code, err = _run(capsys, TRAIN + ["--out", str(run), "--resume"])
     assert code == 2
     assert "is a symbolic link" in err and "nothing was changed" in err
-    assert _tree(sentinel) == before
+    assert _tree(sentinel) == before and _tree(work / "interrupted") == target_before
 
 
 def test_2_a_symlinked_run_folder_in_a_study_is_not_trained_into(tmp_path, capsys, sentinel, fake_mnist_root):
@@ -151,6 +152,17 @@ def test_2_a_symlinked_run_folder_in_a_study_is_not_trained_into(tmp_path, capsy
     code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
     assert code == 2
     assert f"{out / 'runs' / 'gated-d2-s0'} is a symbolic link" in err
+    assert _tree(sentinel) == before
+
+
+def test_2_a_symlinked_runs_folder_of_a_study_is_refused(tmp_path, capsys, sentinel):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "runs").symlink_to(sentinel)
+    before = _tree(sentinel)
+    code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
+    assert code == 2
+    assert f"--out {out}: {out / 'runs'} is a symbolic link" in err
     assert _tree(sentinel) == before
 
 

@@ -53,6 +53,10 @@ def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
 
 
 
+# A run that is training may replace its checkpoint between two reads (finding 12).
+_TRY_AGAIN = "the run may have just written a newer checkpoint: try again"
+
+
 def _checkpoint_model(run_dir: Path, results: dict[str, Any],
                       device: str) -> tuple[torch.nn.Module, int, dict[str, Any] | None]:
     """The model weights of the run's latest checkpoint (checked against the SHA-256 that
@@ -90,9 +94,6 @@ def _checkpoint_model(run_dir: Path, results: dict[str, Any],
     record = records[epoch - 1] if 0 < epoch <= len(records) else None
     return model.to(device).eval(), epoch, record
 
-
-# A run that is training may replace its checkpoint between two reads (finding 12).
-_TRY_AGAIN = "the run may have just written a newer checkpoint: try again"
 
 
 

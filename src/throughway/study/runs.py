@@ -89,11 +89,16 @@ def study_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the exclusive lock of a study's output folder `out` while the block runs: a second study
     process on the same folder fails at once with RunLockedError naming the holder (pid, host,
     command) instead of racing the first for its runs' locks and summary (issue 25, finding 15).
-    The same lock as a run directory's (`train.rundir.RunDir.locked`). A folder created for the lock
-    is removed again when the study wrote nothing into it (a study refused before any work)."""
+    The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
+    folder; a linked `out`/runs is refused too. A folder created for the lock is removed again when
+    the study wrote nothing into it (a study refused before any work)."""
     from ..train.rundir import RunDir
 
     out = Path(out)
+    runs = out / "runs"
+    if runs.is_symlink():  # the runs would be trained wherever it points (issue 25, finding 2)
+        raise ValueError(f"--out {out}: {runs} is a symbolic link (to {os.readlink(runs)}); refused, nothing was "
+                         f"changed: replace it by a real folder, or choose another --out")
     created = not out.exists()
     try:
         with RunDir(out, "--out").locked():
