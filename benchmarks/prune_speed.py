@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from throughway.analysis.lesion import prune, removal_order
+from throughway.analysis.removal import prune, removal_order
 from throughway.models import create_model
 from throughway.train import load_model
 

@@ -124,7 +124,7 @@ def test_analyze_gates_of_a_convolutional_run_and_prune_refusal(tmp_path, capsys
     assert main(["analyze", "gates", run]) == 0
     text = capsys.readouterr().out
     # Figure 7's comparison, not Table 2's MNIST mean k for d = 20 or any other d.
-    assert "figure 7" in text and "n/a" in text and "change the shape (1-based): 2, 3" in text
+    assert "figure 7" in text and "n/a" in text and "change the shape: blocks.1, blocks.2" in text
     gates = json.loads((tmp_path / "preact" / "analysis" / "gates.json").read_text())
     assert gates["paper"]["k_mean"] is None and gates["projection_blocks"] == [1, 2]
     assert (tmp_path / "preact" / "analysis" / "gates.txt").read_text().strip() == text.strip()

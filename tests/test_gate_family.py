@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from throughway.analysis.lesion import lesion, prune, removal_curve, removal_order
+from throughway.analysis.removal import lesion, prune, removal_curve, removal_order
 from throughway.cli import main
 from throughway.layers import GATE_FUNCTIONS, ScalarGate, VectorGate, cait_layerscale_init
 from throughway.models import create_model
@@ -115,11 +115,12 @@ def test_lesion_and_prune_like_the_gated_net(name):
 
 
 def test_greedy_removal_order_of_rezero_sorts_alpha():
+    # smallest |α| first (issue 24): a negative α is an open gate, not a closed one
     model = create_model("mlp_rezero", depth=6, width=8)
     with torch.no_grad():
         for block, alpha in zip(model.blocks, (0.3, -0.2, 0.1)):
             block.gate.k.fill_(alpha)
-    assert removal_order(model, "greedy") == [1, 2, 0]
+    assert removal_order(model, "greedy") == [2, 1, 0]
 
 
 def test_gate_family_quick_study(tmp_path, fake_mnist_root):

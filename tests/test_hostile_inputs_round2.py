@@ -584,9 +584,9 @@ def test_16_train_resume_quiet_prints_nothing(work, capsys):
 
 
 def test_16_prune_names_a_meta_device_model():
-    from throughway.analysis.lesion import prune
+    from throughway.analysis.removal import prune
 
     with torch.device("meta"):
         model = create_model("mlp_gated_residual", depth=4, width=8)
-    with pytest.raises(ValueError, match="'mlp_gated_residual' is on the meta device .*prune needs a model with its weights"):
+    with pytest.raises(ValueError, match=r"\('mlp_gated_residual'\) is on the meta device .*prune needs a model with its weights"):
         prune(model, [0])

@@ -1,4 +1,4 @@
-"""Lesioning (exact restoration) and physical pruning (analysis.lesion)."""
+"""Lesioning (exact restoration) and physical pruning (analysis.removal)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from throughway.analysis.gates import block_scalar_gates
-from throughway.analysis.lesion import lesion, prune, removal_curve, removal_order
+from throughway.analysis.removal import check_prunable, lesion, prune, removal_curve, removal_order
 from throughway.models import create_model
 from throughway.train import load_model, save_model
 
@@ -130,7 +130,7 @@ def test_greedy_order_follows_k():
     assert removal_order(model, "greedy") == [1, 4, 0, 3, 2]  # ascending k, ties by index
     order = removal_order(model, "random", torch.Generator().manual_seed(3))
     assert sorted(order) == list(range(5))
-    with pytest.raises(ValueError, match="no scalar gate"):
+    with pytest.raises(ValueError, match="block 'blocks.0' .*has no gate"):  # greedy orders by |g|
         removal_order(create_model("mlp_residual", depth=4, width=4, in_features=5, num_classes=3), "greedy")
     with pytest.raises(ValueError, match="accepted values"):
         removal_order(model, "smallest")
@@ -174,11 +174,26 @@ def test_prune_removes_closed_augmented_layers_exactly():
     assert torch.equal(prune(model, [2])(x), model(x))
 
 
-@pytest.mark.parametrize("name,kwargs", [("preact_resnet", {"depth": 8, "width": 4, "gated": True}),
-                                         ("highway_conv", {})])
-def test_prune_refuses_convolutional_nets_clearly(name, kwargs):
-    model = create_model(name, num_classes=3, **kwargs)
-    with pytest.raises(ValueError, match=f"model '{name}' cannot be pruned.*mlp_gated_residual"):
-        prune(model, [0])
-    with pytest.raises(ValueError, match="create_model"):
+def test_prune_of_a_convolutional_net_removes_identity_blocks_and_names_a_projection():
+    # preact_resnet depth 8: blocks.1 and blocks.2 open stages 2 and 3 with a projection shortcut.
+    model = create_model("preact_resnet", depth=8, width=4, gated=True, num_classes=3).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        model.blocks[0].gate.k.fill_(-1.0)  # a closed ReLU gate: blocks.0 is an exact identity
+    pruned = prune(model, ["blocks.0"])
+    assert len(pruned.blocks) == 2 and torch.equal(pruned(x), model(x))
+    assert not hasattr(pruned, "config")  # the registry config describes the unpruned net
+    with pytest.raises(ValueError, match="block 'blocks.1' .*no identity shortcut.*example_input"):
+        prune(model, [1])
+    with pytest.raises(ValueError, match=r"block 'blocks.1' \(PreActBlock\) maps \(2, 4, 8, 8\) to \(2, 8, 4, 4\)"):
+        prune(model, [1], example_input=x)
+    with pytest.raises(ValueError, match="has no blocks"):
         prune(torch.nn.Sequential(), [0])
+
+
+def test_analyze_prune_still_needs_a_model_rebuilt_by_config():
+    # `analyze prune` removes blocks in every order, so it keeps to PRUNABLE_MODELS.
+    model = create_model("preact_resnet", depth=8, width=4, gated=True, num_classes=3)
+    with pytest.raises(ValueError, match="model 'preact_resnet' cannot be pruned in every order.*mlp_gated_residual"):
+        check_prunable(model)
+    assert check_prunable(_gated([1.0])) == "mlp_gated_residual"

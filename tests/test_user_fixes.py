@@ -16,8 +16,7 @@ from throughway.train import load_model, save_model
 
 
 def test_prune_is_importable_from_the_analysis_package() -> None:
-    from throughway.analysis import prune
-    from throughway.analysis.lesion import lesion
+    from throughway.analysis import lesion, prune
 
     model = create_model("mlp_gated_residual", depth=6, width=8)
     smaller = prune(model, [0])

@@ -1,13 +1,18 @@
 """Analyses: distance to identity (`sdi`, `distance`), gate statistics (`gates`), lesioning and
-physical pruning (`lesion`), the Hessian (`hessian`).
+physical pruning (`removal`), the blocks of any model (`blocks`), the Hessian (`hessian`).
 
-The most used functions are importable from here: `from throughway.analysis import prune`. The
-context manager `lesion` and the function `sdi` share their submodules' names, so they are imported
-from the submodules: `from throughway.analysis.lesion import lesion`,
-`from throughway.analysis.sdi import sdi`.
+Every gate and removal analysis finds the blocks by type wherever they sit in the model
+(`find_blocks`), so it works on a researcher's own nn.Module; blocks are named by qualified name
+("blocks.3") or by position from 0.
+
+The most used functions are importable from here, the context manager included:
+`from throughway.analysis import k_statistics, lesion, prune` and then `with lesion(model, 0): ...`.
+(The function `sdi` shares its submodule's name: `from throughway.analysis.sdi import sdi`.)
 """
 
-from .gates import k_statistics
-from .lesion import check_prunable, prune, removal_curve, removal_order
+from .blocks import find_blocks
+from .gates import gate_statistics, k_statistics, model_family
+from .removal import check_prunable, lesion, prune, removal_curve, removal_order
 
-__all__ = ["check_prunable", "k_statistics", "prune", "removal_curve", "removal_order"]
+__all__ = ["check_prunable", "find_blocks", "gate_statistics", "k_statistics", "lesion", "model_family", "prune",
+           "removal_curve", "removal_order"]

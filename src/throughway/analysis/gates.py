@@ -1,11 +1,16 @@
-"""What the gates learned: scalar-gate k per block, and highway transform-gate statistics.
+"""What the gates learned: scalar-gate k per block, any gate's value g, and highway transform-gate statistics.
 
 * Gated residual networks (gated-residual-v2 section 3.1, Table 2, figures 5 left and 7): one
-  scalar k per block; `k_statistics` gives k by block, the mean k, and the "dead" gates (k ≤ 0
-  with g = ReLU, an exact identity whose gradient with respect to k is 0, so the gate never reopens).
+  scalar k per block; `k_statistics` gives k by block, the mean k, and the "dead" gates (g(k)
+  exactly 0: k ≤ 0 with g = ReLU, an exact identity whose gradient with respect to k is 0, so the
+  gate never reopens). `gate_statistics` gives g for any gate with a `value()`, scalar (k, ReZero's
+  α) or vector (LayerScale's λ), with dead (g exactly 0) and negative gates counted apart.
 * Highway networks (highway paper section 4, figures 2 and 3): transform-gate biases per layer ×
   block, the mean gate output T(x) over a dataset, T(x) and the layer outputs y for one sample,
   and the mean T(x) of one class minus the mean over all samples.
+
+The blocks are found by type wherever they sit in the model (`analysis.blocks.find_blocks`), so
+all of this works on a researcher's own nn.Module as on the registry's models.
 
 Everything here reads a live model and returns plain tensors / dicts; writing files and drawing
 figures is the job of experiments/ and report/.
@@ -19,14 +24,16 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..layers import HighwayLayer, PlainBlock, PreActBlock, PreActUnit, ResidualBlock, ScalarGate, TransformGate
-from ..layers.gated import AugmentedLayer
+from ..layers import ScalarGate, TransformGate
+from .blocks import FAMILIES, block_gate, block_kind, find_blocks, gate_value
 
 __all__ = [
     "FAMILIES",
     "model_family",
     "block_scalar_gates",
+    "block_gates",
     "k_statistics",
+    "gate_statistics",
     "projection_blocks",
     "transform_gate_biases",
     "HighwayGateStats",
@@ -35,100 +42,154 @@ __all__ = [
     "highway_layer_change",
 ]
 
-# What `model_family` can answer, from the blocks' own types.
-FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
 
-
-def _blocks(model: nn.Module) -> nn.ModuleList:
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise ValueError(f"{type(model).__name__} has no `blocks` ModuleList; the gate analyses need one (docs/design.md)")
+def _blocks(model: nn.Module) -> dict[str, nn.Module]:
+    blocks = find_blocks(model)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no blocks (gated, residual, augmented, highway or plain: "
+                         f"analysis.blocks.find_blocks): nothing to analyse")
     return blocks
 
 
-# Residual blocks of every family, fully connected and convolutional: u = gate(f_r(x)) + shortcut(x).
-_RESIDUAL_BLOCKS = (ResidualBlock, PreActBlock, PreActUnit)
-
-
 def model_family(model: nn.Module) -> str:
-    """The family of `model`, read from its blocks: "gated" (residual blocks with a scalar gate,
-    fully connected or convolutional: mlp_gated_residual, gated preact_resnet / wide_resnet),
-    "residual" (the same blocks ungated), "augmented" (layers wrapped by `augment`), "highway"
-    (highway layers) or "plain". Raises ValueError for a model without blocks or with mixed kinds
-    (e.g. highway_conv, whose stages interleave plain convolutions, pooling and highway layers)."""
-    kinds = set()
-    for block in _blocks(model):
-        if isinstance(block, HighwayLayer):
-            kinds.add("highway")
-        elif isinstance(block, AugmentedLayer):
-            kinds.add("augmented")
-        elif isinstance(block, _RESIDUAL_BLOCKS):
-            kinds.add("gated" if isinstance(block.gate, ScalarGate) else "residual")
-        elif isinstance(block, PlainBlock):
-            kinds.add("plain")
-        else:
-            raise ValueError(f"block of type {type(block).__name__} is not one the analyses know; "
-                             f"known: HighwayLayer, AugmentedLayer, ResidualBlock, PreActBlock, PreActUnit, PlainBlock")
-    if not kinds:
-        raise ValueError("the model has no blocks (depth 0): nothing to analyse")
+    """The family of `model` (one of FAMILIES), read from the types of its blocks wherever they sit
+    (`find_blocks`): "gated" (residual blocks with a gate that has a value, scalar or vector, fully
+    connected or convolutional), "residual" (the same blocks ungated), "augmented" (layers wrapped by
+    `augment`), "highway" (highway layers; highway_conv's plain convolutions between stages are not
+    blocks) or "plain". Raises ValueError for a model without blocks or with blocks of several
+    kinds, naming one block of each."""
+    kinds: dict[str, str] = {}
+    for name, block in _blocks(model).items():
+        kinds.setdefault(block_kind(block), name)
     if len(kinds) > 1:
-        raise ValueError(f"the model mixes block kinds {sorted(kinds)}; the analyses need one family")
-    return kinds.pop()
+        raise ValueError(f"the model mixes block kinds {sorted(kinds)} (e.g. "
+                         + ", ".join(f"{name!r}: {kind}" for kind, name in sorted(kinds.items()))
+                         + "); the analyses need one family")
+    return next(iter(kinds))
+
+
+def block_gates(model: nn.Module) -> dict[str, nn.Module]:
+    """The gate of every block, keyed by the block's qualified name, in block order: any gate with a
+    `value()` (scalar k, ReZero's α, LayerScale's vector λ). ValueError naming the first block that
+    has none (an ungated residual, plain or highway block)."""
+    gates = {}
+    for name, block in _blocks(model).items():
+        gate = block_gate(block)
+        if gate is None:
+            raise ValueError(f"block {name!r} ({type(block).__name__}) has no gate with a value; gate "
+                             f"statistics need gated residual or augmented blocks")
+        gates[name] = gate
+    return gates
 
 
 def block_scalar_gates(model: nn.Module) -> list[ScalarGate]:
-    """The scalar gate of every block, in block order. Raises ValueError when some block has none
-    (an ungated residual, plain or highway net has no k)."""
+    """The scalar gate of every block, in block order. Raises ValueError naming the first block
+    that has none (an ungated residual, plain or highway block, or a vector gate: see `block_gates`)."""
     gates = []
-    for index, block in enumerate(_blocks(model)):
+    for name, block in _blocks(model).items():
         gate = getattr(block, "gate", None)
         if not isinstance(gate, ScalarGate):
-            raise ValueError(f"block {index} ({type(block).__name__}) has no scalar gate k; "
-                             f"k statistics need a gated residual or augmented model")
+            raise ValueError(f"block {name!r} ({type(block).__name__}) has no scalar gate k; "
+                             f"k statistics need a gated residual or augmented model"
+                             + (" (its gate is a vector: use gate_statistics)" if block_gate(block) is not None else ""))
         gates.append(gate)
     return gates
 
 
-def k_statistics(model: nn.Module) -> dict[str, Any]:
-    """Per-block k, g(k), mean k and dead gates of a scalar-gated model.
+def _is_dead(g: torch.Tensor) -> bool:
+    # g exactly 0 everywhere: the block is an exact identity (u = shortcut(x)), removable without change.
+    return bool((g == 0).all())
 
-    Returns {"k": [k per block, block 0 first], "g_k": [g(k)], "k_mean", "k_min", "k_max",
-    "gate_function", "dead_blocks": [indices with g(k) = 0 and no gradient: k ≤ 0 for ReLU],
-    "num_dead", "num_blocks"}. gated-residual-v2 Table 2 reports the mean k (0.67 at d = 100) and
-    figure 5 left the k of each block (indexed from 1 there, from 0 here).
+
+def _is_negative(g: torch.Tensor) -> bool:
+    # every entry below 0: the branch enters with its sign flipped (ReZero's α < 0); an open gate, not dead.
+    return bool((g < 0).all())
+
+
+def k_statistics(model: nn.Module) -> dict[str, Any]:
+    """Per-block k, g(k), mean k, dead and negative gates of a scalar-gated model, wherever its blocks
+    sit in the module tree.
+
+    Returns {"blocks": [qualified names], "k": [k per block, block 0 first], "g_k": [g(k)], "k_mean",
+    "k_min", "k_max", "gate_function", "dead_blocks": [positions (from 0) with g(k) exactly 0],
+    "negative_blocks": [positions with g(k) < 0], "num_dead", "num_blocks"}. A dead gate makes its
+    block an exact identity: k ≤ 0 with g = ReLU (then the gradient with respect to k is 0 too, so the
+    gate never reopens), or an identity-function gate (ReZero) at exactly 0; a sigmoid gate is never
+    dead. A negative g (ReZero's α < 0) is an open gate, counted in "negative_blocks".
+    gated-residual-v2 Table 2 reports the mean k (0.67 at d = 100) and figure 5 left the k of each
+    block (indexed from 1 there, from 0 here).
     """
+    names = list(_blocks(model))
     gates = block_scalar_gates(model)
     ks = [float(g.k.detach().cpu()) for g in gates]
-    gk = [float(g.value().detach().cpu()) for g in gates]
+    values = [g.value().detach().cpu() for g in gates]
     functions = sorted({g.function for g in gates})
-    # Only ReLU has a flat zero region: sigmoid never reaches 0 and identity passes gradient through.
-    dead = [i for i, (g, k) in enumerate(zip(gates, ks)) if g.function == "relu" and k <= 0.0]
     return {
+        "blocks": names,
         "k": ks,
-        "g_k": gk,
+        "g_k": [float(v) for v in values],
         "k_mean": sum(ks) / len(ks),
         "k_min": min(ks),
         "k_max": max(ks),
         "gate_function": functions[0] if len(functions) == 1 else functions,
-        "dead_blocks": dead,
-        "num_dead": len(dead),
+        "dead_blocks": [i for i, v in enumerate(values) if _is_dead(v)],
+        "negative_blocks": [i for i, v in enumerate(values) if _is_negative(v)],
+        "num_dead": sum(_is_dead(v) for v in values),
         "num_blocks": len(ks),
     }
 
 
+def gate_statistics(model: nn.Module) -> dict[str, Any]:
+    """The gate value g of every gated block, scalar or vector, wherever the blocks sit: the
+    statistics that compare the 2017 gate with ReZero's α and LayerScale's λ (issue 24).
+
+    Returns {"blocks": [qualified names], "g_mean": [mean g per block], "g_abs_mean": [mean |g|:
+    |g(k)| for a scalar, mean |λ| for a vector], "g_size": [entries of g: 1 for a scalar, C for a
+    vector], "mean_g", "mean_abs_g" (over blocks), "dead_blocks": [positions (from 0) where g is
+    exactly 0 in every entry: the block is an exact identity], "negative_blocks": [positions where
+    every entry of g is < 0: open, with the branch's sign flipped], "num_dead", "num_negative",
+    "num_blocks"}. ValueError naming a block without a gate value.
+    """
+    gates = block_gates(model)
+    values = [gate_value(gate) for gate in gates.values()]
+    means = [float(v.mean()) for v in values]
+    magnitudes = [float(v.abs().mean()) for v in values]
+    dead = [i for i, v in enumerate(values) if _is_dead(v)]
+    negative = [i for i, v in enumerate(values) if _is_negative(v)]
+    return {
+        "blocks": list(gates),
+        "g_mean": means,
+        "g_abs_mean": magnitudes,
+        "g_size": [v.numel() for v in values],
+        "mean_g": sum(means) / len(means),
+        "mean_abs_g": sum(magnitudes) / len(magnitudes),
+        "dead_blocks": dead,
+        "negative_blocks": negative,
+        "num_dead": len(dead),
+        "num_negative": len(negative),
+        "num_blocks": len(values),
+    }
+
+
 def projection_blocks(model: nn.Module) -> list[int]:
-    """Indices of the blocks whose shortcut is not the identity (a projection or zero padding: the
-    blocks that change the feature-map shape, the first of each stage of a CIFAR ResNet). In
-    gated-residual-v2 figure 7 (Wide Gated ResNet on CIFAR) the lowest k sit at exactly these blocks.
-    Empty for the fully connected families."""
-    return [i for i, block in enumerate(_blocks(model))
+    """Positions (from 0, in `find_blocks` order) of the blocks whose shortcut is not the identity (a
+    projection or zero padding: the blocks that change the feature-map shape, the first of each stage
+    of a CIFAR ResNet). In gated-residual-v2 figure 7 (Wide Gated ResNet on CIFAR) the lowest k sit at
+    exactly these blocks. Empty for the fully connected families."""
+    return [i for i, block in enumerate(_blocks(model).values())
             if not isinstance(getattr(block, "shortcut", None), (nn.Identity, type(None)))]
 
 
 def _highway_gates(model: nn.Module) -> list[TransformGate]:
-    if model_family(model) != "highway":
-        raise ValueError(f"transform-gate statistics need a highway model; this one is {model_family(model)!r}")
-    return [cast(TransformGate, block.gate) for block in _blocks(model)]
+    family = model_family(model)
+    if family != "highway":
+        raise ValueError(f"transform-gate statistics need a highway model; this one is {family!r}")
+    gates = {name: cast(TransformGate, block.gate) for name, block in _blocks(model).items()}
+    shapes = {name: tuple(cast(torch.Tensor, gate.linear.bias).shape) for name, gate in gates.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"transform-gate maps stack highway layers of one width; this model's differ "
+                         f"({', '.join(f'{n!r}: {s[0]}' for n, s in list(shapes.items())[:4])}, ...)")
+    return list(gates.values())
 
 
 def transform_gate_biases(model: nn.Module) -> torch.Tensor:
@@ -160,7 +221,7 @@ def _trace_highway(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tor
     """Run `model` on x and return (T(x), y) of every highway layer, each (N, layers, blocks).
 
     Forward hooks on each layer and its gate record them during an ordinary forward pass, so this
-    works for any model whose `blocks` are highway layers, whatever its stem and head."""
+    works for any model whose blocks are highway layers, wherever they sit, whatever its stem and head."""
     t, _, out = _trace_highway_io(model, x)
     return t, out
 
@@ -180,7 +241,7 @@ def _trace_highway_io(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
         inputs.append(args[0].flatten(1))
         outputs.append(out.flatten(1))
 
-    for block in _blocks(model):
+    for block in _blocks(model).values():
         handles.append(cast(nn.Module, block.gate).register_forward_hook(record_gate))
         handles.append(block.register_forward_hook(record_layer))
     try:

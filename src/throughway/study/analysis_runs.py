@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load
 
 from .._io import atomic_write_text, environment_info
+from ..analysis.blocks import find_blocks
 from ..analysis.gates import model_family
 from ..data import DATASET_SHAPES, DataSplits, load_dataset
 from ..models import create_model, model_entry, with_legacy_config
@@ -241,8 +242,11 @@ def _finish_text(out_dir: Path, name: str, lines: list[str]) -> str:
 
 
 
-def _blocks_1based(indices: Sequence[int]) -> str:
-    return ", ".join(str(i + 1) for i in indices) if indices else "none"
+def _block_names(model: torch.nn.Module, indices: Sequence[int]) -> str:
+    """The qualified names of the blocks at `indices` (positions from 0, as the JSON files store
+    them): the names `analysis.prune` and `analysis.lesion` take (analysis.blocks)."""
+    names = list(find_blocks(model))
+    return ", ".join(names[i] for i in indices) if indices else "none"
 
 
 

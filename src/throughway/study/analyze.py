@@ -29,12 +29,12 @@ import torch
 from .._io import atomic_write_json, read_json
 from ..analysis.gates import (highway_layer_change, highway_sample_activations, k_statistics, projection_blocks,
                               transform_gate_biases, transform_gate_statistics)
-from ..analysis.lesion import lesion
+from ..analysis.removal import lesion
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
 from ..train import evaluate
 from .analysis_runs import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, _blocks,
-                            _blocks_1based, _config, _finish_text, _header, _load_data, _out_dir, _paper_caveat,
+                            _block_names, _config, _finish_text, _header, _load_data, _out_dir, _paper_caveat,
                             _paper_setting_differences, _require_family, load_run)
 from .analyze_prune import analyze_prune
 from .papers import PAPER_MEAN_K
@@ -87,17 +87,18 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
         f"  mean k: ours {stats['k_mean']:.3f}   paper (Table 2, d = {depth}): "
         f"{paper if paper is not None else 'n/a (Table 2 covers the fully connected MNIST nets, d = 2 .. 100)'}"
         + (f" (d = {depth}, {PAPER_TABLE_EPOCHS} epochs)" if paper is not None else ""),
-        f"  k range: {stats['k_min']:.3f} .. {stats['k_max']:.3f}; dead gates (k ≤ 0): {stats['num_dead']}"
-        + (f" (blocks {_blocks_1based(stats['dead_blocks'])}, 1-based)" if stats["dead_blocks"] else ""),
-        f"  smallest k at blocks (1-based): {_blocks_1based(order[:5])}",
+        f"  k range: {stats['k_min']:.3f} .. {stats['k_max']:.3f}; dead gates (g(k) = 0): {stats['num_dead']}"
+        + (f" ({_block_names(model, stats['dead_blocks'])})" if stats["dead_blocks"] else "")
+        + (f"; negative g(k): {_block_names(model, stats['negative_blocks'])}" if stats["negative_blocks"] else ""),
+        f"  smallest k at: {_block_names(model, order[:5])}",
     ]
     if differences:
         lines.insert(2, _paper_caveat(differences))
     if projections:
-        lines.append(f"  ours: blocks that change the shape (1-based): {_blocks_1based(projections)}; "
-                     f"largest k at block {order[-1] + 1} of {len(order)}")
+        lines.append(f"  ours: blocks that change the shape: {_block_names(model, projections)}; "
+                     f"largest k at {_block_names(model, order[-1:])} (block {order[-1] + 1} of {len(order)})")
         lines.append("  paper (figure 7, Wide Gated ResNet (4,10) on CIFAR): the lowest k are at the blocks that "
-                     "increase the feature-map dimension (1, 5, 9), the peak at the last block")
+                     "increase the feature-map dimension (1, 5, 9, counted from 1), the peak at the last block")
     else:
         lines.append("  paper (figure 5 left, d = 100 on MNIST): blocks near the middle have a smaller k than those "
                      "at the beginning or the end")
@@ -248,13 +249,14 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     lines = [
         f"{run_dir}: {family}, {count} {unit}s, {split} split ({len(part)} samples)",
         f"  unlesioned error {base:.2f}%; lesioned: {min(errors):.2f}% .. {max(errors):.2f}%",
-        f"  most harmful to lesion ({unit}, 1-based): "
-        + ", ".join(f"{i + 1} (+{increase[i]:.2f})" for i in summary["most_harmful_blocks"]),
+        "  most harmful to lesion: "
+        + ", ".join(f"{_block_names(model, [i])} (+{increase[i]:.2f})" for i in summary["most_harmful_blocks"]),
         f"  {len(barely)} of {count} {unit}s raise the error by < {tolerance_pct_points} point when lesioned",
     ]
     if window:
         w, e = summary["network_layers_15_to_45"], summary["network_layers_before_15"]
-        lines.append(f"  network layers 15–45 (highway layers 14–44): mean +{w['mean_increase_pct_points']:.2f} points, "
+        lines.append(f"  network layers 15–45 ({_block_names(model, window[:1])} .. {_block_names(model, window[-1:])}): "
+                     f"mean +{w['mean_increase_pct_points']:.2f} points, "
                      f"max +{w['max_increase_pct_points']:.2f}; {w['num_barely_matter']}/{w['num_layers']} barely matter; "
                      f"layers 2–14: mean +{e['mean_increase_pct_points']:.2f} points")
     if family == "highway":

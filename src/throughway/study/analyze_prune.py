@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from .._io import atomic_write_json, read_json
-from ..analysis.lesion import check_prunable, layers_per_block, removal_curve, removal_order
+from ..analysis.removal import check_prunable, layers_per_block, removal_curve, removal_order
 from ..report.analysis_plots import plot_removal_curves
 from .analysis_runs import (PRUNE_FILE, _accuracy, _blocks, _finish_text, _header, _load_data, _out_dir,
                             _paper_caveat, _paper_setting_differences, _require_family, load_run)
@@ -69,7 +69,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     `seed`, mean ± std) or "all" (greedy where there is k, and random). Writes prune.json, prune.txt
     and prune_accuracy.png (gated-residual-v2 figure 5 right); `compare` adds the curves of other runs'
     prune.json files to the figure (e.g. the residual run beside the gated one). Fully connected runs
-    only (analysis.lesion.PRUNABLE_MODELS)."""
+    only (analysis.removal.PRUNABLE_MODELS)."""
     if strategy not in ("greedy", "random", "all"):
         raise ValueError(f"strategy={strategy!r}; accepted values: ['greedy', 'random', 'all']")
     if orders < 1:

@@ -11,8 +11,11 @@ The safetensors file is written first under a new name, then the JSON that point
 previous safetensors file is deleted; an interrupt at any point leaves a consistent pair. Nothing is
 ever unpickled: loading uses safetensors and JSON only.
 
-`save_model` / `load_model` write and read a finished model (`model.safetensors`) whose metadata
-holds `model.config`, so `load_model` rebuilds it with `create_model` without other input.
+`save_model` / `load_model` write and read a finished model (`model.safetensors`): the state of any
+nn.Module, with `model.config` in the metadata when the model has one (a registry model), so that
+`load_model(path)` rebuilds it with `create_model` without other input. A researcher's own module
+loads into a module the caller builds, as timm's `load_checkpoint(model, path)` does:
+`load_model(path, model=MyNet())`.
 """
 
 from __future__ import annotations
@@ -226,14 +229,18 @@ _COMPILED_PREFIX = "_orig_mod."
 
 
 def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
-    """Write `model`'s weights and buffers to a safetensors file with `model.config` in its metadata.
+    """Write the weights and buffers of any nn.Module (its state_dict) to a safetensors file, atomically.
 
-    A `torch.compile`d model is saved as the model it wraps, so the file's keys are the plain ones."""
+    The config is optional metadata: a model built by `create_model` carries `model.config`, which
+    goes into the file so that `load_model(path)` rebuilds it alone; any other module is saved with
+    its class name only (informational) and loads with `load_model(path, model=...)`. A
+    `torch.compile`d model is saved as the model it wraps, so the file's keys are the plain ones.
+    Returns the path written."""
     model = getattr(model, "_orig_mod", model)
     config = getattr(model, "config", None)
-    if config is None:
-        raise ValueError("save_model needs a model built by create_model (it carries model.config)")
-    metadata = {"format": MODEL_FORMAT, "config": json.dumps(config)}
+    metadata = {"format": MODEL_FORMAT, "class": f"{type(model).__module__}.{type(model).__qualname__}"}
+    if config is not None:
+        metadata["config"] = json.dumps(config)
     return atomic_write_bytes(path, save(_contiguous(model.state_dict()), metadata=metadata))
 
 
@@ -280,8 +287,44 @@ def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: 
     return {"name": name, **config}
 
 
-def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Rebuild the model saved by `save_model` (with `create_model`) and load its weights, in eval mode.
+def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], compiled: bool,
+               device: str | torch.device) -> torch.nn.Module:
+    """Load the file's tensors into the caller's `model` after checking names and shapes against it."""
+    target = getattr(model, "_orig_mod", model)
+    expected = {k: tuple(v.shape) for k, v in target.state_dict().items()}
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(shapes) if shapes[k] != expected[k])
+    if missing or extra or wrong:
+        details = "; ".join(part for part in (
+            f"missing in the file {missing[:3]}" if missing else "", f"not in the model {extra[:3]}" if extra else "",
+            ", ".join(f"{k}: file {shapes[k]}, model {expected[k]}" for k in wrong[:3])) if part)
+        raise ValueError(f"{path}: the tensors do not fit the {type(target).__name__} given as model= ({details}); "
+                         f"build the module the file was saved from")
+    state = _load_tensors(path)
+    if compiled:
+        state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
+    # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
+    tensors = target.state_dict()
+    retyped = sorted(k for k, v in state.items() if k in tensors and v.dtype != tensors[k].dtype)
+    if retyped:
+        raise ValueError(f"{path}: tensor {retyped[0]!r} is {state[retyped[0]].dtype}, the model's is "
+                         f"{tensors[retyped[0]].dtype} ({len(retyped)} tensor(s) of another type); the file was edited "
+                         f"or damaged")
+    target.load_state_dict(state)
+    return model.to(device).eval()
+
+
+def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", *,
+               model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The model saved by `save_model`, with its weights, on `device`, in eval mode.
+
+    Without `model`, the file's config rebuilds it with `create_model` (a registry model). With
+    `model` (a module the caller builds, e.g. `load_model(path, model=MyNet())`, as timm's
+    `load_checkpoint(model, path)`), the file's tensors are loaded into it in place and it is
+    returned: every tensor's name and shape must match its state_dict, checked before any tensor is
+    read (ValueError naming the file and the tensors otherwise); a config in the file is ignored.
+    A file saved without a config (a user's own module) needs `model` (ValueError saying so).
 
     The file is untrusted: its metadata is checked against its tensors' shapes before anything is
     allocated (`check_model_config`), and a truncated or damaged file raises ValueError naming it.
@@ -302,24 +345,17 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu")
             shapes = {key[len(_COMPILED_PREFIX):]: shape for key, shape in shapes.items()}
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
         raise ValueError(f"{path}: not a readable safetensors file ({exc}); the file is truncated or damaged") from exc
-    if metadata.get("format") != MODEL_FORMAT or "config" not in metadata:
-        raise ValueError(f"{path}: not a throughway model file (no model config in its metadata)")
+    if metadata.get("format") != MODEL_FORMAT:
+        raise ValueError(f"{path}: not a throughway model file (its metadata has no format {MODEL_FORMAT!r})")
+    if model is not None:
+        return _load_into(path, model, shapes, compiled, device)
+    if "config" not in metadata:
+        raise ValueError(f"{path}: holds no model config (saved from a {metadata.get('class', 'module')} not built "
+                         f"by create_model); build that module and pass it: load_model(path, model=...)")
     try:
         config = json.loads(metadata["config"])
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: metadata field 'config' is not valid JSON ({exc})") from exc
     config = check_model_config(config, shapes, path)
     name = config.pop("name")
-    model = create_model(name, **config)
-    state = _load_tensors(path)
-    if compiled:
-        state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
-    # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
-    expected = model.state_dict()
-    wrong = sorted(k for k, v in state.items() if k in expected and v.dtype != expected[k].dtype)
-    if wrong:
-        raise ValueError(f"{path}: tensor {wrong[0]!r} is {state[wrong[0]].dtype}, the model's is "
-                         f"{expected[wrong[0]].dtype} ({len(wrong)} tensor(s) of another type); the file was edited "
-                         f"or damaged")
-    model.load_state_dict(state)
-    return model.to(device).eval()
+    return _load_into(path, create_model(name, **config), shapes, compiled, device)
