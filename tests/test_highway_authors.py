@@ -185,7 +185,8 @@ def test_cifar_recipe_is_the_solvers():
         (True, 0.025, 0.9, 0.001, 100, 200_000 // per_epoch)
     drops = [e for e in range(1, r.epochs) if learning_rate_at(r, e) < learning_rate_at(r, e - 1)]
     assert drops == [s // per_epoch for s in (100_000, 150_000, 175_000)]
-    assert r.augment == "crop-flip"
+    # The authors' data (issue 23; tests/test_cifar_authors.py): pad 8, GCN + mean image.
+    assert (r.augment, r.normalize) == ("crop-flip-8", "gcn-mean-image")
 
 
 def test_authors_recipes_give_caffes_multipliers():

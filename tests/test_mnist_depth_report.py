@@ -92,3 +92,76 @@ def test_batchnorm_ablation_pairs_the_seeds_finished_in_both():
     residual_only = _summary()
     residual_only["cells"] = [_cell("residual", 100, [1.95, 1.98, 2.12, 1.99, 1.96])]  # vs 1.9, 2.0, 2.1, 2.0, 1.95
     assert "in no cell significantly" in batchnorm_ablation_markdown(torch_bn, residual_only)
+
+
+# Table 1's epoch selection (issue 23) on a small synthetic study folder: the layout `reproduce
+# mnist-depth` writes (results.json with the config; runs/<arch>-d<d>-s<seed>/results.json).
+
+def _write_run(folder, name, history, finished=True, diverged=False):
+    import json
+    run = folder / "runs" / name
+    run.mkdir(parents=True)
+    final = {"test_error_pct": history[-1]["test_error_pct"]} if finished else None
+    (run / "results.json").write_text(json.dumps({"history": history, "final": final, "diverged": diverged}))
+
+
+def _epochs(test, val=None):
+    return [{"epoch": i + 1, "test_error_pct": t, "val_error_pct": None if val is None else val[i]}
+            for i, t in enumerate(test)]
+
+
+def _selection_folder(tmp_path):
+    import json
+    (tmp_path / "results.json").write_text(json.dumps({"config": {
+        "depths": [100], "archs": ["residual", "gated"], "seeds": 3, "epochs": 4, "train_on_full": False}}))
+    # gated seed 0: the test set's best epoch (2) is not the validation set's (3, the earlier of two ties at 1.0)
+    _write_run(tmp_path, "gated-d100-s0", _epochs([1.6, 1.2, 1.4, 1.5], val=[2.0, 1.5, 1.0, 1.0]))
+    _write_run(tmp_path, "gated-d100-s1", _epochs([1.9, 1.3, 1.8, 1.7], val=[2.0, 1.1, 1.2, 1.3]))
+    _write_run(tmp_path, "gated-d100-s2", _epochs([1.0, 0.9]), finished=False)   # running: not counted
+    _write_run(tmp_path, "residual-d100-s0", _epochs([1.8, 1.7], val=[1.0, 1.1]), finished=False)
+    return tmp_path
+
+
+def test_each_selection_picks_its_epoch_and_counts_only_finished_runs(tmp_path):
+    from throughway.experiments.mnist_depth_report import epoch_selection
+
+    summary = epoch_selection(_selection_folder(tmp_path))
+    gated = next(c for c in summary["cells"] if c["arch"] == "gated")
+    s0 = gated["seeds"][0]
+    assert (s0["last"]["epoch"], s0["best-test"]["epoch"], s0["best-val"]["epoch"]) == (4, 2, 3)
+    assert s0["best-val"]["test_error_pct"] == 1.4          # the chosen epoch's test error, not its val error
+    assert gated["best-test"]["values"] == [1.2, 1.3] and gated["best-test"]["best_seed"] == 0
+    assert gated["best-val"]["values"] == [1.4, 1.3] and gated["best-val"]["best"] == 1.3
+    assert gated["seeds"][2]["state"] == "running at epoch 2" and gated["finished"] == 2
+    residual = next(c for c in summary["cells"] if c["arch"] == "residual")
+    assert residual["finished"] == 0 and residual["seeds"][1]["state"] == "not started"
+
+
+def test_selection_table_says_pending_and_the_findings_name_the_gap(tmp_path):
+    from throughway.experiments.mnist_depth_report import (epoch_selection, selection_findings,
+                                                           selection_findings_markdown, selection_table_markdown)
+
+    summary = epoch_selection(_selection_folder(tmp_path))
+    table = selection_table_markdown(summary, ("best-test", "best-val"))
+    row = next(line for line in table.splitlines() if line.startswith("| 100 |"))
+    assert row.count("pending (running at epoch 2)") == 2        # residual: both selections
+    assert "1.25 ± 0.07; best 1.20 (seed 0) (2/3 seeds)" in row   # gated best-test
+    assert "selected on the test set: optimistic" in table
+    # The paper's 1.26 lies between 1.2 and 1.3 (best-test) but below both 1.3 and 1.4 (best-val).
+    assert selection_findings(summary, "best-test")["gated"]["within"] == [100]
+    assert selection_findings(summary, "best-val")["gated"]["below"] == [(100, 1.3, 1.26)]
+    assert selection_findings(summary, "best-val")["residual"]["pending"] == [100]
+    text = selection_findings_markdown(summary, ("best-test", "best-val"))
+    assert "best-test: residual not judged, gated 1 of 1; best-val: residual not judged, gated 0 of 1" in text
+    assert "d = 100 (our best seed 1.30, paper 1.26: 0.04 points)" in text
+
+
+def test_selection_refuses_a_folder_without_a_study(tmp_path):
+    import pytest
+    from throughway.experiments.mnist_depth_report import epoch_selection, selected_epoch
+
+    with pytest.raises(FileNotFoundError, match="results.json"):
+        epoch_selection(tmp_path)
+    with pytest.raises(ValueError, match="accepted values"):
+        selected_epoch([], "best-train")
+    assert selected_epoch(_epochs([1.0, 2.0]), "best-val") is None   # trained without a validation split

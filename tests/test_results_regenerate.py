@@ -1,4 +1,6 @@
-"""Every committed result under results/ still regenerates with its recorded command (issue 15).
+"""The recorded commands of every committed result under results/ still run, and what they write has the
+committed shape (issue 15). What is recomputed and compared is said per check below; most checks compare
+file names, JSON keys or rendered text, not freshly trained numbers (issue 23).
 
 The recorded commands are read from every results/*/COMMAND.txt (lines that are not comments; `\\`
 continuations joined; `export`, `VAR=value`, `env` and `nice -n N` prefixes and `> FILE` redirects
@@ -8,27 +10,32 @@ understood), from the `command:` first line of every results/**/benchmark_*.txt,
 * every `throughway ...` command parses with the real CLI parser (`throughway.cli.build_parser`),
   a `reproduce` command also builds its experiment's config, and the inputs it names exist;
 * every `throughway reproduce ...` runs as its quick variant (`--quick` where the experiment has
-  one, else the small configuration in `SMALL` below; `--out` in tmp_path, `--jobs 1`) on the fake
-  MNIST of tests/conftest.py, and writes the committed folder's files (by name) and a results.json
-  of the committed structure: the same top-level keys, the same keys in every row/cell, and a config
-  with at least the committed config's keys (options added since are allowed);
+  one, else the small configuration in `SMALL` below; `--out` in tmp_path, `--jobs 1`, no `--merge`)
+  on the fake MNIST of tests/conftest.py, and the test compares STRUCTURE only: the fresh folder has
+  the committed folder's files (by name), and its results.json the same top-level keys, the same keys
+  in every row/cell, and at least the committed config's keys (options added since are allowed). No
+  number of a committed study is recomputed (the fake data and the quick settings give other numbers);
 * every committed experiment summary (results.json with an "experiment" field) re-renders through
   `throughway report` from a copy of its results.json alone into exactly the committed table.md,
   byte for byte, and the committed figures by name (every `throughway report results/X` recorded is
-  one of them); `analyze redraw` redraws the committed analysis figures from their JSON files alone;
-  the folders' make_report.py scripts remake their committed table.md byte for byte;
+  one of them): the rendering is checked, from the committed numbers; the folders' make_report.py
+  scripts remake their committed table.md byte for byte the same way; `analyze redraw` redraws the
+  committed analysis figures (compared by name) from their JSON files alone;
 * the `throughway analyze ...` commands run on the committed runs (fake data where they read data)
-  and write the committed files with the committed JSON keys (`analyze gates` reads no data: its k
-  values are compared exactly);
-* `throughway sdi ...` commands run; benchmark and measurement scripts run with small options or
-  `--help` (see BENCHMARKS / SCRIPTS).
+  and write the committed files with the committed JSON keys; `analyze gates` reads no data, and its
+  k values and dead-gate counts are the only recomputed numbers here compared exactly with the
+  committed ones;
+* `throughway sdi ...` commands run and print a table; benchmark and measurement scripts run with
+  small options or `--help` (see SCRIPTS), and a script that writes a file beside itself writes the
+  committed keys.
 
 Known problems of committed results are xfail(strict=True) with the problem named (KNOWN_PROBLEMS),
 so that a regenerated result that fixes one fails the test until its entry is removed.
 `throughway train` commands are checked by parsing only: their committed results.json files are
-copies of single runs, and a one-epoch run of each costs 4-7 s here (their tables are checked through
-the make_report.py scripts). Each failure message names the file that records the command, its line,
-and the command.
+copies of single runs (their tables are checked through the make_report.py scripts). That a
+committed run's numbers come back bit for bit when it is trained again is tests/test_bit_for_bit.py's
+check (results/reference-run). Each failure message names the file that records the command, its
+line, and the command.
 """
 
 from __future__ import annotations
@@ -442,11 +449,13 @@ def _has_quick(experiment: str) -> bool:
 
 def quick_variant(command: Recorded) -> list[str]:
     """The recorded reproduce command, small: --quick (where there is one) and SMALL's options, one job,
-    no --out / --resume (the caller adds --out)."""
+    no --out / --resume / --merge (the caller adds --out)."""
     experiment = command.argv[1]
     assert experiment in SMALL, f"{command.where}\n  no small configuration in SMALL for {experiment!r}"
+    # --merge (build the summary of runs made elsewhere) has no runs to merge in a fresh folder: the quick
+    # variant trains the runs it would merge.
     changes: dict[str, list[str] | None] = {"--out": None, "--resume": None, "--jobs": ["1"], "--quiet": [],
-                                            "--device": None, **SMALL[experiment]}
+                                            "--device": None, "--merge": None, **SMALL[experiment]}
     if _has_quick(experiment):
         changes["--quick"] = []
     return with_options(command.argv, changes)

@@ -31,6 +31,7 @@ __all__ = [
     "sha256_file",
     "git_revision",
     "environment_info",
+    "cpu_model",
 ]
 
 
@@ -166,8 +167,22 @@ def git_revision(start: str | os.PathLike[str] | None = None) -> str:
         return "unknown"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo's first "model name"; elsewhere platform.processor()),
+    or "unknown". Float results can differ between CPUs (their vector instructions pick other kernels)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def environment_info(device: str | None = None) -> dict[str, Any]:
-    """Describe where a result was measured: torch version, device, threads, git revision, host.
+    """Describe where a result was measured: torch version, device, threads, CPU model, git revision,
+    host: with the data's checksums (which runs add) what a bit-for-bit re-run needs.
 
     Written into every results file (docs/design.md, "A results file is JSON with ... the environment").
     """
@@ -175,6 +190,7 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "git_revision": git_revision(),
     }

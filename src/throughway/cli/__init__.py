@@ -41,6 +41,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from ..train.runner import check_device
 
             check_device(args.device)
+        if getattr(args, "threads", None) is not None:  # before any data or model exists
+            from ..study.runs import set_threads
+
+            set_threads(args.threads)
         if args.command == "list":
             return _cmd_list()
         if args.command == "train":

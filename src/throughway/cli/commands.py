@@ -95,7 +95,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             model_kwargs[key] = value
     model_kwargs.update(_parse_model_args(args.model_arg, given=["depth", *model_kwargs]))
     overrides: dict[str, Any] = {}
-    for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay"):
+    for option in ("lr", "momentum", "lr_decay", "batch_size", "weight_decay", "augment", "normalize"):
         value = getattr(args, option)
         if value is not None:
             overrides[option] = value
@@ -104,9 +104,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..train import distributed
+    from ..train.recipes import FULL_TRAINING_SET
+
+    # The recipes whose authors trained on every training image do so unless told otherwise.
+    train_on_full = args.train_on_full if args.train_on_full is not None else args.recipe in FULL_TRAINING_SET
 
     config = RunConfig(model=args.model, depth=args.depth, dataset=args.dataset, recipe=args.recipe,
-                       epochs=args.epochs, seed=args.seed, train_on_full=args.train_on_full, device=args.device,
+                       epochs=args.epochs, seed=args.seed, train_on_full=train_on_full, device=args.device,
                        limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
                        compile=args.compile, eval_batch_size=args.eval_batch_size)

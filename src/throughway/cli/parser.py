@@ -27,11 +27,17 @@ def _finite_float(text: str) -> float:
 
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, threads: bool = True) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
     parser.add_argument("--data-dir", help="dataset cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway); "
                                            "for CIFAR the folder holding the official python batches")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    if not threads:  # the experiment's Config declares its own --threads (its single-process studies)
+        return
+    parser.add_argument("--threads", type=_positive_int,
+                        help="torch intra-op threads of this process and of each worker (--jobs); default: torch's, "
+                             "or cores // jobs with several workers. Recorded in results.json (environment.threads): "
+                             "a run re-runs bit for bit only with the same count")
 
 
 
@@ -51,6 +57,7 @@ def _usage() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     from ..data import DATASETS
+    from ..data.augment import AUGMENTATIONS, NORMALIZATIONS
     from ..experiments import EXPERIMENTS
     from ..study.options import add_options
 
@@ -71,7 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", help="run directory (default runs/<model>-d<depth>-s<seed>)")
     train.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    train.add_argument("--train-on-full", action="store_true", help="train on train+validation (60,000 for MNIST)")
+    train.add_argument("--train-on-full", action=argparse.BooleanOptionalAction, default=None,
+                       help="train on train+validation (60,000 for MNIST, 50,000 for CIFAR); default: on for the "
+                            "recipes whose authors did (highway-conv-cifar, highway-conv-mnist), off otherwise")
+    train.add_argument("--augment", choices=list(AUGMENTATIONS),
+                       help="override the recipe's training augmentation (crop-flip: pad 4, crop-flip-8: pad 8)")
+    train.add_argument("--normalize", choices=list(NORMALIZATIONS),
+                       help="override the recipe's normalisation (e.g. mean: per-channel means; gcn-mean-image: "
+                            "the highway authors' GCN + mean image)")
     train.add_argument("--limit", type=_positive_int, help="keep only the first N samples of each split (smoke tests)")
     train.add_argument("--width", type=_positive_int, help="units per layer (default 50)")
     train.add_argument("--k-init", type=_finite_float, help="initial k of scalar gates (default 1)")
@@ -109,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         exp.add_argument("--jobs", type=_positive_int,
                          help="runs trained at once, in separate single-threaded processes "
                               "(default: the number of CPU cores on a CPU device, 1 on a GPU)")
-        _add_common(exp)
+        _add_common(exp, threads="threads" not in getattr(getattr(module, "Config", None), "__dataclass_fields__", {}))
         _add_format(exp)
 
     report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "

@@ -82,7 +82,8 @@ def missing_cifar_files(name: str, source_dir: str | os.PathLike[str]) -> list[P
 def load_cifar10(source_dir: str | os.PathLike[str], verify: bool = True) -> ArraySplits:
     """CIFAR-10 from the official python batches in `source_dir` (or its cifar-10-batches-py/).
 
-    Train 45,000 / validation 5,000 (the last 5,000 of data_batch_5) / test 10,000. With `verify`
+    Train 45,000 / validation 5,000 (the last 5,000 of data_batch_5) / test 10,000 (`to_splits(...,
+    train_on_full=True)` trains on all 50,000, as the highway authors did: recipes.FULL_TRAINING_SET). With `verify`
     each file must match its official MD5.
     """
     directory = _cifar_dir(Path(source_dir).expanduser(), "cifar-10-batches-py")
@@ -100,7 +101,7 @@ def load_cifar10(source_dir: str | os.PathLike[str], verify: bool = True) -> Arr
 def load_cifar100(source_dir: str | os.PathLike[str], verify: bool = True) -> ArraySplits:
     """CIFAR-100 (fine labels) from the official python files in `source_dir` (or its cifar-100-python/).
 
-    Train 45,000 / validation 5,000 (the last 5,000 of train) / test 10,000.
+    Train 45,000 / validation 5,000 (the last 5,000 of train) / test 10,000 (all 50,000 with `train_on_full`).
     """
     directory = _cifar_dir(Path(source_dir).expanduser(), "cifar-100-python")
     x, y = _read_cifar_file(directory / "train", CIFAR100_MD5["train"] if verify else None, "fine_labels")

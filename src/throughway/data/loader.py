@@ -7,14 +7,15 @@ a resident tensor with a random permutation is the fastest loader there is, on a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .sources import ArraySplits, load_arrays
 
-__all__ = ["Split", "DataSplits", "load_dataset", "to_splits"]
+__all__ = ["Split", "DataSplits", "array_checksums", "load_dataset", "to_splits"]
 
 
 @dataclass
@@ -30,13 +31,16 @@ class Split:
 
 @dataclass
 class DataSplits:
-    """Train, validation (None when training on the full training set) and test splits."""
+    """Train, validation (None when training on the full training set) and test splits. `checksums`:
+    the SHA-256 of each uint8 array of the data set they were made from (`array_checksums`; empty
+    when made from tensors), which every run records in its environment."""
 
     name: str
     num_classes: int
     train: Split
     val: Split | None
     test: Split
+    checksums: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -50,6 +54,13 @@ def _split(x: np.ndarray, y: np.ndarray, scale: float, device: torch.device, lim
     xt = torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=torch.float32).div_(scale)
     yt = torch.from_numpy(np.ascontiguousarray(y)).to(device=device, dtype=torch.int64)
     return Split(xt, yt)
+
+
+def array_checksums(arrays: ArraySplits) -> dict[str, str]:
+    """{"train_x": SHA-256 hex, ...}: each of the six uint8 arrays' bytes (C order), the whole data set
+    before any limit or scaling: equal checksums, equal data."""
+    return {name: hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+            for name, array in arrays.arrays().items()}
 
 
 def to_splits(arrays: ArraySplits, *, train_on_full: bool = False, device: str | torch.device = "cpu",
@@ -77,6 +88,7 @@ def to_splits(arrays: ArraySplits, *, train_on_full: bool = False, device: str |
         train=_split(train_x, train_y, scale, device, limit),
         val=val,
         test=_split(arrays.test_x, arrays.test_y, scale, device, limit),
+        checksums=array_checksums(arrays),
     )
 
 

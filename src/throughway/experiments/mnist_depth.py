@@ -6,8 +6,9 @@ A highway net of the same shape (tanh H, transform-gate bias −2, the settings 
 paper's figure 2 MNIST net) trains beside them with the same recipe: it is not in the paper's table.
 
 Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
-(the summary that tables and figures are made from), table.md, figure4_train_loss.png and
-table1_test_error_by_depth.png. The tables and findings are made in experiments.mnist_depth_report
+(the summary that tables and figures are made from), table.md, figure4_train_loss.png,
+table1_test_error_by_depth.png, figure5_k_by_block.png and best_epoch.md (Table 1 under each epoch
+selection, from the runs' histories: issue 23). The tables and findings are made in experiments.mnist_depth_report
 (re-exported here).
 """
 
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info
+from .._io import atomic_write_text, environment_info
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import option, quick_config
@@ -28,7 +29,7 @@ from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
-                                 stem_ablation_markdown, table_markdown)
+                                 selection_report_markdown, stem_ablation_markdown, table_markdown)
 from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
                           summary_finished)
 
@@ -223,12 +224,20 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures from `out`/results.json alone; return the table text."""
+    """Remake table.md and the figures from `out`/results.json alone; return the table text. Where
+    `out`/runs holds the runs' results.json files, also best_epoch.md: Table 1 under each epoch
+    selection (`selection_report_markdown`; the validation-selected epoch where the study held out a
+    validation split)."""
     from ..report.depth_study_plots import plot_error_by_depth, plot_k_by_block, plot_training_curves
 
-    return remake_report(out, table_markdown, [(plot_training_curves, "figure4_train_loss.png"),
-                                               (plot_error_by_depth, "table1_test_error_by_depth.png"),
-                                               (plot_k_by_block, "figure5_k_by_block.png")])
+    table = remake_report(out, table_markdown, [(plot_training_curves, "figure4_train_loss.png"),
+                                                (plot_error_by_depth, "table1_test_error_by_depth.png"),
+                                                (plot_k_by_block, "figure5_k_by_block.png")])
+    if (Path(out) / "runs").is_dir():
+        config = read_summary(Path(out) / RESULTS_FILE, NAME)["config"]
+        selections = ("last", "best-test") if config["train_on_full"] else ("last", "best-test", "best-val")
+        atomic_write_text(Path(out) / "best_epoch.md", selection_report_markdown(out, selections))
+    return table
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

@@ -4,13 +4,19 @@ gated − residual tests, the findings against the paper and the first-layer (st
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+from .._io import read_json
 from ..report.stats import SIGNIFICANCE, paired_t_test
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
+from ..study.runs import mean_std, read_runs
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
-           "batchnorm_ablation_markdown", "batchnorm_ablation_tests"]
+           "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
+           "selection_table_markdown", "selection_findings", "selection_findings_markdown",
+           "selection_report_markdown"]
 
 def differences_from_paper(config: dict[str, Any]) -> list[str]:
     """What this study's settings change from the paper's protocol (printed with every table)."""
@@ -270,3 +276,195 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
         lines += ["", f"Where both are finished ({where}), Keras's constants move the test error by {min(diffs):+.3f} "
                       f"to {max(diffs):+.3f} points, {verdict}."]
     return "\n".join(lines) + "\n"
+
+
+# Which epoch of a run gives the number that Table 1 would report (issue 23). gated-residual-v2 §3.1
+# states neither the epoch nor the run behind Table 1; each selection here is one reading of it.
+SELECTIONS: dict[str, str] = {
+    "last": "the last epoch",
+    "best-test": "the epoch with the lowest test error (selected on the test set: optimistic)",
+    "best-val": "the epoch with the lowest validation error (trained on 50,000, selected on the 10,000 held out; "
+                "that epoch's test error)",
+}
+
+
+def selected_epoch(history: list[dict[str, Any]], selection: str) -> dict[str, Any] | None:
+    """The epoch record `selection` picks from a run's `history` (results.json "history"), or None
+    when no epoch has the number it selects on (e.g. "best-val" of a run trained without a validation
+    split). "last": the last epoch with a test error; "best-test": the lowest test_error_pct;
+    "best-val": the lowest val_error_pct. Ties go to the earliest epoch, as early stopping would."""
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection={selection!r} is not known; accepted values: {list(SELECTIONS)}")
+    key = {"last": "test_error_pct", "best-test": "test_error_pct", "best-val": "val_error_pct"}[selection]
+    usable = [h for h in history if h.get(key) is not None and h.get("test_error_pct") is not None]
+    if not usable:
+        return None
+    if selection == "last":
+        return usable[-1]
+    return min(usable, key=lambda h: (h[key], h["epoch"]))
+
+
+def epoch_selection(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Table 1's test error under each of SELECTIONS, from a mnist-depth study folder's
+    results.json (its config: depths, architectures, seeds) and every run's runs/<arch>-d<d>-s<seed>/
+    results.json, finished or not.
+
+    Returns {"folder", "config", "cells"}: per (arch, depth) of the paper's three architectures a
+    cell {"arch", "depth", "paper", "finished" (seeds), "seeds" (per seed: "seed", "state" (finished,
+    diverged, running at epoch N, not started) and per finished seed, for each selection, {"epoch",
+    "test_error_pct"} or None), and per selection {"mean", "std", "n", "values"} over the finished
+    seeds with "best" (the lowest) and "best_seed"}. Only finished, undiverged runs are counted:
+    a running run's best epoch so far is not its best epoch."""
+    folder = Path(folder)
+    summary_path = folder / "results.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{summary_path}: no mnist-depth summary (run `throughway reproduce mnist-depth "
+                                f"--out {folder}` or copy the study's results.json there)")
+    config = read_json(summary_path).get("config")
+    if not isinstance(config, dict) or not all(k in config for k in ("depths", "archs", "seeds", "epochs")):
+        raise ValueError(f"{summary_path}: 'config' lacks depths, archs, seeds or epochs; not a mnist-depth summary")
+    cells = []
+    for depth in config["depths"]:
+        for arch in [a for a in config["archs"] if a in PAPER_TEST_ERROR]:
+            names = [f"{arch}-d{depth}-s{seed}" for seed in range(config["seeds"])]
+            seeds: list[dict[str, Any]] = []
+            for seed, (_name, result) in enumerate(read_runs(folder / "runs", names)):
+                if result is None:
+                    seeds.append({"seed": seed, "state": "not started"})
+                    continue
+                history = result.get("history") or []
+                if result.get("diverged"):
+                    seeds.append({"seed": seed, "state": "diverged"})
+                elif result.get("final") is None:
+                    seeds.append({"seed": seed, "state": f"running at epoch {len(history)}"})
+                else:
+                    picked = {s: selected_epoch(history, s) for s in SELECTIONS}
+                    seeds.append({"seed": seed, "state": "finished", **{
+                        s: None if h is None else {"epoch": h["epoch"], "test_error_pct": h["test_error_pct"]}
+                        for s, h in picked.items()}})
+            cell: dict[str, Any] = {"arch": arch, "depth": depth, "paper": PAPER_TEST_ERROR[arch].get(depth),
+                                    "finished": sum(1 for s in seeds if s["state"] == "finished"), "seeds": seeds}
+            for selection in SELECTIONS:
+                chosen = [(s[selection]["test_error_pct"], s["seed"]) for s in seeds
+                          if s["state"] == "finished" and s[selection] is not None]
+                best = min(chosen) if chosen else None
+                cell[selection] = {**mean_std([v for v, _ in chosen]), "best": best[0] if best else None,
+                                   "best_seed": best[1] if best else None}
+            cells.append(cell)
+    return {"folder": str(folder), "config": config, "cells": cells}
+
+
+def _selection_cell(cell: dict[str, Any], selection: str) -> str:
+    stat = cell[selection]
+    if stat["mean"] is None:
+        running = [s["state"] for s in cell["seeds"] if s["state"].startswith("running")]
+        return f"pending ({running[0]})" if running else "pending"
+    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    text += f"; best {stat['best']:.2f} (seed {stat['best_seed']})"
+    if stat["n"] < len(cell["seeds"]):
+        text += f" ({stat['n']}/{len(cell['seeds'])} seeds)"
+    return text
+
+
+def selection_table_markdown(selection_summary: dict[str, Any], selections: tuple[str, ...] = ("last", "best-test")
+                             ) -> str:
+    """A markdown table of Table 1's test error (%) per depth and architecture beside the paper's, one
+    column per selection in `selections` (keys of SELECTIONS): mean ± std over the finished seeds and
+    the best seed; "pending" where no seed has finished. `selection_summary` is `epoch_selection`'s."""
+    unknown = [s for s in selections if s not in SELECTIONS]
+    if unknown:
+        raise ValueError(f"selections: {unknown} not known; accepted values: {list(SELECTIONS)}")
+    config = selection_summary["config"]
+    archs = [a for a in config["archs"] if a in PAPER_TEST_ERROR]
+    by = {(c["arch"], c["depth"]): c for c in selection_summary["cells"]}
+    header = ["d"]
+    for arch in archs:
+        header += [f"{arch} (paper)"] + [f"{arch}: {s}" for s in selections]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for depth in config["depths"]:
+        row = [str(depth)]
+        for arch in archs:
+            cell = by[(arch, depth)]
+            row += [_num(cell["paper"])] + [_selection_cell(cell, s) for s in selections]
+        lines.append("| " + " | ".join(row) + " |")
+    images = "60,000" if config.get("train_on_full") else "50,000 (10,000 held out for validation)"
+    lines += ["", f"Test error (%), mean ± std over the finished seeds of {config['seeds']}; best seed. "
+                  f"{config['epochs']} epochs, trained on {images}. Selections: "
+              + "; ".join(f"**{s}**: {SELECTIONS[s]}" for s in selections) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def selection_findings(selection_summary: dict[str, Any], selection: str) -> dict[str, dict[str, list[Any]]]:
+    """Per architecture of the paper's residual and gated columns: which depths `selection` reproduces.
+    The rule (ours; the paper gives no spread): Table 1's number is reproduced where it lies within the
+    range of our finished seeds' selected errors (lowest to highest); "below" where it is lower than
+    every seed (a gap: the paper's number is better than any of our runs), "above" where it is higher
+    than every seed. Cells with fewer than two finished seeds are not judged ("pending"). Returns {arch: {"within":
+    [d], "below": [(d, our best, paper)], "above": [(d, our lowest, paper)], "pending": [d]}}."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    for cell in selection_summary["cells"]:
+        if cell["arch"] not in ("residual", "gated") or cell["paper"] is None:
+            continue
+        verdict = out.setdefault(cell["arch"], {"within": [], "below": [], "above": [], "pending": []})
+        values = cell[selection]["values"]
+        if len(values) < 2:
+            verdict["pending"].append(cell["depth"])
+        elif min(values) <= cell["paper"] <= max(values):
+            verdict["within"].append(cell["depth"])
+        elif cell["paper"] < min(values):
+            verdict["below"].append((cell["depth"], min(values), cell["paper"]))
+        else:
+            verdict["above"].append((cell["depth"], min(values), cell["paper"]))
+    return out
+
+
+def selection_findings_markdown(selection_summary: dict[str, Any], selections: tuple[str, ...] = ("last", "best-test")
+                                ) -> str:
+    """One sentence per selection and architecture (residual, gated) saying at which depths the
+    selection reproduces Table 1 (`selection_findings`' rule) and which gaps remain, the d = 100 gated
+    cell (the paper's 1.26) named on its own."""
+    counts = []
+    for selection in selections:
+        findings = selection_findings(selection_summary, selection)
+        judged = {arch: len(v["within"]) + len(v["below"]) + len(v["above"]) for arch, v in findings.items()}
+        counts.append(f"{selection}: " + ", ".join(
+            f"{arch} {len(v['within'])} of {judged[arch]}" if judged[arch] else f"{arch} not judged"
+            for arch, v in findings.items()))
+    lines = ["- Cells of Table 1 reproduced, by selection: " + "; ".join(counts) + "."]
+    for selection in selections:
+        findings = selection_findings(selection_summary, selection)
+        for arch, verdict in findings.items():
+            parts = []
+            if verdict["within"]:
+                parts.append(f"reproduces d = {', '.join(map(str, verdict['within']))} (the paper's number within "
+                             f"our seeds' range)")
+            if verdict["below"]:
+                parts.append("leaves a gap at " + "; ".join(
+                    f"d = {d} (our best seed {best:.2f}, paper {paper:.2f}: {best - paper:.2f} points)"
+                    for d, best, paper in verdict["below"]))
+            if verdict["above"]:
+                parts.append("is better than the paper at " + "; ".join(
+                    f"d = {d} (our best seed {best:.2f}, paper {paper:.2f})" for d, best, paper in verdict["above"]))
+            if verdict["pending"]:
+                parts.append(f"is not judged at d = {', '.join(map(str, verdict['pending']))} (fewer than two "
+                             f"finished seeds)")
+            lines.append(f"- **{selection}**, {arch}: " + ("; ".join(parts) or "no cell") + ".")
+        watch = next((c for c in selection_summary["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
+        if watch is not None and len(watch[selection]["values"]) >= 2:
+            stat = watch[selection]
+            lines.append(f"  - d = 100 gated, the paper's {watch['paper']:.2f}: ours {stat['mean']:.2f} ± "
+                         f"{stat['std']:.2f}, best seed {stat['best']:.2f} "
+                         + ("(reached)." if stat["best"] <= watch["paper"] else
+                            f"({stat['best'] - watch['paper']:.2f} points above the paper even at our best seed)."))
+    rule = ("Rule (ours; the paper gives no spread): a selection reproduces a cell when Table 1's number lies "
+            "between our lowest and highest finished seed; cells need two finished seeds.")
+    return "\n".join(lines + ["", rule]) + "\n"
+
+
+def selection_report_markdown(folder: str | os.PathLike[str],
+                              selections: tuple[str, ...] = ("last", "best-test")) -> str:
+    """`selection_table_markdown` and `selection_findings_markdown` of the mnist-depth study in `folder`
+    (`epoch_selection`), as one markdown block: what results/<study>/best_epoch.md holds."""
+    summary = epoch_selection(folder)
+    return selection_table_markdown(summary, selections) + "\n" + selection_findings_markdown(summary, selections)
+

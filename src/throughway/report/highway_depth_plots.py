@@ -28,10 +28,13 @@ def _positive(values: list[Any]) -> list[float]:
 
 def plot_figure1(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Two panels, log-scale training loss against epoch: left the best trial of every (architecture,
-    depth), right the mean of the top 10 trials (highway §3.1, figure 1). Colour = depth, line style
+    depth), right the mean of the top 10 trials (highway §3.1, figure 1), ranked as the summary's
+    config says (rank: the lowest loss of any epoch; summaries without it: the last epoch's). Colour = depth, line style
     = architecture (dashed plain, solid highway)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    titles = ("best trial (lowest final training loss)", "mean of the top 10 trials")
+    ranked = {"best-loss": "lowest training loss of any epoch"}.get(summary.get("config", {}).get("rank", ""),
+                                                                     "lowest final training loss")
+    titles = (f"best trial ({ranked})", "mean of the top 10 trials")
     for ax, title, key in zip(axes, titles, ("best", "top10")):
         for cell in summary["cells"]:
             data = cell.get(key)

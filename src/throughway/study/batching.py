@@ -25,7 +25,7 @@ from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedS
                              train_batched)
 from ..train.runner import build_model, resolve_recipe
 from .options import add_options
-from .runs import RunSpec, check_specs, prepare_data
+from .runs import RunSpec, check_specs, prepare_data, worker_threads
 
 __all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown",
            "add_estimate_options"]
@@ -109,7 +109,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     data = load_dataset(first.dataset, first.data_dir, train_on_full=first.train_on_full, device="cpu",
                         limit=first.limit)
     n_train, n_eval = len(data.train), len(data.test) + (len(data.val) if data.val is not None else 0)
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+    threads = worker_threads(jobs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
@@ -201,7 +201,7 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     prepare_data([spec.config for spec in specs])
     jobs = min(jobs, max(1, len(batches)))
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+        threads = worker_threads(jobs)
     errors: dict[str, str | None] = {}
 
     def done(names: list[str], error: str | None) -> None:

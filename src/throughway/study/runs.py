@@ -24,8 +24,33 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 
-__all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
-           "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished", "check_run_results"]
+__all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
+           "StudySummary", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
+           "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
+
+# The thread count that `--threads` asks for, for this process and every worker it starts (issue 23: a
+# run re-runs bit for bit only with the thread count it was trained with; results.json records it).
+THREADS_ENV = "THROUGHWAY_THREADS"
+
+
+def set_threads(threads: int) -> None:
+    """Train with `threads` intra-op threads here and in every worker process a study starts
+    (`worker_threads`), as `--threads` asks: sets torch's count and $THROUGHWAY_THREADS."""
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"--threads {threads!r}: must be a positive integer")
+    torch.set_num_threads(threads)
+    os.environ[THREADS_ENV] = str(threads)
+
+
+def worker_threads(jobs: int) -> int:
+    """Intra-op threads of each of `jobs` worker processes: $THROUGHWAY_THREADS where set (`--threads`),
+    else cpu_count // jobs (at least 1) with jobs > 1, else this process's torch thread count."""
+    text = os.environ.get(THREADS_ENV)
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"${THREADS_ENV}={text!r}: must be a positive integer (the --threads option sets it)")
+        return int(text)
+    return max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
 
 
 @dataclass(frozen=True)
@@ -134,7 +159,7 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
     jobs = min(jobs, max(1, len(specs)))
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+        threads = worker_threads(jobs)
     errors: dict[str, str | None] = {}
     check_specs(specs)
     prepare_data([spec.config for spec in specs])

@@ -16,7 +16,9 @@
 * highway-conv-mnist / highway-conv-cifar (highway §3.2, §3.3.2): the solvers the highway authors
   released (flukeskywalker/highway-networks, examples/highways/*/..._solver.prototxt), every value
   with its file and line in the recipe's notes, Caffe's per-parameter lr_mult / decay_mult as
-  `param_rules`; highway-conv-mnist-ours / highway-conv-cifar-ours: the toolkit's earlier recipes,
+  `param_rules`, and the authors' data: highway-conv-cifar's GCN + mean image, pad-8 crops and
+  mirroring (data.augment quotes the lines), and both on every training image (FULL_TRAINING_SET,
+  the default of `throughway train`); highway-conv-mnist-ours / highway-conv-cifar-ours: the toolkit's earlier recipes,
   our values where the paper states none.
 
 k (every parameter named `...k`, the scalar gates) is never weight-decayed unless the recipe sets
@@ -35,18 +37,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.augment import AUGMENTATIONS as _AUGMENT_PADDING
+from ..data.augment import NORMALIZATIONS
 from .flat import FlatOptimizer
 
-__all__ = ["Recipe", "RECIPES", "get_recipe", "list_recipes", "parameter_groups", "build_optimizer",
+__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups", "build_optimizer",
            "learning_rate_at"]
 
 OPTIMIZERS = ("nadam", "sgd", "adam")
 SCHEDULES = ("constant", "exponential", "multistep")
-# Per-batch training augmentation ("crop-flip": pad 4, random crop, horizontal flip p = 0.5) and the
-# per-channel normalisation applied once to every split with training-split statistics, or Caffe's
-# pixels/256 scaling (data.augment).
-AUGMENTATIONS = ("none", "crop-flip")
-NORMALIZATIONS = ("none", "mean", "mean-std", "pixels/256")
+# Per-batch training augmentation ("crop-flip": pad 4, random crop, horizontal flip p = 0.5; "crop-flip-8":
+# pad 8) and the normalisation applied once to every split with training-split statistics (per-channel,
+# or GCN + mean image), or Caffe's pixels/256 scaling: data.augment defines them.
+AUGMENTATIONS = tuple(_AUGMENT_PADDING)
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ RECIPES: dict[str, Recipe] = {
     "highway-conv-cifar": Recipe(
         name="highway-conv-cifar", optimizer="sgd", lr=0.025, momentum=0.9, nesterov=True, weight_decay=0.001,
         epochs=400, batch_size=100, schedule="multistep", milestones=(0.5, 0.75, 0.875), milestone_factor=0.1,
-        augment="crop-flip", normalize="mean", param_rules=_CAFFE_MULTS,
+        augment="crop-flip-8", normalize="gcn-mean-image", param_rules=_CAFFE_MULTS,
         source="highway §3.3.2 Table 3, the authors' solver: " + _CIFAR_SOLVER.format("cifar10")
                + " (the cifar100 one differs only in its paths and random seed)",
         notes=(f"{_CIFAR_SOLVER.format('cifar10')} lines 13-15: solver_type NESTEROV, base_lr 0.025, momentum 0.9",
@@ -184,10 +187,17 @@ RECIPES: dict[str, Recipe] = {
                f"{_CIFAR_NET.format('cifar10')} line 9: batch_size 100; lr_mult / decay_mult: every weight 1 / 1, "
                "every bias 2 / 0 (e.g. lines 71-78, 104-119), the classifier's weight decay_mult 10 (lines 792-795): "
                "param_rules",
-               "data (lines 7-16): the authors trained on globally contrast-normalised images, padded (by an "
-               "amount the files do not state), mean image subtracted, random 32×32 crops and mirroring; here "
-               "crop-flip pads 4 zero pixels and per-channel mean subtraction stands in for GCN + mean image "
-               "(ours: the toolkit has no GCN)",
+               "data: flukeskywalker/highway-networks README.md line 18, 'CIFAR-10/100 were global contrast "
+               f"normalized and padded with 8 pixels each side'; {_CIFAR_NET.format('cifar10')} lines 8-16: "
+               "source cifar10_full_train_leveldb_padded, mean_file paddedmean.binaryproto, mirror 1, crop_size "
+               "32; lines 25-31 and 44-50: the unpadded sets with mean.binaryproto, mirror 0: normalize "
+               "gcn-mean-image (GCN per image, the training set's mean image subtracted) and augment "
+               "crop-flip-8 (zero padding by 8, random 32×32 crops, mirroring; data.augment); the GCN formula "
+               "and the padding value are ours",
+               "all 50,000 training images (full_train): `throughway train` trains this recipe on the full "
+               "training set unless told --no-train-on-full (FULL_TRAINING_SET)",
+               "ours as an option: --augment crop-flip --normalize mean --no-train-on-full (pad 4, per-channel "
+               "means, 45,000 images: this recipe's data before issue 23)",
                "model: highway_conv arch cifar10-19 / cifar100-19 (the authors' nets)"),
     ),
     "highway-conv-cifar-ours": Recipe(
@@ -210,8 +220,8 @@ RECIPES: dict[str, Recipe] = {
                "0.001; line 28: max_iter 180000",
                "epochs: 60,000 training images (the commented test-on-train pass, lines 4-5: test_iter 600 × batch "
                "100, reading mnist_train_lmdb; test_interval 600, line 10), so 600 iterations an epoch: 300 "
-               "epochs, steps after epochs 100 and 200 (milestones 1/3, 2/3); train with --train-on-full (the "
-               "toolkit's default split trains on 50,000)",
+               "epochs, steps after epochs 100 and 200 (milestones 1/3, 2/3); `throughway train` trains this recipe "
+               "on all 60,000 unless told --no-train-on-full (FULL_TRAINING_SET)",
                f"{_MNIST_NET} line 9: batch_size 100; lr_mult / decay_mult: every weight 1 / 1, every bias 2 / 0 "
                "(lines 67-74, 99-114 and each highway layer), the classifier's weight decay_mult 10 (lines 465-468): "
                "param_rules",
@@ -233,6 +243,17 @@ RECIPES: dict[str, Recipe] = {
         notes=("every value is ours: the paper states none for the MNIST conv nets; no augmentation; "
                "mean/std normalisation with training-split statistics",),
     ),
+}
+
+
+# The recipes whose authors trained on every training image (no validation split): `throughway train`
+# sets --train-on-full by default for them. Recipe name -> the line that says so.
+FULL_TRAINING_SET: dict[str, str] = {
+    "highway-conv-cifar": f"{_CIFAR_NET.format('cifar10')} line 8: the TRAIN source is "
+                          "cifar10_full_train_leveldb_padded; the solver's test-on-train pass, "
+                          f"{_CIFAR_SOLVER.format('cifar10')} lines 4-5: test_iter 500 × batch 100 = 50,000",
+    "highway-conv-mnist": f"{_MNIST_NET} line 8: the TRAIN source is mnist_train_lmdb; the solver's "
+                          f"test-on-train pass, {_MNIST_SOLVER} lines 4-5: test_iter 600 × batch 100 = 60,000",
 }
 
 

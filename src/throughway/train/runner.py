@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 
 from .._io import atomic_write_json, environment_info, read_json_object
 from ..data import DATASET_SHAPES, DataSplits, load_dataset
-from ..data.augment import RandomCropFlip, normalize_splits
+from ..data.augment import normalize_splits, train_transform
 from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from . import distributed
 from .checkpoint import (MAX_MODEL_PARAMETERS, check_model_config, has_checkpoint, load_checkpoint, load_model,
@@ -242,11 +242,15 @@ def resolve_recipe(config: RunConfig) -> Recipe:
 
 
 def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, data: DataSplits) -> dict[str, Any]:
-    """The results.json fields known before training (format, config, environment, recipe, model, data)."""
+    """The results.json fields known before training (format, config, environment, recipe, model, data).
+    The environment holds the data set's checksums (`DataSplits.checksums`) where the data has them."""
+    environment = environment_info(config.device)
+    if data.checksums:
+        environment["data_sha256"] = dict(data.checksums)
     return {
         "format": RESULTS_FORMAT,
         "config": config.to_dict(),
-        "environment": environment_info(config.device),
+        "environment": environment,
         "recipe": recipe.to_dict(),
         "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
                   "config": getattr(model, "config", {})},
@@ -488,7 +492,7 @@ def _train(config: RunConfig, out_dir: Path, *, resume: bool, progress: bool, da
     results: dict[str, Any] = results_header(config, recipe, model, data)
     distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
     files = _RunFiles(out_dir, results, resume, write=main_process, progress=progress)
-    transform = RandomCropFlip(padding=4, flip_p=0.5) if recipe.augment == "crop-flip" else None
+    transform = train_transform(recipe.augment)
     # The event files are written before each checkpoint (TensorBoardLogger: no epoch twice on resume).
     logs = [TensorBoardLogger(out_dir)] if tensorboard and main_process else []
     fit(model, data, recipe, [*logs, files, *callbacks], seed=config.seed, progress=progress, label=out_dir.name,
