@@ -413,7 +413,8 @@ def _study_with_run(tmp_path: Path, base: Path, change: Any) -> Path:
 
 
 @pytest.mark.parametrize("change, named", [
-    (lambda r: r["history"][0].pop("train_loss"), "field 'history[0].train_loss' is None (missing)"),
+    (lambda r: r["history"][0].pop("epoch"), "field 'history[0].epoch' is None (missing)"),
+    (lambda r: r["history"][0].update(train_loss=[1.0]), "field 'history[0].train_loss' is [1.0] (wrong type)"),
     (lambda r: r["history"][1].update(epoch="2"), "field 'history[1].epoch' is '2' (wrong type)"),
     (lambda r: r["history"][0].update(test_error_pct="1.5"), "field 'history[0].test_error_pct' is '1.5'"),
     (lambda r: r["final"].update(k=["a"]), "field 'final.k' is ['a']; accepted: null or a list of numbers"),

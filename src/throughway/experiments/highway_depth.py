@@ -259,7 +259,7 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                     missing += 1
                     continue
                 result = check_run_results(read_results(path.parent), path)
-                curve = [h["train_loss"] for h in result["history"]]
+                curve = [h.get("train_loss") for h in result["history"]]
                 state = "running" if result.get("final") is None else ("diverged" if result.get("diverged") else "finished")
                 last, lowest = _losses(result)
                 entry = {"run": name, "arch": arch, "layers": layers, "trial": trial, **hp, "state": state,

@@ -170,8 +170,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                     status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 history = result["history"]
-                curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h["train_loss"] for h in history],
-                                "test_error_pct": [h["test_error_pct"] for h in history]}
+                curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h.get("train_loss") for h in history],
+                                "test_error_pct": [h.get("test_error_pct") for h in history]}
                 final = result.get("final")
                 state = "finished" if final is not None else "running"
                 if result.get("diverged"):

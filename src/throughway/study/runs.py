@@ -199,8 +199,9 @@ _RECORD_FIELDS = ("train_loss", "test_error_pct")
 def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
     """`results` (a run's results.json, already checked by `read_results`) when the fields a study
     summary reads have the types `run_training` writes: 'history' a list of records with an integer
-    'epoch' and a number or null for 'train_loss' and 'test_error_pct', 'diverged' a bool, 'final.k'
-    null or a list of numbers; otherwise ValueError naming `path` and the field."""
+    'epoch' and a number or null (or nothing: read as null) for 'train_loss' and 'test_error_pct',
+    'diverged' a bool, 'final.k' null or a list of numbers; otherwise ValueError naming `path` and
+    the field."""
     def number(value: Any) -> bool:
         return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
@@ -209,7 +210,7 @@ def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: field 'history' is {type(history).__name__}; accepted: a list of epoch records "
                          f"(the file was edited or damaged)")
     for i, record in enumerate(history):
-        bad = [key for key in _RECORD_FIELDS if key not in record or not number(record[key])]
+        bad = [key for key in _RECORD_FIELDS if not number(record.get(key))]  # a missing metric reads as null
         if not isinstance(record.get("epoch"), int) or isinstance(record.get("epoch"), bool):
             bad.insert(0, "epoch")
         if bad:
