@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measure what the README's first lines quote, into results/timings/ (the README renders them:
-# `throughway report --readme README.md`):
+# `python -m tools.readme`):
 #   main-job.txt    the README's main command on a fresh clone of this checkout's HEAD, set-up included;
 #   test-suite.txt  the README's test command in this checkout, once set up.
 # Usage: scripts/measure_timings.sh [main-job|test-suite|all]. Run it on a quiet machine.

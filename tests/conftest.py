@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from throughway.data import ArraySplits, to_splits
 from throughway.data.sources import save_cache
+
+# The repository's own tooling (tools/, e.g. the docs renderer `tools.readme`) is imported from the
+# checkout, however pytest was started.
+_REPOSITORY = str(Path(__file__).resolve().parents[1])
+if _REPOSITORY not in sys.path:
+    sys.path.insert(0, _REPOSITORY)
 
 
 def make_arrays(n_train: int = 600, n_val: int = 200, n_test: int = 200, seed: int = 0,

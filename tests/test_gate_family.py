@@ -177,3 +177,165 @@ def test_reproduce_gate_family_quick_from_the_command_line(tmp_path, fake_mnist_
     assert len(results["cells"]) == 2 * 7 and all(c["test_error_pct"]["n"] == 2 for c in results["cells"])
     # a finished study is only re-reported when run again
     assert main(["reproduce", "gate-family", "--quick", "--out", str(out), "--quiet"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Phase 2: the report (gate_family_report) and the analyses at initialisation (gate_family_init)
+
+def _summary_with_errors(gated: list[float], other: list[float]) -> dict:
+    def cell(family, errors):
+        return {"family": family, "depth": 10, "per_seed": [{"seed": s, "test_error_pct": e}
+                                                            for s, e in enumerate(errors)]}
+    return {"config": {"depths": [10]}, "cells": [cell("gated", gated), cell("rezero", other)]}
+
+
+def test_gated_comparisons_need_three_pairs_and_p_below_005():
+    from throughway.experiments.gate_family_report import comparisons_markdown, gated_comparisons
+
+    # two pairs, however different: no verdict
+    (row,) = gated_comparisons(_summary_with_errors([1.0, 1.1], [3.0, 3.2]), "rezero")
+    assert row["verdict"] == "too few" and row["seeds"] == [0, 1]
+    # five pairs, gated lower by about 1 pp each time: significant
+    (row,) = gated_comparisons(_summary_with_errors([1.0, 1.1, 1.2, 0.9, 1.05], [2.0, 2.2, 2.1, 2.0, 2.0]), "rezero")
+    assert row["verdict"] == "gated better" and row["test"]["p_value"] < 0.05 and row["test"]["n"] == 5
+    # five pairs with differences of both signs: no verdict
+    (row,) = gated_comparisons(_summary_with_errors([1.0, 2.0, 1.0, 2.0, 1.5], [2.0, 1.0, 2.0, 1.0, 1.5]), "rezero")
+    assert row["verdict"] == "no significant difference" and row["test"]["p_value"] > 0.05
+    text = comparisons_markdown({"comparisons": [row]})
+    assert "| 10 | rezero | 5 |" in text and "no significant difference" in text
+
+
+def test_gate_record_counts_dead_relu_gates_and_negative_identity_gates():
+    from throughway.experiments.gate_family_report import gate_record
+
+    gated = create_model("mlp_gated_residual", depth=6, width=4)
+    rezero = create_model("mlp_rezero", depth=6, width=4)
+    layerscale = create_model("mlp_layerscale", depth=4, width=4)
+    with torch.no_grad():
+        for block, k in zip(gated.blocks, (-0.1, 0.5, 0.0)):
+            block.gate.k.fill_(k)
+        for block, alpha in zip(rezero.blocks, (-0.3, 0.2, 0.4)):
+            block.gate.k.fill_(alpha)
+        layerscale.blocks[0].gate.k.copy_(torch.tensor([-0.1, 0.1, 0.2, 0.2]))
+        layerscale.blocks[1].gate.k.copy_(torch.tensor([0.4, 0.4, -0.4, 0.4]))
+    record = gate_record(gated, "relu")
+    assert record["dead"] == 2 and record["negative"] is None  # k ≤ 0 closes a relu gate
+    assert record["mean"] == pytest.approx(0.4 / 3) and record["count"] == 3
+    record = gate_record(rezero, "identity")
+    assert record["negative"] == 1 and record["dead"] is None  # a negative α is not a dead gate
+    assert record["mean_abs"] == pytest.approx(0.3)
+    record = gate_record(layerscale, "identity")
+    assert record["vector"] and record["count"] == 8 and record["negative"] == 2
+    assert record["per_block"] == pytest.approx([0.15, 0.4]) and record["mean"] == pytest.approx(0.275)  # mean |λ|
+
+
+def test_removal_order_by_gate_magnitude_for_scalar_and_vector_gates():
+    rezero = create_model("mlp_rezero", depth=6, width=4)
+    layerscale = create_model("mlp_layerscale", depth=6, width=4)
+    with torch.no_grad():
+        for block, alpha in zip(rezero.blocks, (0.3, -0.5, 0.1)):
+            block.gate.k.fill_(alpha)
+        for block, lam in zip(layerscale.blocks, (0.2, 0.05, -0.1)):
+            block.gate.k.fill_(lam)
+    assert removal_order(rezero, "greedy") == [2, 0, 1]  # |α|: the large negative α goes last
+    assert removal_order(layerscale, "greedy") == [1, 2, 0]  # mean |λ|
+
+
+def test_removal_record_removes_closed_blocks_first_at_no_cost():
+    from throughway.experiments.gate_family_report import removal_record
+
+    model = create_model("mlp_rezero", depth=8, width=6, in_features=5, norm="none")
+    with torch.no_grad():
+        for block, alpha in zip(model.blocks, (0.9, 0.0, 0.8, 0.0)):
+            block.gate.k.fill_(alpha)
+    model.eval()
+    x = torch.randn(64, 5)
+    labels = model(x).argmax(dim=1)  # the full net is right on every sample
+
+    def accuracy(m):
+        return 100.0 * float((m(x).argmax(dim=1) == labels).double().mean())
+
+    record = removal_record(model, accuracy, orders=2)
+    assert record["greedy_order"][:2] == [1, 3] and record["half"] == 2
+    assert record["greedy"][:3] == [100.0, 100.0, 100.0]  # the two α = 0 blocks are exact identities
+    assert record["half_share_greedy"] == 1.0
+    assert len(record["random"]) == 2 and all(len(c) == 5 for c in record["random"])
+    assert 0.0 <= record["half_share_random"] <= 1.0
+
+
+def test_gate_family_report_on_the_quick_study(tmp_path, fake_mnist_root):
+    from throughway.experiments import get_experiment
+    from throughway.experiments.gate_family_report import gate_values_markdown, removal_markdown
+
+    study = get_experiment("gate-family")
+    config = dataclasses.replace(study.QUICK, depths=(2, 4), epochs=2, limit=300,
+                                 families=("residual", "gated", "rezero", "layerscale"))
+    out = tmp_path / "gf"
+    summary = study.run(config, out, progress=False)
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    # gates at the end come from the model files: LayerScale's |λ| too
+    ls = by[("layerscale", 4)]["gates"]
+    assert len(ls) == 2 and ls[0]["vector"] and ls[0]["count"] == 2 * config.width
+    model = load_model(out / "runs" / "layerscale-d4-s0" / "model.safetensors")
+    assert ls[0]["mean"] == pytest.approx(float(sum(b.gate.k.detach().abs().mean() for b in model.blocks) / 2))
+    assert by[("residual", 4)]["gates"] == []  # ungated
+    # the removal curves of every gated kind at d = 4 (2 blocks; d = 2 has one block: no half to remove)
+    removal = json.loads((out / "removal.json").read_text())
+    assert set(removal) == {f"{f}-d{d}-s{s}" for f in ("gated", "rezero", "layerscale") for d in (2, 4) for s in (0, 1)}
+    record = by[("rezero", 4)]["removal"][0]
+    assert record["blocks"] == 2 and len(record["greedy"]) == 3 and len(record["random"]) == study.REMOVAL_ORDERS
+    assert record["greedy"][0] == pytest.approx(100.0 - by[("rezero", 4)]["per_seed"][0]["test_error_pct"], abs=1e-6)
+    # 2 seeds: every comparison says "too few"
+    assert {row["verdict"] for row in summary["comparisons"]} == {"too few"}
+    # the curves: 2 epochs of train loss per run
+    assert len(summary["curves"]["gated-d4-s1"]["train_loss"]) == 2
+    table = (out / "table.md").read_text()
+    for heading in ("Test error (%)", "Paired t-test", "Gates at the end", "Share of test accuracy kept"):
+        assert heading in table
+    assert (out / "train_loss.png").stat().st_size > 10_000 and (out / "removal.png").stat().st_size > 10_000
+    # a depth with no finished run is rendered pending, in each table
+    wider = study.summarize(dataclasses.replace(config, depths=(2, 4, 6)), out)
+    assert "| 6 | pending | pending" in gate_values_markdown(wider)
+    assert "| 6 | pending | pending | pending |" in removal_markdown(wider)
+    assert "| 6 | pending |" in study.table_markdown(wider)
+    # re-reporting from the run folders alone (no training) rebuilds the removal file and the tables
+    (out / "removal.json").unlink()
+    (out / "table.md").unlink()
+    again = study.report_finished(out)
+    assert json.loads((out / "removal.json").read_text()) == removal
+    assert again["cells"] == summary["cells"] and (out / "table.md").read_text() == table
+
+
+def test_gate_family_init_quick(tmp_path, fake_mnist_root):
+    from throughway.experiments import get_experiment
+
+    init = get_experiment("gate-family-init")
+    config = init.Config(depths=(2, 4), seeds=2, width=6, hessian_width=3, samples=24)
+    summary = init.run(config, tmp_path / "init", progress=False)
+    by = {(p["family"], p["depth"]): p for p in summary["points"]}
+    # distance to identity: k = 1 per gated block, α = 0, λ = 0.1 per channel (CaiT, d ≤ 18), branch weights
+    assert by[("gated", 4)]["distance_to_identity"]["mean"] == pytest.approx(2.0)
+    assert by[("rezero", 4)]["distance_to_identity"]["mean"] == 0.0
+    assert by[("layerscale", 4)]["distance_to_identity"]["mean"] == pytest.approx(2 * 6 * 0.1 ** 2)
+    assert by[("residual", 4)]["distance_to_identity"]["mean"] > 2.0
+    cell = summary["cells"]["rezero-nf-d4-s1"]["hessian"]
+    # α = 0: the branches' weights have no second derivative of their own, so many eigenvalues are 0
+    assert cell["zero_fraction"] > 0.1 and cell["condition"] is None and cell["nonzero_condition"] > 1
+    for point in summary["points"]:
+        assert point["seeds"] == 2 and point["max_abs"]["n"] == 2
+    table = (tmp_path / "init" / "table.md").read_text()
+    assert "Condition number max|λ| / P10(|λ|)" in table and "Not the paper's measure" in table
+    assert (tmp_path / "init" / "init_by_depth.png").stat().st_size > 10_000
+    # resumable: a second run computes nothing new and keeps every cell
+    again = init.run(config, tmp_path / "init", resume=True, progress=False)
+    assert again["cells"] == summary["cells"]
+
+
+def test_reproduce_gate_family_init_from_the_command_line(tmp_path, fake_mnist_root, capsys):
+    out = tmp_path / "init"
+    assert _exit_code(["reproduce", "gate-family-init", "--families", "highway", "--out", str(out)]) == 2
+    assert "rezero-nf" in capsys.readouterr().err and not out.exists()
+    assert main(["reproduce", "gate-family-init", "--quick", "--families", "gated", "rezero", "--out", str(out),
+                 "--quiet"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["depths"] == [2, 6] and len(results["cells"]) == 2 * 2 * 2

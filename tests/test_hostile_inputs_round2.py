@@ -514,11 +514,21 @@ def test_9_load_model_refuses_integer_tensors_where_floats_belong(tmp_path):
 @pytest.mark.parametrize("option, value", [("--gate-bias", "nan"), ("--target", "inf"), ("--k-init", "nan")])
 def test_10_sdi_refuses_non_finite_numbers(capsys, option, value):
     capsys.readouterr()
-    code = main(["sdi", option, value])
+    with pytest.raises(SystemExit) as exit_:  # refused by the option's own type, before anything is computed
+        main(["sdi", option, value])
     out, err = capsys.readouterr()
-    assert code == 2
-    assert f"({option}): accepted: a finite number" in err
+    assert exit_.value.code == 2
+    assert f"argument {option}: {value}: must be a finite number" in err
     assert out == ""  # no table of nan
+
+
+@pytest.mark.parametrize("argument", ["gate_bias", "target", "k_init"])
+def test_10_the_sdi_function_refuses_non_finite_numbers(argument):
+    from throughway.analysis.sdi import sdi
+
+    layer = "gated" if argument == "k_init" else "highway"
+    with pytest.raises(ValueError, match=rf"{argument}=nan \(--{argument.replace('_', '-')}\): accepted: a finite number"):
+        sdi(layer, 8, **{argument: float("nan")})
 
 
 # -- 11. the Python API checks what the command line checks ----------------------------------------
@@ -564,15 +574,12 @@ def test_11_nan_inputs_are_named_as_the_data_not_a_divergence():
 # -- 16. --quiet is quiet; prune names a meta-device model ------------------------------------------
 
 def test_16_quiet_prints_no_start_or_done_lines(tmp_path, capsys, monkeypatch):
-    from throughway.study import batching, runs
+    from throughway.study import runs
 
     monkeypatch.setattr(runs, "run_training", lambda *a, **k: None)
-    monkeypatch.setattr(batching, "train_batched", lambda *a, **k: None)
-    monkeypatch.setattr(batching, "_data_for", lambda config: None)
     spec = runs.RunSpec("gated-d2-s0", CONFIG)
     capsys.readouterr()
     assert runs._worker(spec, str(tmp_path), False, 1, False) == ("gated-d2-s0", None)
-    assert batching._batch_worker([spec], str(tmp_path), False, 1, False) == (["gated-d2-s0"], None)
     assert capsys.readouterr().err == ""
     runs._worker(spec, str(tmp_path), False, 1, True)
     assert capsys.readouterr().err == "[gated-d2-s0] start\n[gated-d2-s0] done\n"

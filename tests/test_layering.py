@@ -17,11 +17,8 @@ ALLOWED = {
     "report": set(),
     "study": {"layers", "models", "data", "train", "analysis", "report"},
     "experiments": {"layers", "models", "data", "train", "analysis", "report", "study"},
-    # The README's generated blocks read results files through the experiments' report functions.
-    "readme_sections": {"experiments", "report"},
     # The command line is the top: it may use every room, and nothing imports it.
-    "cli": {"layers", "models", "data", "train", "analysis", "report", "study", "experiments", "readme",
-            "readme_sections"},
+    "cli": {"layers", "models", "data", "train", "analysis", "report", "study", "experiments"},
 }
 
 
@@ -131,3 +128,16 @@ def test_nothing_imports_the_command_line():
     importers = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if "cli" in _imports(p) and p.relative_to(PACKAGE).parts[0] != "cli"]
     assert importers == [] or set(importers) <= {"__main__.py"}, importers
+
+
+def test_the_package_does_not_hold_or_import_the_repository_tooling():
+    # The docs renderer (tools/readme) is tooling for this checkout, not something a user imports.
+    assert not (PACKAGE / "readme.py").exists() and not (PACKAGE / "readme_sections").exists()
+    importers = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "tools" or n.startswith("tools.") for n in names):
+                importers.append(str(path.relative_to(PACKAGE)))
+    assert importers == [], importers

@@ -94,6 +94,31 @@ def test_batchnorm_ablation_pairs_the_seeds_finished_in_both():
     assert "in no cell significantly" in batchnorm_ablation_markdown(torch_bn, residual_only)
 
 
+def test_no_verdict_from_fewer_than_three_seeds():
+    # 2 seeds whose differences agree give p < 0.05 with 1 degree of freedom; no verdict is drawn from it.
+    cells = [_cell("residual", 100, [1.9, 2.0]), _cell("gated", 100, [1.2, 1.31], ks=[0.6, 0.7])]
+    summary = {"config": {"depths": [100], "archs": ["residual", "gated"], "epochs": 12, "seeds": 2,
+                          "stem": "linear", "recipe": "gresnet-mnist", "train_on_full": True, "limit": None},
+               "cells": cells}
+    summary["comparisons"] = paired_comparisons(summary)
+    row = summary["comparisons"][0]["test_error_pct"]
+    assert row["p_value"] is not None and row["p_value"] < 0.05
+    assert row["verdict"] == "too few seeds"
+    assert "gated better" not in table_markdown(summary) and "too few seeds" in table_markdown(summary)
+    # a results.json written before the rule, holding a verdict from 2 seeds, is not believed either
+    summary["comparisons"][0]["test_error_pct"]["verdict"] = "gated better"
+    assert "gated better" not in table_markdown(summary) and "gated better" not in findings_markdown(summary)
+
+
+def test_no_last_10_epochs_table_for_a_run_of_fewer_than_10_epochs():
+    summary = _summary()  # 3 epochs
+    text = table_markdown(summary)
+    assert "mean of the last 10 epochs of each seed" not in text
+    assert "too few epochs (3 < 10)" in text and "too few epochs (3 < 10)" in findings_markdown(summary)
+    summary["config"]["epochs"] = 10
+    assert "mean of the last 10 epochs of each seed" in table_markdown(summary)
+
+
 # Table 1's epoch selection (issue 23) on a small synthetic study folder: the layout `reproduce
 # mnist-depth` writes (results.json with the config; runs/<arch>-d<d>-s<seed>/results.json).
 

@@ -61,6 +61,16 @@ def test_wheel_ships_type_marker_and_licence(wheel: Path) -> None:
     assert (Path(throughway.__file__).parent / "py.typed").exists()
 
 
+def test_wheel_does_not_ship_the_repository_tooling(wheel: Path) -> None:
+    # The docs renderer (tools/readme, formerly throughway/readme.py and readme_sections/) reads a
+    # checkout's results/ and docs/: tooling for this repository, not something a user imports.
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert any(n.startswith("throughway/cli/") for n in names)  # the wheel was read
+    shipped = [n for n in names if "readme" in n.split("/")[-1] or "readme_sections" in n or n.startswith("tools/")]
+    assert shipped == [], shipped
+
+
 def test_installing_the_wheel_keeps_the_installed_torch(wheel: Path, tmp_path: Path) -> None:
     import torch
 

@@ -1,4 +1,4 @@
-"""The README's generated blocks (throughway.readme): CI fails when they differ from results/."""
+"""The generated blocks of README.md and docs/ (tools.readme): CI fails when they differ from results/."""
 
 from __future__ import annotations
 
@@ -7,19 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from throughway.cli import main
-from throughway import readme
+from tools import readme
+from tools.readme.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_repository_readme_matches_the_results_files(capsys):
-    # The check CI runs: every generated block of README.md is what results/ gives.
-    status = main(["report", "--readme", str(ROOT / "README.md"), "--check"])
+def test_repository_pages_match_the_results_files(capsys):
+    # The check CI runs: every generated block of README.md and docs/**/*.md is what results/ gives.
+    status = main(["--check"])
     out = capsys.readouterr().out
     assert status == 0, out
-    names = readme.block_names((ROOT / "README.md").read_text())
+    files = readme.generated_files()
+    assert ROOT / "README.md" in files and ROOT / "docs" / "cli.md" in files
+    names = [name for path in files for name in readme.block_names(path.read_text())]
     assert len(names) >= 6 and set(names) <= set(readme.RENDERERS)
+    # every renderer is used by some page (a block moved off a page must not leave a dead renderer)
+    assert set(readme.RENDERERS) == set(names)
 
 
 def _fake(tmp_path: Path, text: str) -> tuple[Path, Path]:
@@ -42,23 +46,39 @@ def test_check_names_differing_blocks_and_rewrite_fixes_them(tmp_path, capsys, f
     text = ("intro <!-- generated:test-value -->9.99<!-- /generated:test-value --> end\n\n"
             "<!-- generated:test-table -->\n| a |\n|---|\n| 1.5 |\n<!-- /generated:test-table -->\n")
     path, results = _fake(tmp_path, text)
-    assert main(["report", "--readme", str(path), "--check"]) == 1
+    assert main(["--check", "--results", str(results), str(path)]) == 1
     assert "test-value" in capsys.readouterr().out
     assert path.read_text() == text  # --check changes nothing
-    assert main(["report", "--readme", str(path)]) == 0
+    assert main(["--results", str(results), str(path)]) == 0
     assert "<!-- generated:test-value -->1.50<!-- /generated:test-value --> end" in path.read_text()
     assert path.read_text().endswith(text.split("end\n\n")[1])  # the matching block is untouched
-    assert main(["report", "--readme", str(path), "--check", "--results", str(results)]) == 0
+    assert main(["--check", "--results", str(results), str(path)]) == 0
 
 
 def test_unknown_block_or_missing_file_exits_2_naming_it(tmp_path, capsys, fake_renderer):
-    path, _ = _fake(tmp_path, "<!-- generated:no-such-block -->x<!-- /generated:no-such-block -->\n")
-    assert main(["report", "--readme", str(path), "--check"]) == 2
+    path, results = _fake(tmp_path, "<!-- generated:no-such-block -->x<!-- /generated:no-such-block -->\n")
+    assert main(["--check", "--results", str(results), str(path)]) == 2
     assert "no-such-block" in capsys.readouterr().err
     path.write_text("<!-- generated:test-value -->x<!-- /generated:test-value -->\n")
-    (tmp_path / "results" / "x.json").unlink()
-    assert main(["report", "--readme", str(path), "--check"]) == 2
+    (results / "x.json").unlink()
+    assert main(["--check", "--results", str(results), str(path)]) == 2
     assert "x.json" in capsys.readouterr().err
+
+
+def test_the_cli_page_lists_every_command_and_option():
+    # docs/cli.md is rendered from the parser: every sub-command and every option string appears on it.
+    import argparse
+
+    from throughway.cli import build_parser
+    from tools.readme.sections.cli_reference import _commands
+
+    page = (ROOT / "docs" / "cli.md").read_text()
+    for prog, parser in _commands(build_parser(), "throughway"):
+        assert f"`{prog}`" in page, prog
+        for action in parser._actions:
+            if action.help != argparse.SUPPRESS:
+                for option in action.option_strings:
+                    assert option in page, f"{prog} {option}"
 
 
 def test_figures56_contrary_pairs_counts_pairs_at_equal_loss():

@@ -430,11 +430,12 @@ SMALL: dict[str, dict[str, list[str] | None]] = {
     "mnist-depth": {},
     "highway-depth": {"--trials": None, "--epochs": None},  # --quick's 4 trials, 2 epochs; --limit kept
     "hessian-init": {"--depths": ["2", "4"], "--runs": ["2"], "--theorem2-depths": ["6"]},
-    "hessian-dynamics": {"--depth": ["4"], "--seeds": ["0"], "--epochs": ["10"], "--hessian-points": ["3"]},
+    "hessian-dynamics": {"--depth": ["4"], "--seeds": ["1"], "--epochs": ["10"], "--hessian-points": ["3"]},
     "shortcut-lr": {"--depths": ["2", "4"], "--lr-exponents": ["-2", "-1"], "--epochs": ["10"], "--subset": ["100"]},
     "weight-norms": {"--depths": ["2", "4"], "--epochs": ["10"], "--relu-epochs": ["10"], "--relu-subset": ["100"]},
     "sdi-table": {},
     "identity-distance": {"--depth": ["2"], "--epochs": ["1"]},
+    "gate-family-init": {},  # --quick: d = 2, 6, 2 seeds, width-3 Hessian proxies on 32 images
 }
 
 

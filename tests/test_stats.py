@@ -60,3 +60,14 @@ def test_paired_test_edge_cases():
         paired_t_test([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="finite"):
         paired_t_test([1.0, float("nan")], [1.0, 2.0])
+
+
+def test_paired_verdict_needs_three_pairs():
+    from throughway.report.stats import MIN_PAIRS_FOR_VERDICT, paired_verdict
+
+    assert MIN_PAIRS_FOR_VERDICT == 3
+    two = paired_t_test([1.0, 1.1], [2.0, 2.2])
+    assert two.p_value is not None and two.p_value < 0.05 and paired_verdict(two, "a", "b") == "too few seeds"
+    three = paired_t_test([1.0, 1.1, 1.05], [2.0, 2.2, 2.1])
+    assert paired_verdict(three, "a", "b") == "a better" and paired_verdict(paired_t_test([2.0, 2.2, 2.1], [1.0, 1.1, 1.05]), "a", "b") == "b better"
+    assert paired_verdict(paired_t_test([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]), "a", "b") == "no significant difference"

@@ -56,7 +56,8 @@ def test_help_shows_default_and_quick_value():
     parser = argparse.ArgumentParser()
     add_options(parser, Example)
     text = parser.format_help()
-    assert "(default 2 10; --quick: (2,))" in text and "--hidden" not in text
+    # the quick value is shown as a user types it (was "(2,)", the tuple's repr)
+    assert "(default 2 10; --quick: 2)" in text and "--hidden" not in text
 
 
 def test_mnist_depth_declares_each_option_once():

@@ -299,7 +299,8 @@ def test_progress_printer_says_when_a_run_diverged(capsys):
 
 def test_the_readme_example_runs_as_written(capsys):
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Python"):text.index("## Models")]
+    start = text.index("## Python")
+    section = text[start:text.index("\n## ", start + 1)]  # up to the next section
     blocks = [b.split("```")[0] for b in section.split("```python\n")[1:]]
     example = [b for b in blocks if "on_step_end" in b]
     assert len(example) == 1

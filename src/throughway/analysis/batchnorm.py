@@ -7,7 +7,7 @@ bounded by replacing those running statistics with their exact averages over the
 weights unchanged: the limit of momentum → 0, which Keras's default momentum 0.99 (PyTorch's 0.01)
 approaches and PyTorch's default 0.1 does not (it averages about the last ten batches). This is how
 `throughway analyze bn-stats` tests whether BatchNorm's momentum explains a gap to a paper that used
-Keras (README §1). BatchNorm's ε, which does act in training, is not covered by it.
+Keras (docs/reproductions/mnist-depth.md). BatchNorm's ε, which does act in training, is not covered by it.
 """
 
 from __future__ import annotations

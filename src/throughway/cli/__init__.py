@@ -1,13 +1,16 @@
-"""`throughway ...`: the command line.
+"""`throughway ...`: the command line (`throughway COMMAND --help` for each command's options).
 
     throughway list                          models, recipes and experiments, one per line, name first
     throughway train --model NAME --depth D  one training run into --out
     throughway reproduce EXPERIMENT          a paper's table or figure, with the paper's numbers beside ours
+                                             (`throughway reproduce --help` lists the experiments)
     throughway report DIR                    remake an experiment's table and figures from DIR/results.json
-    throughway report --readme README.md [--check]   rewrite (check) the README's generated result blocks
-    throughway data fetch DATASET            fetch, verify and cache a dataset
     throughway analyze gates|prune|highway|lesion RUN_DIR   what a finished run's gates learned
-    throughway analyze bn-stats RUN_DIR ... --out DIR     test error with BatchNorm statistics re-estimated
+    throughway analyze bn-stats RUN_DIR ... --out DIR       test error with BatchNorm statistics re-estimated
+    throughway analyze redraw DIR            redraw an analysis folder's figures from its JSON files
+    throughway sdi                           squared distance to identity (SDI/TSDI) of layers at initialisation
+    throughway data fetch DATASET            fetch, verify and cache a dataset
+    throughway --version                     the installed version
 
 (This text is `throughway --help`'s description. The parser is built in cli.parser, each command's
 work is done in cli.commands; this module dispatches and turns bad input into exit status 2.)

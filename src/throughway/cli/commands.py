@@ -184,23 +184,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .._io import read_json_object
     from ..experiments import get_experiment
 
-    if args.readme is not None:
-        from ..readme import update_readme
-
-        if args.dir is not None:
-            raise ValueError("report: give either DIR or --readme README, not both")
-        names = update_readme(args.readme, args.results, check=args.check)
-        if args.check:
-            if names:
-                print(f"{args.readme}: generated blocks differ from the results files: {', '.join(names)}; "
-                      f"run `throughway report --readme {args.readme}`")
-                return 1
-            print(f"{args.readme}: every generated block matches the results files")
-            return 0
-        print(f"{args.readme}: rewrote {len(names)} block(s)" + (f": {', '.join(names)}" if names else ""))
-        return 0
-    if args.dir is None:
-        raise ValueError("report: give an experiment's output folder DIR, or --readme README")
     path = Path(args.dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")
@@ -240,15 +223,15 @@ def _cmd_sdi(args: argparse.Namespace) -> int:
         row = (f"| {layer} | {args.init if layer != 'gated' else f'k = {args.k_init:g}'} | {args.width} | "
                f"{args.kernel_size or '—'} | {result.m_diagonal():.6g} | {result.m_off_diagonal():.6g} | "
                f"{result.b_value():.6g} | {result.tsdi:.6g} |")
-        if args.mc:
+        if args.mc_samples:
             if args.init == "paper_he":
                 row += " — (paper_he is not a toolkit initialiser) |"
             else:
-                mc = monte_carlo_sdi(layer, args.width, args.init, samples=args.mc, kernel_size=args.kernel_size,
+                mc = monte_carlo_sdi(layer, args.width, args.init, samples=args.mc_samples, kernel_size=args.kernel_size,
                                      target=args.target, gate_bias=args.gate_bias, k_init=args.k_init)
                 row += f" {mc['tsdi']:.6g} ± {mc['tsdi_stderr']:.2g} |"
         rows.append(row)
-    header = "| layer | init | n | kernel | M (identity position) | M (other) | B | TSDI |" + (" Monte Carlo ± s.e. |" if args.mc else "")
+    header = "| layer | init | n | kernel | M (identity position) | M (other) | B | TSDI |" + (" Monte Carlo ± s.e. |" if args.mc_samples else "")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     print("\n".join(rows))

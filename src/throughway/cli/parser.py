@@ -6,6 +6,8 @@ import argparse
 import math
 from importlib import import_module
 
+from ..study.options import DeprecatedAlias
+
 __all__ = ["build_parser"]
 
 def _positive_int(text: str) -> int:
@@ -14,6 +16,22 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
     return value
 
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 or a positive integer")
+    return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("throughway")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "(not installed)"
 
 
 def _finite_float(text: str) -> float:
@@ -63,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="throughway", description=_usage(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("list", help="registered models, recipes and experiments, one per line, name first")
@@ -72,39 +91,49 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--depth", type=int, required=True,
                        help="the paper's d: number of middle layers (MLPs); the network's depth for conv nets "
                             "(e.g. 28 for WRN-28-10, 32 for the ResNet n=5, 10 for the conv highway net)")
-    train.add_argument("--dataset", default="mnist", choices=list(DATASETS))
-    train.add_argument("--recipe", default="gresnet-mnist", help="a registered recipe name")
-    train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--dataset", default="mnist", choices=list(DATASETS), help="the data (default mnist)")
+    train.add_argument("--recipe", default="gresnet-mnist",
+                       help="a registered recipe name (default gresnet-mnist; see `throughway list`)")
+    train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs (default: the recipe's)")
+    train.add_argument("--seed", type=int, default=0,
+                       help="seed of the initialisation and of the mini-batches' order (default 0)")
     train.add_argument("--out", help="run directory (default runs/<model>-d<depth>-s<seed>)")
     train.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     train.add_argument("--train-on-full", action=argparse.BooleanOptionalAction, default=None,
                        help="train on train+validation (60,000 for MNIST, 50,000 for CIFAR); default: on for the "
                             "recipes whose authors did (highway-conv-cifar, highway-conv-mnist), off otherwise")
     train.add_argument("--augment", choices=list(AUGMENTATIONS),
-                       help="override the recipe's training augmentation (crop-flip: pad 4, crop-flip-8: pad 8)")
+                       help="override the recipe's training augmentation (crop-flip: pad 4, crop-flip-8: pad 8; "
+                            "default: the recipe's)")
     train.add_argument("--normalize", choices=list(NORMALIZATIONS),
                        help="override the recipe's normalisation (e.g. mean: per-channel means; gcn-mean-image: "
-                            "the highway authors' GCN + mean image)")
-    train.add_argument("--limit", type=_positive_int, help="keep only the first N samples of each split (smoke tests)")
-    train.add_argument("--width", type=_positive_int, help="units per layer (default 50)")
+                            "the highway authors' GCN + mean image; default: the recipe's)")
+    train.add_argument("--limit", type=_positive_int,
+                       help="keep only the first N samples of each split (smoke tests; default: all)")
+    train.add_argument("--width", type=_positive_int, help="units per layer (default: the model's, 50 for the MLPs)")
     train.add_argument("--k-init", type=_finite_float, help="initial k of scalar gates (default 1)")
-    train.add_argument("--gate-bias", type=_finite_float, help="initial transform-gate bias of highway layers")
-    train.add_argument("--activation", choices=["relu", "tanh"], help="activation of the layers")
-    train.add_argument("--lr", type=_finite_float, help="override the recipe's learning rate")
-    train.add_argument("--momentum", type=_finite_float, help="override the recipe's momentum (SGD)")
-    train.add_argument("--lr-decay", type=_finite_float, help="override the recipe's per-epoch decay factor")
-    train.add_argument("--batch-size", type=_positive_int, help="override the recipe's batch size")
-    train.add_argument("--weight-decay", type=_finite_float, help="override the recipe's weight decay")
-    train.add_argument("--k-decay", action="store_true", help="apply weight decay to k too (the paper's 'k decay')")
+    train.add_argument("--gate-bias", type=_finite_float,
+                       help="initial transform-gate bias of highway layers (default: the model's, -2 for mlp_highway)")
+    train.add_argument("--activation", choices=["relu", "tanh"], help="activation of the layers (default: the model's)")
+    train.add_argument("--lr", type=_finite_float, help="override the recipe's learning rate (default: the recipe's)")
+    train.add_argument("--momentum", type=_finite_float,
+                       help="override the recipe's momentum, SGD recipes only (default: the recipe's)")
+    train.add_argument("--lr-decay", type=_finite_float,
+                       help="override the recipe's per-epoch decay factor (default: the recipe's)")
+    train.add_argument("--batch-size", type=_positive_int, help="override the recipe's batch size (default: the recipe's)")
+    train.add_argument("--weight-decay", type=_finite_float,
+                       help="override the recipe's weight decay (default: the recipe's)")
+    train.add_argument("--k-decay", action="store_true",
+                       help="apply weight decay to k too (the paper's 'k decay'; default off)")
     train.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="any model argument, VALUE parsed as JSON when it parses (e.g. gated=true, "
-                            "widen_factor=10, dropout=0.3, shortcut=A); repeatable")
-    train.add_argument("--amp", action="store_true", help="bf16 autocast for the training forward pass")
-    train.add_argument("--channels-last", action="store_true", help="NHWC memory format (conv nets)")
-    train.add_argument("--compile", action="store_true", help="train through torch.compile(model)")
+                            "widen_factor=10, dropout=0.3, shortcut=A); repeatable (default: none)")
+    train.add_argument("--amp", action="store_true", help="bf16 autocast for the training forward pass (default off)")
+    train.add_argument("--channels-last", action="store_true", help="NHWC memory format, conv nets (default off)")
+    train.add_argument("--compile", action="store_true", help="train through torch.compile(model) (default off)")
     train.add_argument("--tensorboard", action="store_true",
-                       help="also write TensorBoard event files into --out (needs: pip install 'throughway[tensorboard]')")
+                       help="also write TensorBoard event files into --out (needs: pip install "
+                            "'throughway[tensorboard]'; default off)")
     train.add_argument("--eval-batch-size", type=_positive_int,
                        help="images per evaluation forward (default 10000; e.g. 1000 for WRN-28-10 on a GPU)")
     _add_common(train)
@@ -126,15 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(exp, threads="threads" not in getattr(getattr(module, "Config", None), "__dataclass_fields__", {}))
         _add_format(exp)
 
-    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json, "
-                                           "or (--readme) the README's generated blocks from results/")
-    report.add_argument("dir", nargs="?", help="an experiment's output folder")
-    report.add_argument("--readme", metavar="README", help="rewrite every <!-- generated:NAME --> block of this "
-                                                           "file from the JSON under results/ beside it")
-    report.add_argument("--results", metavar="DIR", help="with --readme: the results folder (default: results/ "
-                                                         "beside the README)")
-    report.add_argument("--check", action="store_true", help="with --readme: change nothing; exit 1 naming the "
-                                                             "blocks that differ from what the results give")
+    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json")
+    report.add_argument("dir", help="an experiment's output folder (holding its results.json)")
     _add_format(report)
 
     analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
@@ -147,13 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="greedy: smallest k first (gated runs only); random: --orders random orders; "
                             "all (default): greedy where there is k, and random")
     prune.add_argument("--orders", type=_positive_int, default=10, help="random orders (default 10)")
-    prune.add_argument("--seed", type=int, default=0, help="seed of the random orders")
+    prune.add_argument("--seed", type=int, default=0, help="seed of the random orders (default 0)")
     prune.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
-                       help="other runs' prune.json (or analysis folders) to draw in the same figure")
+                       help="other runs' prune.json (or analysis folders) to draw in the same figure (default: none)")
     highway = analyze_sub.add_parser("highway", help="transform-gate maps of a highway run (highway paper figures 2, 3)")
     highway.add_argument("--classes", type=int, nargs="+", default=[0, 7], help="classes for figure 3 (default 0 7)")
     highway.add_argument("--sample", type=int, help="index of the training sample for figure 2 (default: random)")
-    highway.add_argument("--seed", type=int, default=0, help="seed that picks the sample when --sample is not given")
+    highway.add_argument("--seed", type=int, default=0, help="seed that picks the sample when --sample is not given (default 0)")
     lesion = analyze_sub.add_parser("lesion", help="error with one layer's gates closed, per layer (highway paper figure 4)")
     lesion.add_argument("--split", choices=["train", "val", "test"], default="train",
                         help="split to evaluate (default train, as the paper)")
@@ -178,26 +200,33 @@ def build_parser() -> argparse.ArgumentParser:
     redraw = analyze_sub.add_parser("redraw", help="redraw an analysis folder's figures from its JSON files")
     redraw.add_argument("dir", help="a folder written by `analyze ...` (e.g. RUN_DIR/analysis)")
     redraw.add_argument("--compare", nargs="+", default=[], metavar="PRUNE_JSON",
-                        help="other runs' prune.json to draw instead of the ones stored in its prune.json")
+                        help="other runs' prune.json to draw instead of the ones stored in its prune.json "
+                             "(default: the stored ones)")
     _add_format(redraw)
 
     sdi_cmd = sub.add_parser("sdi", help="squared distance to identity (SDI/TSDI) of layers at initialisation "
                                           "(gated-residual-v1 section 2)")
     sdi_cmd.add_argument("--layer", nargs="+", default=["all"],
                          choices=["all", "classical", "highway", "residual", "gated"], help="layer types (default all)")
-    sdi_cmd.add_argument("--width", type=_positive_int, default=50, help="n: units, or channels of a conv layer")
+    sdi_cmd.add_argument("--width", type=_positive_int, default=50,
+                         help="n: units, or channels of a conv layer (default 50)")
     sdi_cmd.add_argument("--init", default="he_normal",
-                         help="he_normal, he_uniform, glorot_uniform, glorot_normal, torch_default, or paper_he "
-                              "(He weights and He-variance biases: the paper's convention)")
-    sdi_cmd.add_argument("--gate-bias", type=float, default=-4.0, help="initial transform-gate bias of highway layers")
-    sdi_cmd.add_argument("--target", type=float, default=-4.0, help="highway degeneration target c for b_t")
-    sdi_cmd.add_argument("--k-init", type=float, default=1.0, help="initial k of gated layers")
+                         help="he_normal (default), he_uniform, glorot_uniform, glorot_normal, torch_default, or "
+                              "paper_he (He weights and He-variance biases: the paper's convention)")
+    sdi_cmd.add_argument("--gate-bias", type=_finite_float, default=-4.0,
+                         help="initial transform-gate bias of highway layers (default -4)")
+    sdi_cmd.add_argument("--target", type=_finite_float, default=-4.0,
+                         help="highway degeneration target c for b_t (default -4)")
+    sdi_cmd.add_argument("--k-init", type=_finite_float, default=1.0, help="initial k of gated layers (default 1)")
     sdi_cmd.add_argument("--kernel-size", type=_positive_int, help="k for a k×k convolutional layer (default: dense)")
-    sdi_cmd.add_argument("--mc", type=int, default=0, help="also estimate TSDI from N draws of the real initialisers")
+    sdi_cmd.add_argument("--mc-samples", type=_non_negative_int, default=0, metavar="N",
+                         help="also estimate TSDI from N draws of the real initialisers (default 0: none)")
+    sdi_cmd.add_argument("--mc", type=_non_negative_int, dest="mc_samples", action=DeprecatedAlias,
+                         current="--mc-samples", help=argparse.SUPPRESS)
 
     data = sub.add_parser("data", help="datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="fetch, verify and cache a dataset")
-    fetch.add_argument("dataset", choices=["mnist", "fashion-mnist"])
-    fetch.add_argument("--data-dir", help="cache folder")
+    fetch.add_argument("dataset", choices=["mnist", "fashion-mnist"], help="the dataset to fetch")
+    fetch.add_argument("--data-dir", help="cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway)")
     return parser

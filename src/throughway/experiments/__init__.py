@@ -31,6 +31,8 @@ from . import cifar_gated  # noqa: E402  (issue 6)
 EXPERIMENTS[cifar_gated.NAME] = cifar_gated
 from . import gate_family  # noqa: E402  (issue 24)
 EXPERIMENTS[gate_family.NAME] = gate_family
+from . import gate_family_init  # noqa: E402  (issue 24)
+EXPERIMENTS[gate_family_init.NAME] = gate_family_init
 
 
 __all__ = ["EXPERIMENTS", "get_experiment"]

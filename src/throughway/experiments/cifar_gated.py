@@ -76,11 +76,12 @@ class Config:
 
     dataset: str = option("cifar10", "cifar10 (Table 3) or cifar100 (Table 4: wrn-4-10, original and gated, "
                                      "unless --archs / --variants say otherwise)", choices=tuple(sorted(PAPER)))
-    archs: tuple[str, ...] = option(("resnet-5", "wrn-4-10"), "models", choices=tuple(ARCHITECTURES))
+    archs: tuple[str, ...] = option(("resnet-5", "wrn-4-10"), "models", quick=("resnet-5",), choices=tuple(ARCHITECTURES))
     variants: tuple[str, ...] = option(("original", "gated", "gated-k-decay"), "variants", choices=tuple(VARIANTS))
-    epochs: int | None = option(None, "epochs per run (None: the recipe's 200)", minimum=1)
+    epochs: int | None = option(None, "epochs per run (None: the recipe's 200)", quick=2, minimum=1)
     seeds: int = option(1, "seeds per configuration", minimum=1)
-    limit: int | None = option(None, "keep only the first N images of each split (smoke tests)", minimum=1)
+    limit: int | None = option(None, "keep only the first N images of each split (smoke tests)", quick=1000,
+                                 minimum=1)
     device: str = "cpu"
     data_dir: str | None = None
     amp: bool = option(False, "bf16 autocast (GPU)")

@@ -18,28 +18,33 @@ cell is usable alone (results.json is rewritten as each batch ends). By default 
 are held out (`train_on_full`), so each run records the validation error beside the test error.
 
 Writes, in the output folder: runs/<family>-d<d>-s<seed>/ (one run directory each), results.json
-(the summary) and table.md.
+(the summary), removal.json (the layer-removal curves of the gated families' finished runs,
+gate_family_report.update_removal), table.md (`report_markdown`: error, paired tests, gates at the
+end, removal), train_loss.png and removal.png (report.gate_family_plots). The analyses at
+initialisation are a study of their own: `reproduce gate-family-init` (experiments.gate_family_init).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info
+from .._io import atomic_write_json, environment_info, read_json
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option, quick_config
 from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
                           summary_finished)
-from ..train import RESULTS_FILE, RunConfig
-from .mnist_depth import LAST_EPOCHS, paired_comparisons, read_back
+from ..train import RESULTS_FILE, RunConfig, load_model
+from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
+                                 gated_comparisons, removal_markdown, update_removal)
+from .mnist_depth import LAST_EPOCHS, read_back
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
-           "table_markdown", "write_report", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
+           "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
 
 NAME = "gate-family"
 DESCRIPTION = ("issue 24: residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
@@ -79,8 +84,9 @@ class Config:
     width: int = option(50, "units per layer (gated-residual-v2: 50)", minimum=1)
     limit: int | None = option(None, "keep only the first N samples of each split (smoke tests)", quick=2000,
                                minimum=1)
-    compile: bool = option(False, "torch.compile each batch's training step (CPU: about 100 s of compilation per "
-                                  "batch; not bitwise equal to eager)")
+    compile: bool | None = option(None, "torch.compile each batch's training step; default: only the batches that "
+                                        "train at least 10,000 steps (CPU: about 100 s of compilation per batch; "
+                                        "not bitwise equal to eager)", quick=False)
     device: str = "cpu"
     data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
@@ -95,6 +101,9 @@ class Config:
         if self.seeds < 1 or self.epochs < 1:
             raise ValueError("seeds and epochs must be ≥ 1")
 
+
+# random removal orders per net (beside the one smallest-|gate|-first order)
+REMOVAL_ORDERS = 3
 
 # --quick: d = 2 and 10, every family, 2 epochs, 2 seeds, 2,000 images per split (a test runs it).
 QUICK = quick_config(Config)
@@ -143,15 +152,22 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
 
     Per cell (family, depth): last-epoch test error as mean ± std and best over the finished seeds,
     the validation error, the mean of the last `LAST_EPOCHS` epochs, the mean scalar gate, each
-    finished seed's numbers (`per_seed`) and each run's state. `comparisons` holds, per depth and
-    family, the paired t-test of gated − that family over the seeds both finished
-    (mnist_depth.paired_comparisons). A cell is keyed "arch" as in mnist-depth so that its tools apply.
+    finished seed's numbers (`per_seed`) and each run's state; for the gated families also `gates`
+    (each finished seed's gates at the end, read from its model.safetensors:
+    gate_family_report.gate_record) and `removal` (each seed's layer-removal record found in
+    `out`/removal.json). `curves` holds each run's training loss per epoch. `comparisons` holds, per
+    depth and family, the paired t-test of gated − that family over the seeds both finished
+    (gate_family_report.gated_comparisons: "too few" below 3 pairs). A cell is keyed "arch" as in
+    mnist-depth so that its tools apply.
     """
     out = Path(out)
+    removal_path = out / REMOVAL_FILE
+    removal = read_json(removal_path) if removal_path.is_file() else {}
     cells = []
+    curves: dict[str, Any] = {}
     for depth in sorted(config.depths):
         for family in config.families:
-            per_seed, status = [], []
+            per_seed, status, gates, removals = [], [], [], []
             names = [run_name(family, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
                 if result is None:
@@ -161,8 +177,14 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                 state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
                 status.append({"run": name, "state": state, "epochs": len(result["history"]),
                                "diverged_at": result.get("diverged_at")})
+                curves[name] = {"train_loss": [h.get("train_loss") for h in result["history"]]}
                 if final is not None:
                     per_seed.append(_run_record(family, result, seed))
+                    model_path = out / "runs" / name / "model.safetensors"
+                    if family in GATE_SYMBOL and model_path.is_file():
+                        gates.append({"seed": seed, **gate_record(load_model(model_path), GATE_KINDS[family] or "")})
+                    if name in removal:
+                        removals.append({"seed": seed, **removal[name]})
             errors = [r["test_error_pct"] for r in per_seed]
             cells.append({
                 "arch": family, "family": family, "model": FAMILIES[family][0],
@@ -172,12 +194,12 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                 "val_error_pct": mean_std([r["val_error_pct"] for r in per_seed if r["val_error_pct"] is not None]),
                 "test_error_last10_pct": mean_std([r["test_error_last10_pct"] for r in per_seed]),
                 "k_mean": mean_std([r["k_mean"] for r in per_seed if r["k_mean"] is not None]),
-                "per_seed": per_seed, "runs": status,
+                "per_seed": per_seed, "runs": status, "gates": gates, "removal": removals,
             })
-    summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": cells}
+    summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
     summary["config"]["depths"] = sorted(config.depths)
     summary["comparisons"] = [row for other in config.families if other != "gated" and "gated" in config.families
-                              for row in paired_comparisons(summary, "gated", other)]
+                              for row in gated_comparisons(summary, other)]
     return summary
 
 
@@ -199,9 +221,48 @@ def table_markdown(summary: dict[str, Any]) -> str:
     return "Test error (%) at the last epoch, mean ± std over seeds (best seed, finished seeds)\n\n" + "\n".join(lines) + "\n"
 
 
+def report_markdown(summary: dict[str, Any]) -> str:
+    """table.md: the error table, the paired tests, the gates at the end and the removal table, in that
+    order (each also available alone: table_markdown, comparisons_markdown, gate_values_markdown,
+    removal_markdown)."""
+    return "\n".join([table_markdown(summary), comparisons_markdown(summary), gate_values_markdown(summary),
+                      removal_markdown(summary)])
+
+
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md from `out`/results.json alone; return the table text."""
-    return remake_report(out, table_markdown, [])
+    """Remake table.md and the figures (train_loss.png, removal.png) from `out`/results.json alone;
+    return the table text."""
+    from ..report.gate_family_plots import plot_removal_curves, plot_training_curves
+
+    return remake_report(out, report_markdown, [(plot_training_curves, "train_loss.png"),
+                                                (plot_removal_curves, "removal.png")])
+
+
+def _update_removal(config: Config, out: Path) -> None:
+    """Layer-removal records of the gated families' finished runs that removal.json lacks."""
+    gated = [(spec.name, asdict(spec.config)) for spec in specs(config)
+             if spec.name.rsplit("-d", 1)[0] in GATE_SYMBOL and spec.config.depth >= 2]
+    update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir)
+
+
+def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Rebuild `out`/results.json from the run folders as they stand, without training: the summary of
+    the config that results.json records (`summarize`; its command and environment kept), the removal
+    curves of gated runs finished since (removal.json), then table.md and the figures. For rendering a
+    study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
+    rewrites results.json."""
+    out = Path(out)
+    previous = read_json(out / RESULTS_FILE)
+    known = {f.name for f in fields(Config)}
+    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
+                              if k in known}
+    config = Config(**stored)
+    _update_removal(config, out)
+    summary = summarize(config, out)
+    summary.update({k: previous[k] for k in ("command", "environment", "errors") if k in previous})
+    atomic_write_json(out / RESULTS_FILE, summary)
+    write_report(out)
+    return summary
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -222,7 +283,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped
     out.mkdir(parents=True, exist_ok=True)
-    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
+
+    def summary_with_removal() -> dict[str, Any]:
+        _update_removal(config, out)
+        return summarize(config, out)
+
+    refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
                            environment_info(config.device))
     refresh()
     if config.seeds > 1:
@@ -237,7 +303,7 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project the study's training time on this machine without training it: the batches `run` would
     train (residual and gated nets of one depth and norm share one; ReZero and LayerScale train in
     batches of their own), timed and handed to `jobs` workers (`batching.project_batches`)."""
-    return project_batches(specs(config), jobs, steps)
+    return project_batches(specs(config), jobs, steps, compile=config.compile)
 
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:

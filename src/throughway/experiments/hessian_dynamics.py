@@ -48,13 +48,13 @@ PAPER_STATEMENT = ("Figure 5: the condition numbers of 2-shortcut networks at di
 class Config:
     """Settings of the study (see the module docstring)."""
 
-    depth: int = option(16, "network depth L (paper: 16)", minimum=1)
+    depth: int = option(16, "network depth L (paper: 16)", quick=4, minimum=1)
     networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "networks",
                                        choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
-    seeds: tuple[int, ...] = option((0, 1, 2), "initialisation seeds", minimum=0)
-    epochs: int = option(1000, "full-batch GD epochs", minimum=1)
+    seeds: tuple[int, ...] = option((0, 1, 2), "initialisation seeds, as a count", quick=(0,), count=True)
+    epochs: int = option(1000, "full-batch GD epochs", quick=20, minimum=1)
     lr: float = option(0.01, "learning rate", minimum=0)
-    hessian_points: int = option(30, "number of log-spaced epochs with an exact Hessian", minimum=1)
+    hessian_points: int = option(30, "number of log-spaced epochs with an exact Hessian", quick=3, minimum=1)
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
     threads: int = option(1, "torch threads", minimum=1)
     device: str = "cpu"

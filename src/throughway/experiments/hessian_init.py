@@ -48,13 +48,14 @@ PAPER_STATEMENT = ("Figure 4: 2-shortcut linear networks have constant condition
 class Config:
     """Settings; the paper's figure uses 10 runs per point (its depths were lost in conversion)."""
 
-    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", minimum=2)
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", quick=(2, 4, 8), minimum=2)
     networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "network kinds",
                                        choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
-    runs: int = option(10, "initialisations per point (paper: 10)", minimum=1)
+    runs: int = option(10, "initialisations (seeds) per point (paper: 10)", quick=2, minimum=1, flag="--seeds",
+                       aliases=("--runs",))
     zero_scale: float = option(1e-4, "the small multiple of Xavier of the zero init", minimum=0)
     theorem2_depths: tuple[int, ...] = option((6, 12, 24, 48), "depths of the Theorem 2 check (multiples of 6; "
-                                                               "none to skip it)", minimum=1, empty_ok=True)
+                                                               "none to skip it)", quick=(6,), minimum=1, empty_ok=True)
     threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
     device: str = "cpu"
     data_dir: str | None = None

@@ -132,7 +132,7 @@ class Config:
     architecture and depth, all 60,000 training images, 400 epochs."""
 
     layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
-                                     quick=(10, 20))
+                                     quick=(10, 20), flag="--depths", aliases=("--layers",))
     archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
     trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4)
     epochs: int = option(FIGURE1_EPOCHS, "epochs per trial (ours, an unchecked recollection of figure 1's x-axis; "
@@ -149,8 +149,9 @@ class Config:
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
     init: str = option("normalized", "weight init (normalized: Glorot uniform for tanh, He normal for ReLU nets)",
                        choices=INIT_CHOICES)
-    compile: bool = option(False, "torch.compile each batch's step (minutes of compilation per batch; pays for "
-                                  "long batches)", negatable=False)
+    compile: bool | None = option(None, "torch.compile each batch's step; default: only the batches that train "
+                                        "at least 10,000 steps (minutes of compilation per batch; pays for long "
+                                        "batches)", quick=False)
     gate_bias: str = option("continuous", "how the initial transform-gate bias is drawn in [−10, −1]: continuous "
                                           "(uniform) or integer (−10..−1; the paper's best nets used −2 and −4)",
                             choices=tuple(GATE_BIAS_SAMPLING))
@@ -345,10 +346,11 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project this shard's search's duration on this machine without training it
     (`batching.project_batches`: timed steps of every batch, scaled, handed to `jobs` workers)."""
-    e = project_batches(specs(config), jobs, steps, config.max_batch)
+    e = project_batches(specs(config), jobs, steps, config.max_batch, compile=config.compile)
     rows = [{"arch": r["batch"][0].name.split("-")[0], "layers": r["batch"][0].config.depth + 1,
              "activation": r["batch"][0].config.model_kwargs["activation"], "models": r["models"],
-             "step_s": r["step_s"], "epoch_s": r["epoch_s"], "total_s": r["total_s"]} for r in e["batches"]]
+             "compiled": r["compiled"], "step_s": r["step_s"], "setup_s": r["setup_s"], "epoch_s": r["epoch_s"],
+             "total_s": r["total_s"]} for r in e["batches"]]
     return {**e, "epochs": config.epochs, "batches": rows}
 
 

@@ -45,12 +45,12 @@ class Config:
     """Settings: a small, quick study (a few epochs, small d)."""
 
     archs: tuple[str, ...] = option(("plain", "residual", "gated"), "architectures", choices=tuple(ARCHS))
-    depth: int = option(10, "d, middle layers (even)", minimum=0)
+    depth: int = option(10, "d, middle layers (even)", quick=2, minimum=0)
     width: int = option(50, "units per layer", minimum=1)
-    epochs: int = option(4, "epochs", minimum=1)
+    epochs: int = option(4, "epochs", quick=1, minimum=1)
     recipe: str = "gresnet-mnist"
     seed: int = 0
-    limit: int | None = option(None, "keep only the first N samples of each split", minimum=1)
+    limit: int | None = option(None, "keep only the first N samples of each split", quick=5000, minimum=1)
     threads: int = option(1, "torch threads", minimum=1)
     stem: str = option("linear", "first layer: linear (gated-residual-v1 §4.1: 'a linear layer with 50 neurons') or "
                                  "dense (Dot-BN-ReLU, as results/sdi/identity-distance was made)",

@@ -27,7 +27,7 @@ from ..study.options import option, quick_config
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
-from ..report.stats import SIGNIFICANCE, paired_t_test
+from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
 from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
@@ -59,7 +59,7 @@ BATCHNORM_CONSTANTS: dict[str, dict[str, float]] = {"torch": {}, "keras": {"bn_m
 
 @dataclass(frozen=True)
 class Config:
-    """The study's settings; the defaults are the paper's (except `train_on_full`, see the README)."""
+    """The study's settings; the defaults are the paper's (except `train_on_full`, see docs/reproductions/mnist-depth.md)."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (paper: 2 10 20 50 100)",
                                      minimum=0)
@@ -80,8 +80,10 @@ class Config:
                                         "held out)")
     width: int = option(50, "units per layer (paper: 50)", minimum=1)
     limit: int | None = option(None, "keep only the first N samples of each split (smoke tests)", minimum=1)
-    compile: bool = option(False, "torch.compile each batch's training step (CPU: about 100 s of compilation per "
-                                  "batch for a measured 1.5x faster step at d = 20; not bitwise equal to eager)")
+    compile: bool | None = option(None, "torch.compile each batch's training step; default: only the batches that "
+                                        "train at least 10,000 steps (the full study: about 100 s of compilation "
+                                        "per batch for a measured 1.5x faster step; not bitwise equal to eager)",
+                                  quick=False)
     device: str = "cpu"
     data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
@@ -200,8 +202,9 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
 
 def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "residual") -> list[dict[str, Any]]:
     """Per depth, the paired t-test (report.stats.paired_t_test) of `a` − `b` test error over the seeds
-    both finished, for the last-epoch error and for the mean of the last 10 epochs, with a verdict:
-    "<a> better" or "<b> better" where p < SIGNIFICANCE, else "no significant difference"."""
+    both finished, for the last-epoch error and for the mean of the last 10 epochs, with a verdict
+    (report.stats.paired_verdict): "<a> better" or "<b> better" where p < SIGNIFICANCE, "too few seeds"
+    below 3 seeds, else "no significant difference"."""
     by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
     out = []
     for depth in summary["config"]["depths"]:
@@ -213,12 +216,7 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
         row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
         for key in ("test_error_pct", "test_error_last10_pct"):
             test = paired_t_test([first[s][key] for s in seeds], [second[s][key] for s in seeds])
-            verdict = "no significant difference"
-            if test.p_value is not None and test.p_value < SIGNIFICANCE and test.mean_difference:
-                verdict = f"{a} better" if test.mean_difference < 0 else f"{b} better"
-            elif test.p_value is None:
-                verdict = "too few seeds"
-            row[key] = {**test.to_dict(), "verdict": verdict}
+            row[key] = {**test.to_dict(), "verdict": paired_verdict(test, a, b)}
         out.append(row)
     return out
 
@@ -257,25 +255,45 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         resume = True  # a finished study is only re-reported: every run is skipped
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
+    # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device))
+                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S)
 
     refresh()
     if config.seeds > 1:
         # The seeds of one (architecture, depth) train together as one batched computation
         # (train.batched: per-model semantics of fit, one ordinary run directory each).
-        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
-                    compile=config.compile)
+        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+                    on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile)
     else:
         run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
     return refresh()
 
 
+# The summary, table and figures are rewritten at most this often while runs end (and always at the end).
+REFRESH_INTERVAL_S = 10.0
+
+
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project the study's training time on this machine without training it: with seeds > 1 the
     batches `run` would train (plain, residual and gated nets of one depth together), timed and
-    handed to `jobs` workers (`batching.project_batches`); with one seed each run is its own batch."""
-    return project_batches(specs(config), jobs, steps)
+    handed to `jobs` workers (`batching.project_batches`); with one seed each run is its own batch. The
+    study's own rewrites of its summary, table and figures are timed once and counted in."""
+    import tempfile
+    import time
+
+    projection = project_batches(specs(config), jobs, steps, compile=config.compile)
+    # The study rewrites its summary, table and figures at the start, as batches end (at most every
+    # REFRESH_INTERVAL_S) and at the end: time one such rewrite, of the study before any run.
+    with tempfile.TemporaryDirectory(prefix="throughway-estimate-") as folder:
+        began = time.perf_counter()
+        StudySummary(Path(folder) / "results.json", lambda: summarize(config, Path(folder)),
+                     lambda: write_report(folder), environment_info(config.device))()
+        report_s = time.perf_counter() - began
+    rewrites = 2 + min(len(projection["batches"]), int(projection["wall_s"] / REFRESH_INTERVAL_S))
+    for key in ("fixed_s", "serial_s", "wall_s"):
+        projection[key] += rewrites * report_s
+    return projection
 
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:

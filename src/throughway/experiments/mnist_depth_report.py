@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..report.stats import SIGNIFICANCE, paired_t_test
+from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, paired_t_test
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.runs import mean_std, read_runs
 
@@ -38,6 +38,14 @@ def differences_from_paper(config: dict[str, Any]) -> list[str]:
 
 LAST_EPOCHS = 10  # "the mean of the last 10 epochs" (issue 12): less sensitive to one epoch's noise
 
+
+
+def _verdict(test: dict[str, Any]) -> str:
+    """A stored paired test's verdict, with no verdict from fewer than MIN_PAIRS_FOR_VERDICT seeds (a
+    results.json written before that rule may hold one)."""
+    if test.get("n", 0) < MIN_PAIRS_FOR_VERDICT:
+        return "too few seeds"
+    return str(test["verdict"])
 
 
 def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
@@ -90,11 +98,14 @@ def table_markdown(summary: dict[str, Any]) -> str:
             best = cell.get("test_error_best_pct")
             row.append(f"{best:.2f}" if best is not None else "—")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
-              "| d | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
-    for depth in config["depths"]:
-        lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
-                                                 for arch in archs) + " |")
+    if epochs < LAST_EPOCHS:
+        lines += ["", f"Test error, mean of the last {LAST_EPOCHS} epochs: too few epochs ({epochs} < {LAST_EPOCHS})."]
+    else:
+        lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
+                  "| d | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
+        for depth in config["depths"]:
+            lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
+                                                     for arch in archs) + " |")
     if "gated" in archs:
         lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours "
                   "(mean ± std over seeds)", "",
@@ -117,9 +128,12 @@ def table_markdown(summary: dict[str, Any]) -> str:
             cols = [str(row["depth"]), str(len(row["seeds"]))]
             for key in ("test_error_pct", "test_error_last10_pct"):
                 t = row[key]
+                if key == "test_error_last10_pct" and epochs < LAST_EPOCHS:
+                    cols += ["—", "—", f"too few epochs ({epochs} < {LAST_EPOCHS})"]
+                    continue
                 diff = "—" if t["mean_difference"] is None else (
                     f"{t['mean_difference']:+.3f}" + (f" ± {t['standard_error']:.3f}" if t["standard_error"] is not None else ""))
-                cols += [diff, _format_p(t["p_value"]), t["verdict"]]
+                cols += [diff, _format_p(t["p_value"]), _verdict(t)]
             lines.append("| " + " | ".join(cols) + " |")
     notes = [f"{epochs} epochs, recipe {config['recipe']}, {seeds} seed(s), first layer "
              f"{_STEM_WORDS.get(config.get('stem', 'dense'), config.get('stem'))}, trained on "
@@ -174,10 +188,13 @@ def findings_markdown(summary: dict[str, Any]) -> str:
         if len(row["seeds"]) < 2:
             continue
         last, tail = row["test_error_pct"], row["test_error_last10_pct"]
+        tail_text = (f"mean of the last {LAST_EPOCHS} epochs: too few epochs ({config['epochs']} < {LAST_EPOCHS})"
+                     if config["epochs"] < LAST_EPOCHS else
+                     f"mean of the last {LAST_EPOCHS} epochs {tail['mean_difference']:+.3f} "
+                     f"(p = {_format_p(tail['p_value'])}: {_verdict(tail)})")
         lines.append(f"- **d = {row['depth']}, gated − residual** over {len(row['seeds'])} seeds: last epoch "
-                     f"{last['mean_difference']:+.3f} points (p = {_format_p(last['p_value'])}: {last['verdict']}); "
-                     f"mean of the last 10 epochs {tail['mean_difference']:+.3f} (p = {_format_p(tail['p_value'])}: "
-                     f"{tail['verdict']}).")
+                     f"{last['mean_difference']:+.3f} points (p = {_format_p(last['p_value'])}: {_verdict(last)}); "
+                     f"{tail_text}.")
     return "\n".join(lines) + "\n" if lines else "- No cell has two finished seeds yet.\n"
 
 
@@ -264,7 +281,7 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
         lines.append(f"| {depth} | {arch} | {_num(PAPER_TEST_ERROR[arch].get(depth))} | {fmt(a, 'test_error_pct')} | "
                      f"{fmt(b, 'test_error_pct')} | {paired} | {_num(PAPER_MEAN_K.get(depth) if gated else None)} | "
                      f"{fmt(a, 'k_mean') if gated else '—'} | {fmt(b, 'k_mean') if gated else '—'} |")
-    tested = [r for r in rows if r["test"].p_value is not None]
+    tested = [r for r in rows if r["test"].p_value is not None and r["test"].n >= MIN_PAIRS_FOR_VERDICT]
     if tested:
         diffs = [r["test"].mean_difference for r in tested]
         significant = [r for r in tested if r["test"].p_value < SIGNIFICANCE]

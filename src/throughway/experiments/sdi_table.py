@@ -47,7 +47,7 @@ class Config:
     targets: tuple[float, ...] = option((-4.0, -4.5, -5.0), "highway gate targets c (paper: -4 -4.5 -5)")
     gate_bias: float = option(-4.0, "initial transform-gate bias (paper: -4)")
     mc_width: int = option(50, "width n of the Monte Carlo check", minimum=1)
-    mc_samples: int = option(500, "Monte Carlo draws", minimum=1)
+    mc_samples: int = option(500, "Monte Carlo draws", quick=50, minimum=1)
     seed: int = 0
     device: str = "cpu"
     data_dir: str | None = None

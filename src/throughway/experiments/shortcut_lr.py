@@ -54,14 +54,15 @@ class Config:
 
     activation: str = option("linear", "linear networks (figure 7) or ReLUs at mid positions (figure 8); relu "
                                        "starts from figure 8's settings (RELU)", choices=("linear", "relu"))
-    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L", minimum=1)
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L", quick=(2, 4), minimum=1)
     networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"), "networks",
                                        choices=tuple(NETWORKS))
     lr_exponents: tuple[float, ...] = option((-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0),
-                                             "learning rates as powers of 10")
-    epochs: int = option(1000, "full-batch GD epochs (paper: 1000)", minimum=1)
+                                             "learning rates as powers of 10", quick=(-2.0, -1.0))
+    epochs: int = option(1000, "full-batch GD epochs (paper: 1000)", quick=20, minimum=1)
     seeds: int = option(1, "initialisations per point (final losses averaged)", minimum=1)
-    subset: int | None = option(None, "ReLU networks: train on the first N whitened images", minimum=1)
+    subset: int | None = option(None, "ReLU networks: train on the first N whitened images", quick=1000, minimum=1,
+                                 flag="--limit", aliases=("--subset",))
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
     threads: int = option(1, "torch threads", minimum=1)
     device: str = "cpu"

@@ -39,12 +39,13 @@ PAPER_STATEMENT = ("Figures 2 and 3: the deeper a residual network is, the small
 class Config:
     """Settings (see the module docstring)."""
 
-    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", minimum=2)
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", quick=(2, 4), minimum=2)
     activations: tuple[str, ...] = option(("linear", "relu"), "networks to train", choices=("linear", "relu"))
     lr: float = option(0.1, "learning rate", minimum=0)
-    epochs: int = option(1000, "epochs of the linear networks", minimum=1)
-    relu_epochs: int = option(500, "epochs of the ReLU networks", minimum=1)
-    relu_subset: int | None = option(1000, "ReLU networks train on the first N whitened images", minimum=1)
+    epochs: int = option(1000, "epochs of the linear networks", quick=20, minimum=1)
+    relu_epochs: int = option(500, "epochs of the ReLU networks", quick=20, minimum=1)
+    relu_subset: int | None = option(1000, "ReLU networks train on the first N whitened images", minimum=1,
+                                      flag="--relu-limit", aliases=("--relu-subset",))
     seed: int = 0
     zero_scale: float = 1e-4
     threads: int = option(1, "torch threads", minimum=1)

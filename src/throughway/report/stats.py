@@ -14,10 +14,14 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-__all__ = ["PairedTest", "paired_t_test", "student_t_sf", "regularized_incomplete_beta", "SIGNIFICANCE"]
+__all__ = ["PairedTest", "paired_t_test", "paired_verdict", "student_t_sf", "regularized_incomplete_beta",
+           "SIGNIFICANCE", "MIN_PAIRS_FOR_VERDICT"]
 
 # The level at which a difference is called significant in the reports.
 SIGNIFICANCE = 0.05
+# A paired test over 2 seeds has 1 degree of freedom: its p-value swings with a single seed, so no
+# verdict is drawn from fewer than 3 pairs (the table says "too few seeds" instead).
+MIN_PAIRS_FOR_VERDICT = 3
 
 
 def regularized_incomplete_beta(x: float, a: float, b: float) -> float:
@@ -101,3 +105,14 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> PairedTest:
     t = mean / se
     p = min(1.0, 2.0 * student_t_sf(abs(t), n - 1))
     return PairedTest(n, mean, se, t, n - 1, p)
+
+
+def paired_verdict(test: PairedTest, a: str, b: str) -> str:
+    """The verdict of a paired test of a − b: "too few seeds" below MIN_PAIRS_FOR_VERDICT pairs;
+    "<a> better" / "<b> better" where p < SIGNIFICANCE; else (equal pairs included) "no significant
+    difference"."""
+    if test.n < MIN_PAIRS_FOR_VERDICT or test.p_value is None:
+        return "too few seeds" if test.n < MIN_PAIRS_FOR_VERDICT else "no significant difference"
+    if test.p_value < SIGNIFICANCE and test.mean_difference:
+        return f"{a} better" if test.mean_difference < 0 else f"{b} better"
+    return "no significant difference"

@@ -13,12 +13,16 @@ import concurrent.futures
 import heapq
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.nn import functional as F
 
 from ..data import DataSplits, Split, load_dataset
 from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
@@ -27,8 +31,9 @@ from ..train.runner import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, prepare_data, worker_threads
 
-__all__ = ["group_specs", "run_batched", "time_batch", "makespan", "project_batches", "projection_markdown",
-           "add_estimate_options"]
+__all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan",
+           "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "compiles",
+           "COMPILE_MIN_STEPS"]
 
 
 def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunSpec]]:
@@ -47,39 +52,82 @@ def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunS
     return out
 
 
+# Compile a batch's step by default only when it trains at least this many steps. Measured on this
+# project's 2-core CPU (results/protocol): compilation takes about 100 s per batch shape (more with
+# depth) and makes the step about 1.5x faster, so at 20-40 ms a step it pays after roughly 10,000
+# steps; the 5-seed MNIST study trains about 47,000 per batch, --quick runs about 800.
+COMPILE_MIN_STEPS = 10_000
+
+
+def compiles(batch: Sequence[RunSpec], compile: bool | None, train_images: int) -> bool:
+    """Whether `batch` trains through torch.compile: `compile` when the user said (--compile /
+    --no-compile), else (None, the default) when it trains at least COMPILE_MIN_STEPS steps."""
+    if compile is not None:
+        return compile
+    from ..train.batched import epoch_starts
+
+    recipe = resolve_recipe(batch[0].config)
+    return recipe.epochs * len(epoch_starts(train_images, recipe.batch_size)) >= COMPILE_MIN_STEPS
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """What one batch costs on this machine: seconds per training step of all its models (`step_s`),
+    per evaluated sample (`eval_s`), and once before its first epoch (`setup_s`: building and
+    stacking the models and the optimiser, and the first step's extra cost over a later one, which
+    under `compile` is the compilation)."""
+
+    step_s: float
+    eval_s: float
+    setup_s: float
+
+
 def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int, ...] = (784,),
-               num_classes: int = 10, eval_chunk: int = 2500) -> tuple[float, float]:
-    """Measure, on this machine with the current thread setting, the batch's seconds per training step
-    (all its models, the median of `steps` steps after one warm-up, random data of `input_shape`)
-    and its seconds per evaluated sample (a forward pass of `eval_chunk` samples in evaluation
-    mode): the two numbers that scale to an epoch. Nothing is written."""
+               num_classes: int = 10, eval_chunk: int = 2500, compile: bool = False) -> BatchTiming:
+    """Measure, on this machine with the current thread setting, the batch's costs (`BatchTiming`):
+    the median of `steps` training steps after the first (each on a mini-batch gathered from a
+    resident training set by per-model random indices, as an epoch does), an evaluation pass of
+    `eval_chunk` samples through the loss and error arithmetic of the real evaluation, and the
+    set-up. Random data of `input_shape`; nothing is written."""
     if steps < 1:
         raise ValueError(f"steps={steps}: must be ≥ 1")
     g = torch.Generator().manual_seed(0)
     fake = DataSplits("timing", num_classes, Split(torch.zeros(2, *input_shape), torch.zeros(2, dtype=torch.long)),
                       None, Split(torch.zeros(2, *input_shape), torch.zeros(2, dtype=torch.long)))
     configs = [s.config for s in batch]
+    start = time.perf_counter()
     recipes = [resolve_recipe(c) for c in configs]
     stack = StackedModels([build_model(c, fake) for c in configs], device=configs[0].device)
-    step = BatchedStep(stack, BatchedOptimizer(stack, recipes))
+    step = BatchedStep(stack, BatchedOptimizer(stack, recipes, compile=compile), compile=compile)
+    built = time.perf_counter() - start
     n, size = stack.n, recipes[0].batch_size
     features = int(torch.tensor(input_shape).prod())
+    pool = torch.rand(4 * size, features, generator=g).to(stack.device)  # a small resident "training set"
+    labels = torch.randint(0, num_classes, (4 * size,), generator=g).to(stack.device)
     # Small learning rates: timing must not run into non-finite values (which change the arithmetic's speed).
     lr = torch.full((n, 1), 1e-4, device=stack.device)
     times = []
     for _ in range(steps + 1):
-        x = torch.rand(n, size, features, generator=g).to(stack.device)
-        y = torch.randint(0, num_classes, (n, size), generator=g).to(stack.device)
-        start = time.perf_counter()
-        step(x, y, lr)
-        times.append(time.perf_counter() - start)
+        index = torch.randint(0, len(pool), (n, size), generator=g).to(stack.device)
+        began = time.perf_counter()
+        step(pool[index], labels[index], lr)
+        times.append(time.perf_counter() - began)
+    step_s = sorted(times[1:])[len(times[1:]) // 2]
     x = torch.rand(eval_chunk, features, generator=g).to(stack.device)
+    y = torch.randint(0, num_classes, (eval_chunk,), generator=g).to(stack.device)
+
+    def evaluate() -> None:  # the arithmetic of train.batched's evaluation of one chunk
+        logits = stack.forward_logits(x, training=False)
+        yy = y.unsqueeze(0).expand(n, -1)
+        F.cross_entropy(logits, yy, reduction="none").sum(1, dtype=torch.float64)
+        ((logits.argmax(dim=1) != yy) | ~torch.isfinite(logits).all(dim=1)).sum(1).tolist()
+
     with torch.no_grad():
-        stack.forward_logits(x, training=False)
-        start = time.perf_counter()
-        stack.forward_logits(x, training=False)
-        per_sample = (time.perf_counter() - start) / eval_chunk
-    return sorted(times[1:])[len(times[1:]) // 2], per_sample
+        evaluate()
+        began = time.perf_counter()
+        evaluate()
+        eval_s = (time.perf_counter() - began) / eval_chunk
+    return BatchTiming(step_s, eval_s, built + max(0.0, times[0] - step_s))
 
 
 def makespan(durations: Sequence[float], workers: int) -> float:
@@ -91,41 +139,123 @@ def makespan(durations: Sequence[float], workers: int) -> float:
     return max(free)
 
 
-def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max_batch: int = 64) -> dict[str, Any]:
+def batch_seconds(timing: BatchTiming, epochs: int, steps_per_epoch: int, eval_samples: int) -> dict[str, float]:
+    """A batch's projected seconds from its timing: per epoch, `steps_per_epoch` steps and
+    `eval_samples` evaluated samples; in all, the set-up once and `epochs` epochs."""
+    epoch_s = timing.step_s * steps_per_epoch + timing.eval_s * eval_samples
+    return {"epoch_s": epoch_s, "total_s": timing.setup_s + epoch_s * epochs}
+
+
+def batch_overhead_s(batch: Sequence[RunSpec], data: DataSplits, timing: BatchTiming) -> float:
+    """Seconds a batch costs beyond its steps and evaluations (checking the configs, building the
+    models, writing every run directory's results, model and checkpoint files): measured by really
+    training the batch for one epoch on two mini-batches of `data` into a temporary folder, less
+    what `timing` gives for those steps and evaluations."""
+    import tempfile
+
+    recipe = resolve_recipe(batch[0].config)
+    m = 2 * recipe.batch_size
+
+    def head(split: Split) -> Split:
+        return Split(split.x[:m], split.y[:m])
+
+    tiny = DataSplits(data.name, data.num_classes, head(data.train), head(data.val) if data.val is not None else None,
+                      head(data.test))
+    configs = [dataclasses.replace(s.config, epochs=1, device="cpu") for s in batch]
+    with tempfile.TemporaryDirectory(prefix="throughway-estimate-") as folder:
+        began = time.perf_counter()
+        train_batched(configs, [Path(folder) / s.name for s in batch], progress=False, data=tiny)
+        wall = time.perf_counter() - began
+    evaluated = len(tiny.test) + (len(tiny.val) if tiny.val is not None else 0)
+    return max(0.0, wall - 2 * timing.step_s - evaluated * timing.eval_s)
+
+
+def _step_seconds(batch: list[RunSpec], threads: int, input_shape: tuple[int, ...], num_classes: int) -> float:
+    # in a worker process: the batch's step time with `threads` threads, as time_batch measures it
+    torch.set_num_threads(threads)
+    return time_batch(batch, 8, input_shape=input_shape, num_classes=num_classes).step_s
+
+
+def contention(batch: Sequence[RunSpec], jobs: int, threads: int, input_shape: tuple[int, ...],
+               num_classes: int) -> float:
+    """How much slower a step of `batch` is when `jobs` workers train at once than when one does
+    (≥ 1): the workers share the cores' memory bandwidth and caches, and on a busy machine the cores
+    themselves. Measured by timing the batch's steps in `jobs` spawned processes at once and in one."""
+    if jobs < 2:
+        return 1.0
+    context = multiprocessing.get_context("spawn")
+    args = (list(batch), threads, input_shape, num_classes)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        list(pool.map(_step_seconds, *[[a] * jobs for a in args]))  # start and warm every worker first
+        alone = pool.submit(_step_seconds, *args).result()
+        together = list(pool.map(_step_seconds, *[[a] * jobs for a in args]))
+    return max(1.0, sorted(together)[len(together) // 2] / alone)
+
+
+def worker_start_s() -> float:
+    """Seconds a fresh worker process of `run_batched` (spawned) takes to start and import the toolkit:
+    measured by starting one."""
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import throughway.study.batching"], check=True, capture_output=True)
+    return time.perf_counter() - began
+
+
+def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max_batch: int = 64,
+                    compile: bool | None = None) -> dict[str, Any]:
     """Project how long `run_batched(specs, jobs=jobs)` takes on this machine without training: time
-    `steps` training steps and one evaluation pass of every batch (`time_batch`, with the threads a
-    worker of `jobs` gets), scale them to the configs' epochs and data sizes, and hand the batches,
-    in run_batched's order, to `jobs` workers (`makespan`). Assumes the machine is otherwise quiet and
-    that no model diverges (a diverged model leaves its batch: the projection is an upper bound).
+    every batch (`time_batch`, with the threads a worker of `jobs` gets), scale it to the configs'
+    epochs and data sizes (`batch_seconds`), hand the batches, in run_batched's order, to `jobs`
+    workers (`makespan`), and add the fixed costs: a process's start (`worker_start_s`) and loading
+    the data (timed here), with jobs > 1 again for each worker. Each batch's set-up is measured by a
+    real one-epoch run on two mini-batches (`batch_overhead_s`); with jobs > 1 the step and
+    evaluation times are scaled by the measured slowdown of workers training at once (`contention`). A batch that `run_batched` would
+    compile (`compiles`) is timed compiled, its compilation included in its set-up (minutes). Assumes the machine is otherwise
+    as busy as while measuring and that no model diverges (a diverged model leaves its batch: an
+    upper bound); the study's own reporting after each batch is not included.
 
     Returns {"jobs", "threads_per_job", "train_images", "eval_images", "batches": [{"batch": the
-    specs, "models", "step_s", "epoch_s", "total_s"}], "serial_s", "wall_s", "load_average"}.
+    specs, "models", "step_s", "setup_s", "epoch_s", "total_s"}], "fixed_s", "serial_s", "wall_s",
+    "load_average"}.
     """
     from ..train.batched import epoch_starts
 
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
     first = specs[0].config
+    began = time.perf_counter()
     data = load_dataset(first.dataset, first.data_dir, train_on_full=first.train_on_full, device="cpu",
                         limit=first.limit)
+    load_s = time.perf_counter() - began
     n_train, n_eval = len(data.train), len(data.test) + (len(data.val) if data.val is not None else 0)
+    batches = group_specs(specs, max_batch)
+    jobs = min(jobs, max(1, len(batches)))  # as run_batched: no more workers than batches
     threads = worker_threads(jobs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
+    # workers training at once slow each other down: measured on the largest batch, applied to all
+    slowdown = contention(max(batches, key=len), jobs, threads, tuple(data.input_shape), data.num_classes)
     try:
-        for batch in group_specs(specs, max_batch):
-            config = batch[0].config
-            recipe = resolve_recipe(config)
-            step_s, eval_s = time_batch(batch, steps, input_shape=tuple(data.input_shape), num_classes=data.num_classes)
-            epoch_s = step_s * len(epoch_starts(n_train, recipe.batch_size)) + eval_s * n_eval
-            rows.append({"batch": batch, "models": len(batch), "step_s": step_s, "epoch_s": epoch_s,
-                         "total_s": epoch_s * recipe.epochs})
+        for batch in batches:
+            recipe = resolve_recipe(batch[0].config)
+            compiled = compiles(batch, compile, n_train)
+            timing = time_batch(batch, steps, input_shape=tuple(data.input_shape), num_classes=data.num_classes,
+                                compile=compiled)
+            timing = dataclasses.replace(timing, step_s=timing.step_s * slowdown, eval_s=timing.eval_s * slowdown)
+            # the set-up: what time_batch measured (and its compilation), or a real one-epoch run's extra
+            # costs beyond steps and evaluation, whichever is larger
+            timing = dataclasses.replace(timing, setup_s=max(timing.setup_s, batch_overhead_s(batch, data, timing)))
+            seconds = batch_seconds(timing, recipe.epochs, len(epoch_starts(n_train, recipe.batch_size)), n_eval)
+            rows.append({"batch": batch, "models": len(batch), "compiled": compiled, "step_s": timing.step_s,
+                         "setup_s": timing.setup_s, **seconds})
     finally:
         torch.set_num_threads(previous)
+    # this process's start and data load; with jobs > 1 each worker's start and data load too
+    start_s = worker_start_s()
+    fixed = start_s + load_s + (start_s + load_s if jobs > 1 else 0.0)
     return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
-            "batches": rows, "serial_s": sum(r["total_s"] for r in rows),
-            "wall_s": makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
+            "batches": rows, "fixed_s": fixed, "contention": slowdown, "serial_s": fixed + sum(r["total_s"] for r in rows),
+            "wall_s": fixed + makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
 
 
 def add_estimate_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
@@ -139,20 +269,39 @@ def add_estimate_options(parser: argparse.ArgumentParser, config_cls: type) -> N
 
 def projection_markdown(title: str, projection: dict[str, Any],
                         columns: Sequence[tuple[str, Callable[[dict[str, Any]], str]]], note: str = "") -> str:
-    """A `project_batches` result as markdown: `title` with the machine's setting, one row per batch
-    (the given `columns`, then seconds per step, per epoch and for all epochs), and the projected
-    serial and wall times (`note` after the latter)."""
+    """A `project_batches` result as markdown: `title` with the machine's setting (and a warning when
+    it was busy), one row per batch (the given `columns`, then seconds per step, per epoch and for all
+    epochs, its set-up included), the fixed costs, and last the projected serial and wall times
+    (`note` after the latter). The table's columns and the last line's start are those that
+    estimates committed under results/ have."""
     e = projection
+    cores = os.cpu_count() or 1
     lines = [f"{title}; {e['jobs']} worker(s) of {e['threads_per_job']} thread(s); measured with load average "
-             f"{e['load_average']:.2f}", "",
-             "| " + " | ".join([c for c, _ in columns] + ["s per step", "s per epoch", "s for all epochs"]) + " |",
-             "|" + "---|" * (len(columns) + 3)]
+             f"{e['load_average']:.2f}", ""]
+    if e["load_average"] > cores:
+        lines += [f"The machine was busy while measuring (load average {e['load_average']:.1f} on {cores} cores): "
+                  f"on a shared machine a step's time varies many-fold with the load, so the projection holds only "
+                  f"for the same load; measure on a quiet machine.", ""]
+    lines += ["| " + " | ".join([c for c, _ in columns] + ["s per step", "s per epoch", "s for all epochs"]) + " |",
+              "|" + "---|" * (len(columns) + 3)]
     for r in e["batches"]:
-        cells = [f(r) for _, f in columns] + [f"{r['step_s']:.3f}", f"{r['epoch_s']:.1f}", f"{r['total_s']:.0f}"]
+        cells = [f(r) for _, f in columns] + [f"{r['step_s']:.3f}" + (" (compiled)" if r.get("compiled") else ""),
+                                              f"{r['epoch_s']:.1f}", f"{r['total_s']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"serial sum {e['serial_s'] / 3600:.2f} h; projected wall time with {e['jobs']} worker(s): "
-                  f"{e['wall_s'] / 3600:.2f} h{note}"]
+    setup = sum(r.get("setup_s", 0.0) for r in e["batches"])
+    lines += ["", f"Included: each batch's set-up (building, first step, compilation, files; {setup:.0f} s in all), "
+                  f"fixed costs (process starts, data loads, the study's reports; {e.get('fixed_s', 0.0):.0f} s), and "
+                  f"the slowdown of {e['jobs']} worker(s) training at once (×{e.get('contention', 1.0):.2f}, measured).",
+              "", f"serial sum {_duration(e['serial_s'])}; projected wall time with {e['jobs']} worker(s): "
+                  f"{_duration(e['wall_s'])}{note}"]
     return "\n".join(lines) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as a reader wants them: "45 s", "12.3 min", "2.05 h"."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
 
 
 _DATA_CACHE: dict[tuple[Any, ...], Any] = {}
@@ -169,29 +318,72 @@ def _data_for(config: Any) -> Any:
 
 
 def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, progress: bool,
-                  compile: bool = False) -> tuple[list[str], str | None]:
+                  compile: bool | None = None) -> tuple[list[str], str | None]:
     torch.set_num_threads(threads)
     names = [s.name for s in batch]
     try:
-        if progress:  # --quiet prints nothing (issue 25, finding 16)
-            print(f"[batch of {len(batch)}: {names[0]} ...] start", file=sys.stderr, flush=True)
+        compile = compiles(batch, compile, len(_data_for(batch[0].config).train))
+        if progress:
+            what = "compiling its step first (minutes), then training" if compile else "training"
+            _say(f"[batch of {len(batch)}: {names[0]} ...] {what}")
         train_batched([s.config for s in batch], [Path(out) / s.name for s in batch], resume=resume, progress=progress,
                       data=_data_for(batch[0].config), compile=compile)
-        if progress:
-            print(f"[batch of {len(batch)}: {names[0]} ...] done", file=sys.stderr, flush=True)
         return names, None
     except Exception as exc:  # noqa: BLE001 - one failed batch must not stop the study
         return names, f"{type(exc).__name__}: {exc}"
 
 
+def _say(line: str) -> None:
+    """A progress line on stderr that does not break a study's progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+    sys.stderr.flush()
+
+
+class StudyProgress:
+    """One progress bar over a study's runs, advanced as each batch ends, with tqdm's elapsed time and
+    ETA (from the runs finished so far). On a terminal it is a live tqdm bar; otherwise (a log file)
+    one line per finished batch in the same format. `enabled=False` (--quiet) prints nothing."""
+
+    def __init__(self, total: int, label: str = "study", enabled: bool = True, stream: Any = None) -> None:
+        from tqdm import tqdm
+
+        self.total, self.label, self.enabled = total, label, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self.start = time.monotonic()
+        live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._bar = tqdm(total=total, desc=label, unit="run", file=self.stream, dynamic_ncols=True) if live else None
+
+    def advance(self, runs: int, note: str = "") -> None:
+        """Count `runs` more runs as finished (one batch), and show the bar."""
+        from tqdm import tqdm
+
+        self.done += runs
+        if self._bar is not None:
+            self._bar.set_postfix_str(note, refresh=False)
+            self._bar.update(runs)
+        elif self.enabled:
+            meter = tqdm.format_meter(self.done, self.total, time.monotonic() - self.start, prefix=self.label,
+                                      unit="run", ncols=100)
+            print(meter + (f" ({note})" if note else ""), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """End the bar (a live bar leaves its last state on screen)."""
+        if self._bar is not None:
+            self._bar.close()
+
+
 def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
-                threads: int | None = None, progress: bool = True, max_batch: int = 64, compile: bool = False,
+                threads: int | None = None, progress: bool = True, max_batch: int = 64, compile: bool | None = None,
                 on_done: Callable[[str, str | None], Any] | None = None) -> dict[str, str | None]:
     """Train every spec into `out`/<name>, batched by `group_specs`; return {name: error or None}.
 
     Batches are formed from all of `specs`, finished or not, so that an interrupted batch finds its
     checkpoint again on `resume` (train_batched skips the finished runs of a batch). With jobs > 1, batches go to `jobs` spawned processes of `threads` threads each.
-    `compile` trains each batch through torch.compile (train_batched(compile=True)).
+    `compile` trains each batch through torch.compile (train_batched(compile=True)); None (the
+    default) compiles the batches that train at least COMPILE_MIN_STEPS steps (`compiles`).
     `on_done(name, error)` is called in this process for every run of a batch as the batch ends.
     """
     if jobs < 1:
@@ -203,20 +395,26 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     if threads is None:
         threads = worker_threads(jobs)
     errors: dict[str, str | None] = {}
+    bar = StudyProgress(len(specs), f"{Path(out).parent.name or 'study'}: runs", enabled=progress)
 
     def done(names: list[str], error: str | None) -> None:
         for name in names:
             errors[name] = error
             if on_done is not None:
                 on_done(name, error)
+        bar.advance(len(names), f"batch {names[0]} ... " + ("failed" if error else "done"))
 
-    if jobs == 1:
-        for batch in batches:
-            done(*_batch_worker(batch, str(out), resume, threads, progress, compile))
+    try:
+        if jobs == 1:
+            for batch in batches:
+                done(*_batch_worker(batch, str(out), resume, threads, progress, compile))
+            return errors
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = [pool.submit(_batch_worker, batch, str(out), resume, threads, progress, compile)
+                       for batch in batches]
+            for future in concurrent.futures.as_completed(futures):
+                done(*future.result())
         return errors
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(_batch_worker, batch, str(out), resume, threads, progress, compile) for batch in batches]
-        for future in concurrent.futures.as_completed(futures):
-            done(*future.result())
-    return errors
+    finally:
+        bar.close()

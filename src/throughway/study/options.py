@@ -13,6 +13,10 @@ An experiment's `Config` is a frozen dataclass whose fields are declared with `o
 `quick_config(Config)` is the --quick variant. The config recorded in results.json is
 `dataclasses.asdict(config)`: nothing is declared twice, and adding an option is one line.
 
+One idea has one name across the studies: `--seeds` is a count, `--limit` the first N samples,
+`--depths` the depths, `--mc-samples` Monte Carlo draws; an older spelling stays accepted as a
+hidden alias (`option(..., aliases=("--layers",))`), and tests/test_cli_consistency.py checks it.
+
 Fields the command line does not set (e.g. `device`, `data_dir`, which every command shares, or an
 internal flag) are declared with `option(..., cli=False)` or as plain fields. Ours, not tyro or
 simple-parsing: the toolkit's commands are argparse sub-commands with shared options (--device,
@@ -26,11 +30,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 import types
 import typing
 from typing import Any, Sequence, TypeVar, Union
 
-__all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK"]
+__all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK", "DeprecatedAlias"]
 
 T = TypeVar("T")
 NO_QUICK: Any = object()  # the field keeps its default under --quick
@@ -39,7 +44,7 @@ _META = "throughway.option"
 
 def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[Any] | None = None,
            cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False,
-           negatable: bool = True) -> Any:
+           negatable: bool = True, aliases: Sequence[str] = (), count: bool = False) -> Any:
     """A dataclass field that is also a command-line option.
 
     `default` is the paper's value (tuples for sequences: the dataclass is frozen); `help` is the
@@ -47,11 +52,29 @@ def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[
     field, of each element); `cli=False` keeps the field off the command line; `flag` overrides the
     option name (default `--field-name`); `minimum` refuses smaller numbers (exit 2 via argparse);
     `empty_ok` lets a tuple field be given with no values (e.g. to skip a part of a study);
-    `negatable=False` makes a bool field a plain switch (`--merge`, no `--no-merge`) that sets True.
+    `negatable=False` makes a bool field a plain switch (`--merge`, no `--no-merge`) that sets True;
+    `aliases` are older spellings of the flag, still accepted but hidden from --help and warned
+    about on stderr; `count=True` makes a tuple-of-int field (seeds 0, 1, 2) a count on the command
+    line (`--seeds 3`), as every study's `--seeds` is, while the config keeps the tuple (several
+    values, `--seeds 0 1 2`, still name the seeds, as recorded commands do).
     """
     metadata = {_META: {"help": help, "quick": quick, "choices": tuple(choices) if choices is not None else None,
-                        "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok, "negatable": negatable}}
+                        "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok, "negatable": negatable,
+                        "aliases": tuple(aliases), "count": count}}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An older spelling of an option: stores like the option and says, on stderr, what to write now."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, current: str = "", **kwargs: Any) -> None:
+        self.current = current
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated; use {self.current}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def option_fields(config_cls: type) -> list[tuple[dataclasses.Field[Any], dict[str, Any]]]:
@@ -99,19 +122,36 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
         has_quick |= meta["quick"] is not NO_QUICK
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
         kind, is_tuple, _ = _base_type(hints[f.name])
-        default = f.default
-        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
-        quick = "" if meta["quick"] is NO_QUICK else f"; --quick: {meta['quick']}"
-        text = f"{meta['help']} (default {shown}{quick})"
+        count = meta.get("count", False)
+        auto = kind is bool and f.default is None  # a switch whose default the study decides
+        text = f"{meta['help']} (default {'auto' if auto else _shown(f.default, count)}"
+        text += ")" if meta["quick"] is NO_QUICK else f"; --quick: {_shown(meta['quick'], count)})"
         if kind is bool and not is_tuple:
             action = argparse.BooleanOptionalAction if meta.get("negatable", True) else "store_true"
             parser.add_argument(flag, dest=f.name, action=action, default=None, help=text)
             continue
-        parser.add_argument(flag, dest=f.name, type=_converter(kind, f.name.replace("_", "-"), meta["minimum"]),
-                            nargs=("*" if meta.get("empty_ok") else "+") if is_tuple else None, choices=meta["choices"], default=None, help=text)
+        if count:  # a tuple of seeds given as how many: --seeds 3 is seeds 0 1 2 (several values: the seeds)
+            text = text.replace(" (default", "; several values name the seeds themselves (default", 1)
+            settings_metavar: dict[str, Any] = {"metavar": "N"}
+        else:
+            settings_metavar = {}
+        settings = {"type": _converter(kind, flag.lstrip("-"), 0 if count else meta["minimum"]),
+                    "nargs": ("*" if meta.get("empty_ok") else "+") if is_tuple else None,
+                    "choices": meta["choices"], "default": None}
+        parser.add_argument(flag, dest=f.name, help=text, **settings, **settings_metavar)
+        for alias in meta.get("aliases", ()):
+            parser.add_argument(alias, dest=f.name, action=DeprecatedAlias, current=flag, help=argparse.SUPPRESS,
+                                **settings)
     if has_quick and not any("--quick" in a.option_strings for a in parser._actions):
         parser.add_argument("--quick", action="store_true",
                             help="the quick variant: every field's --quick value (shown in each option's help)")
+
+
+def _shown(value: Any, count: bool = False) -> str:
+    """A default or --quick value as the user would type it: tuples space-separated, counts as the count."""
+    if count and isinstance(value, tuple):
+        return f"{len(value)}: seeds {' '.join(map(str, value))}" if value else "0"
+    return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def quick_config(config_cls: type[T], **changes: Any) -> T:
@@ -121,15 +161,23 @@ def quick_config(config_cls: type[T], **changes: Any) -> T:
 
 
 def config_from_args(config_cls: type[T], args: argparse.Namespace, base: T | None = None, **changes: Any) -> T:
-    """The config the command line asks for: `base` (a preset; default the quick values when
-    `args.quick`, else the defaults), then every option the user set (tuples for sequence fields),
-    then `changes` (e.g. device and data_dir)."""
+    """The config the command line asks for: `base` (a preset; default the defaults), with every
+    field's quick value when `args.quick`, then every option the user set (tuples for sequence
+    fields), then `changes` (e.g. device and data_dir)."""
     if base is None:
-        base = quick_config(config_cls) if getattr(args, "quick", False) else config_cls()
+        base = config_cls()
+    if getattr(args, "quick", False):
+        base = dataclasses.replace(base, **{f.name: meta["quick"] for f, meta in option_fields(config_cls)  # type: ignore[type-var]
+                                            if meta["quick"] is not NO_QUICK})
     values: dict[str, Any] = {}
     for f, meta in option_fields(config_cls):
         given = getattr(args, f.name, None) if meta["cli"] else None
-        if given is not None:
+        if given is not None and meta.get("count") and len(given) == 1:
+            if given[0] < 1:
+                flag = meta["flag"] or "--" + f.name.replace("_", "-")
+                raise ValueError(f"{flag} {given[0]}: a count must be ≥ 1 (or give several values: the seeds)")
+            values[f.name] = tuple(range(given[0]))
+        elif given is not None:
             if isinstance(given, list):
                 # A study's lists are sets of values (depths, seeds, networks): a repeated value would
                 # train a run twice or count it twice in a row (issue 25, finding 8).

@@ -1,58 +1,12 @@
-"""The README's generated result blocks: every quoted table and number, rendered from results/.
-
-The README marks what it quotes from the committed results files:
-
-    <!-- generated:NAME -->
-    ...markdown...
-    <!-- /generated:NAME -->
-
-(a block: the opening marker ends its line) or, inside a sentence, an inline span
-`<!-- generated:NAME -->1.467<!-- /generated:NAME -->`. `render_text` rewrites the inside of
-every marker pair from `RENDERERS[NAME](root)`, where `root` is the results folder;
-`throughway report --readme README.md` writes the result, `--check` only lists the blocks whose
-text differs (exit 1), and `tests/test_readme.py` runs that check on the repository's README, so
-a table or number that the results files do not give fails CI.
-
-The renderers live in `throughway.readme_sections`, one module per README section (timings,
-depth_study, identity, hessian, batched, conv); section 2's gate renderers stay here. Adding a
-block (e.g. the MNIST depth study's Table 1): write one function in its section's module
-
-    def _mnist_depth_table(root: Path) -> str:
-        return mnist_depth.table_markdown(_json(root, "mnist-depth/results.json"))
-
-that reads committed files under `root` only (`_json`, `_text` of `readme_sections.common`) and
-returns markdown, reusing the experiment's own `table_markdown` where the README quotes it whole;
-add one entry `"mnist-depth-table": _mnist_depth_table` to `RENDERERS`; put the two markers in the
-README and run `throughway report --readme README.md`. These modules sit beside `experiments` (not
-in `report`) because they reuse the experiments' table functions, and imports flow downwards only.
-"""
+"""Renderers of docs/reproductions/gates.md: k, dead gates, pruning (gated-residual-v2 Table 2, figure 5) and the
+highway paper's section 4 analyses (gate maps, lesioning)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Callable
 
-from .readme_sections.batched import _batched_benchmark, _batched_step, _highway_depth_table, _highway_depth_text
-from .readme_sections.common import _json, _match, _text
-from .readme_sections.conv import _conv_table
-from .readme_sections.depth_study import (_bn_stats, _mnist_depth_batchnorm_ablation, _mnist_depth_findings, _mnist_depth_stem_ablation,
-                                          _mnist_depth_stem_dense_k_ratio, _mnist_depth_stem_dense_table,
-                                          _mnist_depth_table)
-from .readme_sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
-                                      _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
-from .readme_sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
-from .readme_sections.timings import _benchmarks, _main_job_time, _test_suite_time
-
-__all__ = ["RENDERERS", "BLOCK", "block_names", "render_text", "differing_blocks", "update_readme",
-           "figures56_contrary_pairs"]
-
-# <!-- generated:NAME -->BODY<!-- /generated:NAME -->, NAME of letters, digits, '.', '_', '-'.
-BLOCK = re.compile(r"<!-- generated:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /generated:(?P=name) -->", re.DOTALL)
-
-
-# ---------------------------------------------------------------------------------------------
-# Section 2: what the gates learned
+from .common import _json, _match, _text
 
 
 def _ranges(blocks: list[int]) -> str:
@@ -170,79 +124,3 @@ def _highway_analysis_table(root: Path) -> str:
         f"{fl['increase_pct_points'][-1]:+.2f}; layers 15–45: at most {f_mid['max_increase_pct_points']:+.2f} |",
     ])
 
-
-RENDERERS: dict[str, Callable[[Path], str]] = {
-    "main-job-time": _main_job_time,
-    "test-suite-time": _test_suite_time,
-    "mnist-depth-table": _mnist_depth_table,
-    "mnist-depth-findings": _mnist_depth_findings,
-    "mnist-depth-stem-ablation": _mnist_depth_stem_ablation,
-    "bn-stats": _bn_stats,
-    "mnist-depth-batchnorm-ablation": _mnist_depth_batchnorm_ablation,
-    "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
-    "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
-    "gates-table": _gates_table,
-    "gates-text": _gates_text,
-    "highway-analysis-table": _highway_analysis_table,
-    "sdi-table": _sdi_table,
-    "sdi-monte-carlo": _sdi_monte_carlo,
-    "identity-distance": _identity_distance,
-    "hessian-theorem2": _hessian_theorem2,
-    "hessian-figure4": _hessian_figure4,
-    "hessian-figures5-6": _hessian_figures56,
-    "hessian-figure7": _hessian_figure7,
-    "hessian-figure8": _hessian_figure8,
-    "hessian-figure3": _hessian_figure3,
-    "highway-depth-table": _highway_depth_table,
-    "highway-depth-text": _highway_depth_text,
-    "hessian-speed": _hessian_speed,
-    "batched-benchmark": _batched_benchmark,
-    "batched-step": _batched_step,
-    "conv-table": _conv_table,
-    "benchmarks": _benchmarks,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-
-def block_names(text: str) -> list[str]:
-    """The names of the generated blocks and spans in `text`, in order."""
-    return [m.group("name") for m in BLOCK.finditer(text)]
-
-
-def _render_body(name: str, body: str, root: Path) -> str:
-    if name not in RENDERERS:
-        raise KeyError(f"README block {name!r} is not known; known blocks: {sorted(RENDERERS)}")
-    rendered = RENDERERS[name](Path(root)).strip("\n")
-    return f"\n{rendered}\n" if body.startswith("\n") else rendered.strip()
-
-
-def render_text(text: str, root: str | Path) -> str:
-    """`text` with the inside of every generated block and span rewritten from the files under `root`.
-
-    A block (its opening marker ends a line) keeps its markers on their own lines; a span stays
-    inline. Raises KeyError naming an unknown block and FileNotFoundError naming a missing file.
-    """
-    return BLOCK.sub(lambda m: (f"<!-- generated:{m.group('name')} -->"
-                                f"{_render_body(m.group('name'), m.group('body'), Path(root))}"
-                                f"<!-- /generated:{m.group('name')} -->"), text)
-
-
-def differing_blocks(text: str, root: str | Path) -> list[str]:
-    """Names of the blocks of `text` whose inside differs from what the results under `root` give."""
-    return [m.group("name") for m in BLOCK.finditer(text)
-            if m.group("body") != _render_body(m.group("name"), m.group("body"), Path(root))]
-
-
-def update_readme(readme: str | Path, root: str | Path | None = None, *, check: bool = False) -> list[str]:
-    """Rewrite `readme`'s generated blocks from `root` (default: the results/ folder beside it).
-
-    Returns the names of the blocks that differed before; with `check` the file is left alone.
-    """
-    readme = Path(readme)
-    root = Path(root) if root is not None else readme.resolve().parent / "results"
-    text = readme.read_text()
-    names = differing_blocks(text, root)
-    if names and not check:
-        readme.write_text(render_text(text, root))
-    return names

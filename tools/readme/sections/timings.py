@@ -1,4 +1,4 @@
-"""README renderers of measured costs: the opening lines' job and test-suite times
+"""Renderers of measured costs: the README's opening lines (job and test-suite times) and docs/benchmarks.md
 (scripts/measure_timings.sh) and the Benchmarks section's table (benchmarks/*.py outputs)."""
 
 from __future__ import annotations

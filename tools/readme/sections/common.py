@@ -1,7 +1,7 @@
 """What every README renderer reads with: a results file as JSON or text, a line that must match.
 
 Each raises an error naming the file or the pattern, so a README block whose source is missing or
-changed fails `throughway report --readme --check` with a message that says which.
+changed fails `python -m tools.readme --check` with a message that says which.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _json(root: Path, relative: str) -> Any:
     """The parsed JSON file root/relative; FileNotFoundError naming it when it is missing."""
     path = Path(root) / relative
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: results file not found (a README block reads it)")
+        raise FileNotFoundError(f"{path}: results file not found (a generated block reads it)")
     return json.loads(path.read_text())
 
 
@@ -24,7 +24,7 @@ def _text(root: Path, relative: str) -> str:
     """The text of root/relative; FileNotFoundError naming it when it is missing."""
     path = Path(root) / relative
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: results file not found (a README block reads it)")
+        raise FileNotFoundError(f"{path}: results file not found (a generated block reads it)")
     return path.read_text()
 
 

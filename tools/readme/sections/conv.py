@@ -1,4 +1,4 @@
-"""README section 6 renderer: the convolutional runs' table (results/conv/)."""
+"""Renderer of docs/reproductions/cifar.md: the convolutional runs' table (results/conv/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""README section 4 renderers: the Hessian studies of Demystifying ResNet (Theorem 2, figures 3 to
+"""Renderers of docs/reproductions/hessian.md: the Hessian studies of Demystifying ResNet (Theorem 2, figures 3 to
 8) from results/hessian/, and the exact-Hessian benchmark's speed line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""README section 5 renderers: batched training (the throughput benchmark and where a step's time
+"""Renderers of docs/reproductions/batched.md: batched training (the throughput benchmark and where a step's time
 goes) and the highway paper's random search (results/batched/, results/highway-depth/)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _batched_step(root: Path) -> str:
 
 
 def _highway_depth_table(root: Path) -> str:
-    from ..experiments import highway_depth
+    from throughway.experiments import highway_depth
 
     # The title, the loss table and the verdict table; the settings notes under them stay in table.md.
     return "\n\n".join(highway_depth.table_markdown(_json(root, "highway-depth/results.json")).split("\n\n")[:3])
@@ -68,7 +68,7 @@ def _highway_depth_table(root: Path) -> str:
 def _highway_depth_text(root: Path) -> str:
     import statistics
 
-    from ..experiments import highway_depth
+    from throughway.experiments import highway_depth
 
     summary = _json(root, "highway-depth/results.json")
     config = summary["config"]

@@ -1,4 +1,4 @@
-"""README section 1 renderers: the MNIST depth study (gated-residual-v2 Tables 1 and 2), its
+"""Renderers of docs/reproductions/mnist-depth.md: the MNIST depth study (gated-residual-v2 Tables 1 and 2), its
 findings and the first-layer (stem) ablation, from results/mnist-depth*/results.json."""
 
 from __future__ import annotations
@@ -10,28 +10,28 @@ from .common import _json
 
 def _mnist_depth_stem_dense_table(root: Path) -> str:
     """The one-seed study with the Dot-BN-ReLU first layer (the stem ablation), as its table.md."""
-    from ..experiments import mnist_depth
+    from throughway.experiments import mnist_depth
 
     return mnist_depth.table_markdown(_json(root, "mnist-depth-stem-dense/results.json"))
 
 
 def _mnist_depth_table(root: Path) -> str:
     """The 5-seed study with the paper's first layer, as its table.md (finished or not)."""
-    from ..experiments import mnist_depth
+    from throughway.experiments import mnist_depth
 
     return mnist_depth.table_markdown(_json(root, "mnist-depth/results.json"))
 
 
 def _mnist_depth_findings(root: Path) -> str:
     """The 5-seed study's findings against the paper (`mnist_depth.findings_markdown`)."""
-    from ..experiments import mnist_depth
+    from throughway.experiments import mnist_depth
 
     return mnist_depth.findings_markdown(_json(root, "mnist-depth/results.json"))
 
 
 def _mnist_depth_stem_ablation(root: Path) -> str:
     """The 5-seed study (linear first layer) beside the one-seed Dot-BN-ReLU study."""
-    from ..experiments import mnist_depth
+    from throughway.experiments import mnist_depth
 
     return mnist_depth.stem_ablation_markdown(_json(root, "mnist-depth/results.json"),
                                               _json(root, "mnist-depth-stem-dense/results.json"))
@@ -39,7 +39,7 @@ def _mnist_depth_stem_ablation(root: Path) -> str:
 
 def _mnist_depth_batchnorm_ablation(root: Path) -> str:
     """The 5-seed study beside the same study with Keras's BatchNorm constants (finished cells or not)."""
-    from ..experiments import mnist_depth
+    from throughway.experiments import mnist_depth
 
     return mnist_depth.batchnorm_ablation_markdown(_json(root, "mnist-depth/results.json"),
                                                    _json(root, "mnist-depth-keras-bn/results.json"))

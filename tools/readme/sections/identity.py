@@ -1,4 +1,4 @@
-"""README section 3 renderers: distance to identity (SDI/TSDI table, its Monte Carlo check, and the
+"""Renderers of docs/reproductions/identity.md: distance to identity (SDI/TSDI table, its Monte Carlo check, and the
 distance travelled during training), from results/sdi/."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from .common import _json
 
 
 def _sdi_table(root: Path) -> str:
-    from ..experiments.sdi_table import _form
+    from throughway.experiments.sdi_table import _form
 
     summary = _json(root, "sdi/results.json")
     rows, eqs = summary["table1"], {e["layer"]: e for e in summary["equations"]}
@@ -40,7 +40,7 @@ def _sdi_table(root: Path) -> str:
 
 
 def _sdi_monte_carlo(root: Path) -> str:
-    from ..experiments.sdi_table import _max_z
+    from throughway.experiments.sdi_table import _max_z
 
     summary = _json(root, "sdi/results.json")
     return (f"Monte Carlo ({summary['config']['mc_samples']} draws of the real initialisers) agrees with the analytic "

@@ -1,0 +1,1 @@
+"""Tooling for this repository's checkout (not installed with the package): `python -m tools.readme`."""
