@@ -115,3 +115,123 @@ def test_random_edits_keep_the_three_promises(base, capsys, monkeypatch, target,
             assert results["final"] is not None, (field, value)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- issue 25: results.json `config` fields read back by analyze, and study summaries --------------
+
+ANALYZE_CONFIG = RunConfig(model="mlp_gated_residual", depth=2, epochs=1, limit=64, model_kwargs={"width": 8})
+STUDY = ["reproduce", "mnist-depth", "--quick", "--depths", "2", "--archs", "gated", "--epochs", "1", "--limit", "64",
+         "--width", "8", "--jobs", "1", "--quiet"]
+
+config_values = values | st.sampled_from(["fashion-mnist", "cifar10", "../elsewhere", "no", "true", 2**63, -1, 0, 1.5])
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """data/: a fake MNIST cache; run/: a finished gated run; study/: a finished mnist-depth study."""
+    root = tmp_path_factory.mktemp("hostile-round2")
+    save_cache(root / "data" / "mnist", make_arrays(n_train=128, n_val=64, n_test=64), "test fixture")
+    config = RunConfig(**{**ANALYZE_CONFIG.__dict__, "data_dir": str(root / "data")})
+    run_training(config, root / "run", progress=False)
+    assert main(STUDY + ["--out", str(root / "study"), "--data-dir", str(root / "data")]) == 0
+    return root
+
+
+def _promises(code: int, err: str, what: Any) -> None:
+    assert code in (0, 2), (what, err)
+    if code == 2:
+        assert err.startswith("throughway: error: ") and "Traceback" not in err, (what, err)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(section=st.sampled_from(["config", "model.config"]), choice=st.integers(0, 10**6), value=config_values,
+       drop=st.booleans())
+def test_random_config_edits_never_redirect_analyze(finished, capsys, monkeypatch, section, choice, value, drop):
+    """Whatever a `config` or `model.config` field of a finished run's results.json holds, `analyze
+    lesion` (which reloads the run's data) exits 0 or 2 with a one-line message, reads data only
+    from $THROUGHWAY_DATA, and creates or changes nothing outside the run directory."""
+    monkeypatch.setattr("throughway.data.sources._pip_download_wheel",
+                        lambda downloads: (_ for _ in ()).throw(RuntimeError("no download in this test")))
+    work = Path(tempfile.mkdtemp(prefix="hostile-config-"))
+    try:
+        shutil.copytree(finished / "run", work / "run")
+        shutil.copytree(finished / "data", work / "data")
+        monkeypatch.setenv("THROUGHWAY_DATA", str(work / "data"))
+        (work / "VICTIM.txt").write_text("must survive\n")
+        path = work / "run" / "results.json"
+        content = json.loads(path.read_text())
+        holder = content["config"] if section == "config" else content["model"]["config"]
+        key = sorted(holder)[choice % len(holder)]
+        if drop:
+            del holder[key]
+        else:
+            holder[key] = str(work / "elsewhere") if value == "../elsewhere" else value
+        path.write_text(json.dumps(content))
+        outside = {k: v for k, v in _tree(work).items() if not k.startswith("run/")}
+        capsys.readouterr()
+        code = main(["analyze", "lesion", str(work / "run"), "--quiet"])
+        err = capsys.readouterr().err
+        _promises(code, err, (section, key, value))
+        assert {k: v for k, v in _tree(work).items() if not k.startswith("run/")} == outside, (section, key, value)
+        assert not (work / "elsewhere").exists()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _summary_fields(content: Any) -> list[tuple[Any, ...]]:
+    """Top-level fields, fields one level down, and the fields of the first cell and its first run."""
+    paths: list[tuple[Any, ...]] = list(_fields(content))
+    cells = content.get("cells") if isinstance(content, dict) else None
+    if isinstance(cells, list) and cells and isinstance(cells[0], dict):
+        paths += [("cells", 0, key) for key in cells[0]]
+        runs = cells[0].get("runs")
+        if isinstance(runs, list) and runs and isinstance(runs[0], dict):
+            paths += [("cells", 0, "runs", 0, key) for key in runs[0]]
+    return paths
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(command=st.sampled_from(["report", "resume"]), choice=st.integers(0, 10**6), value=values, drop=st.booleans(),
+       whole=st.sampled_from([None, None, None, [], "text", 3, {}]))
+def test_random_summary_edits_keep_the_promises(finished, capsys, command, choice, value, drop, whole):
+    """Whatever a study summary's field holds (or the whole file), `report DIR` and `reproduce ...
+    --resume` exit 0 or 2 with a one-line message, never change a run's files (no finished work
+    lost) and touch nothing outside the study folder."""
+    work = Path(tempfile.mkdtemp(prefix="hostile-summary-"))
+    try:
+        shutil.copytree(finished / "study", work / "study")
+        shutil.copytree(finished / "data", work / "data")
+        (work / "VICTIM.txt").write_text("must survive\n")
+        path = work / "study" / "results.json"
+        content: Any = json.loads(path.read_text())
+        if whole is not None:
+            content = whole
+        else:
+            field = _summary_fields(content)[choice % len(_summary_fields(content))]
+            holder = content
+            for key in field[:-1]:
+                holder = holder[key]
+            if drop:
+                del holder[field[-1]]
+            else:
+                holder[field[-1]] = value
+        path.write_text(json.dumps(content))
+        runs = _tree(work / "study" / "runs")
+        outside = {k: v for k, v in _tree(work).items() if not k.startswith("study/")}
+        capsys.readouterr()
+        argv = (["report", str(work / "study")] if command == "report" else
+                STUDY + ["--out", str(work / "study"), "--data-dir", str(work / "data"), "--resume"])
+        code = main(argv)
+        err = capsys.readouterr().err
+        _promises(code, err, (command, content if whole is not None else field, value))
+        assert _tree(work / "study" / "runs") == runs
+        assert {k: v for k, v in _tree(work).items() if not k.startswith("study/")} == outside
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -264,6 +264,12 @@ def prune(model: nn.Module, blocks: Sequence[int | str], example_input: torch.Te
     equals the original's (gated-residual-v2 §2.2: such layers "can be removed without affecting
     performance").
     """
+    # A meta-device model has shapes but no weights to carry over; without this the failed copy read as
+    # "blocks are not interchangeable" (issue 25, finding 16).
+    if any(t.is_meta for t in model.state_dict().values()):
+        raise ValueError(f"model {type(model).__name__} ({getattr(model, 'config', {}).get('name')!r}) is on the meta "
+                         f"device (it has shapes but no weights); prune needs a model with its weights, e.g. from "
+                         f"load_model")
     names = resolve_blocks(model, blocks)
     registry_name = _registry_name(model)
     if registry_name is None:

@@ -153,6 +153,12 @@ def sdi(layer: str, width: int, init: InitMoments | str = "he_normal", *, kernel
         raise ValueError(f"width={width!r}: must be a positive integer")
     if kernel_size is not None and kernel_size < 1:
         raise ValueError(f"kernel_size={kernel_size}: must be ≥ 1")
+    # A non-finite number would print a table of nan (issue 25, finding 10).
+    for name, value in (("target", target), ("gate_bias", gate_bias), ("k_init", k_init), ("k_var", k_var)):
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise ValueError(f"{name}={value!r} (--{name.replace('_', '-')}): accepted: a finite number")
+    if k_var < 0:
+        raise ValueError(f"k_var={k_var!r}: accepted: a variance ≥ 0")
     if layer == "gated":
         m = torch.tensor(k_var + k_init ** 2, dtype=torch.float64)
         return SDIResult(layer, width, kernel_size, InitMoments(k_init, k_var), None, m, torch.zeros(0, dtype=torch.float64))

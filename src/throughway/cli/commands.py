@@ -155,7 +155,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         from ..study.runs import check_specs
 
         check_specs(module.specs(config))
-    summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+    from ..study.runs import study_lock
+
+    with study_lock(out):  # one process per study folder (issue 25, finding 15)
+        try:
+            summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            # The study's files are untrusted input (issue 25, findings 13 and 14): the summary and each run's
+            # results.json are checked as they are read; what those checks miss is still said as the files' fault.
+            raise ValueError(f"{out / 'results.json'} (or a run's results.json under {out / 'runs'}): does not hold "
+                             f"what the study writes ({_what(exc)}); the file was edited or damaged: delete it (the "
+                             f"runs are kept) and rerun with --resume") from exc
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
     errors = summary.get("errors") if isinstance(summary, dict) else None
@@ -182,8 +192,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     module = get_experiment(name)
     try:
         text = module.write_report(args.dir)
-    except (KeyError, TypeError, AttributeError, IndexError) as exc:
-        # results.json is untrusted input too: a field of the wrong type is the file's fault, said as such.
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        # results.json is untrusted input too: a field of the wrong type is the file's fault, said as such
+        # (a ValueError too, unless it names the file already: "invalid literal for int()", issue 25, finding 14).
+        if isinstance(exc, ValueError) and str(path) in str(exc):
+            raise
         raise ValueError(f"{path}: does not hold a {name} summary as the study writes it ({_what(exc)}); the file was "
                          f"edited or damaged; rerun the study with --resume to rewrite it") from exc
     print(text)
@@ -243,7 +256,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.analysis == "redraw":
         try:
             paths = analyze.redraw(args.dir, compare=args.compare)
-        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+            if isinstance(exc, ValueError) and str(args.dir) in str(exc):
+                raise  # already names the file (read_json's "not valid JSON", say)
             # The analysis folder's JSON files are untrusted input: a wrong field is the files' fault.
             raise ValueError(f"{args.dir}: its analysis JSON files (or --compare's) do not hold what `analyze` writes "
                              f"({_what(exc)}); they were edited or damaged; rerun the analysis to rewrite them") from exc

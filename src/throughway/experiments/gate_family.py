@@ -36,7 +36,8 @@ from .._io import atomic_write_json, environment_info, read_json
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option, quick_config
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
+                          summary_finished)
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
                                  gated_comparisons, removal_markdown, update_removal)
@@ -271,13 +272,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
-        previous = read_json(summary_path)
+        previous = read_summary(summary_path, NAME)  # issue 25, findings 13 and 14: checked, named on error
         old, new = previous.get("config", {}), read_back(asdict(config))
         new["depths"] = sorted(new["depths"])
         ignored = {"device", "data_dir", "quick", "compile"}
         if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
             raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
-        finished = all(r["state"] in ("finished", "diverged") for c in previous["cells"] for r in c["runs"])
+        finished = summary_finished(summary_path, previous)
         if not resume and not finished:
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped

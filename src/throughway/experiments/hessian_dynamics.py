@@ -24,11 +24,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .._io import atomic_write_json, read_json
+from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
 from ..report.tables import table_head
 from ..study.options import option
-from ..study.runs import remake_report
+from ..study.runs import read_summary, remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..train import TrainState
 from ..train.full_batch import BatchedGD, train_full_batch
@@ -109,7 +109,7 @@ def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Mark every stored Hessian point of `out`/results.json singular to tolerance or not
     (`apply_tolerance`; no Hessian is recomputed) and rewrite the file when that changed something."""
     path = Path(out) / "results.json"
-    summary = read_json(path)
+    summary = read_summary(path, NAME)
     traces = [{**t, "hessian": [apply_tolerance(p) for p in t["hessian"]]} for t in summary["traces"]]
     updated = {**summary, "traces": traces}
     if updated != summary:

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, read_json
+from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from ..study.options import option
-from ..study.runs import mean_std, remake_report
+from ..study.runs import mean_std, read_summary, remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableStudy
 
@@ -223,7 +223,7 @@ def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
     Theorem 2 row singular to tolerance or not (`apply_tolerance`), recompute the points; rewrite
     the file only when this changed something. Returns the summary."""
     path = Path(out) / "results.json"
-    summary = read_json(path)
+    summary = read_summary(path, NAME)
     cells = {k: apply_tolerance(c) for k, c in summary.get("cells", {}).items()}
     theorem2 = [apply_tolerance(r, prefix="spectrum_") for r in summary.get("theorem2", [])]
     config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})  # type: ignore[arg-type]

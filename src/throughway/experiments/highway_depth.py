@@ -69,12 +69,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info, read_json
+from .._io import environment_info
 from ..layers.init import INIT_SCHEMES
-from ..train import RESULTS_FILE, RunConfig, RunExistsError
+from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
-from ..study.runs import RunSpec, StudySummary, remake_report
+from ..study.runs import RunSpec, StudySummary, check_run_results, read_summary, remake_report
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,
                                    table_markdown)
 
@@ -259,8 +259,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                 if not path.is_file():
                     missing += 1
                     continue
-                result = read_json(path)
-                curve = [h["train_loss"] for h in result["history"]]
+                result = check_run_results(read_results(path.parent), path)
+                curve = [h.get("train_loss") for h in result["history"]]
                 state = "running" if result.get("final") is None else ("diverged" if result.get("diverged") else "finished")
                 last, lowest = _losses(result)
                 entry = {"run": name, "arch": arch, "layers": layers, "trial": trial, **hp, "state": state,
@@ -312,7 +312,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
-        previous = read_json(summary_path).get("config", {})
+        previous = read_summary(summary_path, NAME).get("config", {})
         settings = asdict(config)
         # A setting the previous summary lacks was written before the option existed: it had the default.
         defaults = asdict(Config())

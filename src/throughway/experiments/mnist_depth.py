@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_text, environment_info, read_json
+from .._io import atomic_write_text, environment_info
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import option, quick_config
@@ -30,7 +30,7 @@ from ..study.batching import add_estimate_options, project_batches, projection_m
 from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, summary_finished
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
@@ -171,8 +171,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                     status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 history = result["history"]
-                curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h["train_loss"] for h in history],
-                                "test_error_pct": [h["test_error_pct"] for h in history]}
+                curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h.get("train_loss") for h in history],
+                                "test_error_pct": [h.get("test_error_pct") for h in history]}
                 final = result.get("final")
                 state = "finished" if final is not None else "running"
                 if result.get("diverged"):
@@ -231,7 +231,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
                                                 (plot_error_by_depth, "table1_test_error_by_depth.png"),
                                                 (plot_k_by_block, "figure5_k_by_block.png")])
     if (Path(out) / "runs").is_dir():
-        config = read_json(Path(out) / RESULTS_FILE)["config"]
+        config = read_summary(Path(out) / RESULTS_FILE, NAME)["config"]
         selections = ("last", "best-test") if config["train_on_full"] else ("last", "best-test", "best-val")
         atomic_write_text(Path(out) / "best_epoch.md", selection_report_markdown(out, selections))
     return table
@@ -243,12 +243,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
-        previous = read_json(summary_path)
+        previous = read_summary(summary_path, NAME)
         old, new = previous.get("config", {}), json_config(config)
         ignored = {"device", "data_dir", "quick", "compile"}
         if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
             raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
-        finished = all(r["state"] in ("finished", "diverged") for c in previous["cells"] for r in c["runs"])
+        finished = summary_finished(summary_path, previous)
         if not resume and not finished:
             raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
         resume = True  # a finished study is only re-reported: every run is skipped

@@ -8,12 +8,13 @@ this module imports none of them.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["ModelEntry", "register_model", "create_model", "list_models", "model_entry"]
+__all__ = ["ModelEntry", "register_model", "create_model", "list_models", "model_entry", "check_numeric_arguments"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise TypeError(f"create_model({name!r}) got unknown arguments {unknown}; accepted: {sorted(accepted)}")
+    check_numeric_arguments(name, kwargs)
     model = entry.factory(**kwargs)
     config = {k: v for k, v in accepted.items() if v is not inspect.Parameter.empty}
     config.update(kwargs)
@@ -75,6 +77,35 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     config.update(getattr(model, "resolved_arguments", {}))
     model.config = {"name": name, **config}  # type: ignore[assignment]  # nn.Module types attributes as tensors
     return model
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# The numeric arguments whose range torch does not check (issue 25, finding 9): a BatchNorm momentum
+# outside [0, 1] trains to 100% error, a negative ε fails only after the data is read, a non-finite
+# k or gate bias makes every output NaN. The accepted ranges, said in the message.
+_NUMERIC_ARGUMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bn_momentum": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1 (PyTorch's default 0.1, Keras's 0.01)"),
+    "bn_eps": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1 (PyTorch's default 1e-5, Keras's 1e-3)"),
+    "k_init": (_number, "a finite number"),
+    "gate_bias": (_number, "a finite number"),
+}
+
+
+def check_numeric_arguments(name: str, kwargs: dict[str, Any]) -> None:
+    """ValueError naming the argument and the accepted values when one of `kwargs` listed in
+    `_NUMERIC_ARGUMENTS` (bn_momentum, bn_eps, k_init, gate_bias) is out of its range; None (the
+    factory's own default, e.g. a layout's gate bias) is accepted. Called by `create_model`, so a
+    command line, a Python call and a model file's metadata are all checked before any data is
+    read or any memory allocated."""
+    for key, value in kwargs.items():
+        if key in _NUMERIC_ARGUMENTS and value is not None:
+            ok, accepted = _NUMERIC_ARGUMENTS[key]
+            if not ok(value):
+                raise ValueError(f"create_model({name!r}): {key}={value!r} (--model-arg {key}=..., model_kwargs.{key}); "
+                                 f"accepted: {accepted}")
 
 
 def list_models() -> list[ModelEntry]:

@@ -5,19 +5,22 @@ the setting of gated-residual-v2 Tables 1 and 2, the output folder and its files
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load
 
-from .._io import atomic_write_text, environment_info, sha256_file
+from .._io import atomic_write_text, environment_info
 from ..analysis.blocks import find_blocks
 from ..analysis.gates import model_family
-from ..data import DataSplits, load_dataset
-from ..models import create_model, with_legacy_config
+from ..data import DATASET_SHAPES, DataSplits, load_dataset
+from ..models import create_model, model_entry, with_legacy_config
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
+from ..train.runner import MAX_DEPTH
 from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
 from .papers import PAPER_MEAN_K
 from .runs import command_line
@@ -39,30 +42,59 @@ def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
-    return Path(out) if out is not None else run_dir / "analysis"
+    """`out`, or RUN_DIR/analysis; the default folder inside the run is never a symbolic link, which
+    would make the analysis overwrite files wherever it points (issue 25, finding 2)."""
+    if out is not None:
+        return Path(out)
+    folder = run_dir / "analysis"
+    if folder.is_symlink():
+        raise ValueError(f"{folder}: is a symbolic link (to {os.readlink(folder)}); refused, nothing was written: "
+                         f"replace it by a real folder, or give --out")
+    return folder
 
 
 
-def _checkpoint_model(run_dir: Path, results: dict[str, Any], device: str) -> tuple[torch.nn.Module, int]:
+# A run that is training may replace its checkpoint between two reads (finding 12).
+_TRY_AGAIN = "the run may have just written a newer checkpoint: try again"
+
+
+def _checkpoint_model(run_dir: Path, results: dict[str, Any],
+                      device: str) -> tuple[torch.nn.Module, int, dict[str, Any] | None]:
     """The model weights of the run's latest checkpoint (checked against the SHA-256 that
-    checkpoint.json records) in the model that results.json describes, and the epoch they are from."""
+    checkpoint.json records) in the model that results.json describes, the epoch they are from and
+    that epoch's history record as checkpoint.json holds it.
+
+    A run that is training rewrites its checkpoint every epoch (a new file, then checkpoint.json, then
+    the old file deleted), so the file is read once, its bytes checked and loaded (never re-read),
+    and the epoch's record is taken from the same checkpoint.json, not from results.json (which
+    may still be one epoch behind: issue 25, finding 12). Every failure a concurrent write can cause
+    says "try again"."""
     meta = read_checkpoint_meta(run_dir)  # validated: its file name cannot lead outside run_dir
     path = run_dir / meta["file"]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing")
-    if sha256_file(path) != meta.get("sha256"):
-        raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON} (the run may have just written a "
-                         f"newer checkpoint: try again)")
+    try:
+        payload = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: named by {run_dir / CHECKPOINT_JSON} but missing ({_TRY_AGAIN})") from None
+    if hashlib.sha256(payload).hexdigest() != meta.get("sha256"):
+        raise ValueError(f"{path}: checksum differs from {CHECKPOINT_JSON} ({_TRY_AGAIN})")
     config = with_legacy_config(dict((results.get("model") or {}).get("config") or {}))
     if "name" not in config:
         raise ValueError(f"{run_dir / RESULTS_FILE}: no model.config to rebuild the model from")
     prefix = "model."
-    state = {k[len(prefix):]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)}
+    try:
+        tensors = load(payload)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); the file is damaged") from exc
+    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     # results.json is untrusted too: its model config must fit the checkpoint's tensors before anything is built.
     config = check_model_config(config, {k: tuple(v.shape) for k, v in state.items()}, run_dir / RESULTS_FILE)
     model = create_model(config.pop("name"), **config)
     model.load_state_dict(state)
-    return model.to(device).eval(), int(meta["epoch"])
+    epoch = int(meta["epoch"])
+    records = (meta.get("history") or {}).get("epochs") or []
+    record = records[epoch - 1] if 0 < epoch <= len(records) else None
+    return model.to(device).eval(), epoch, record
+
 
 
 
@@ -81,15 +113,16 @@ def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
     if "config" not in results or "model" not in results.get("config", {}):
         raise ValueError(f"{run_dir / RESULTS_FILE}: not a single training run (no config.model); "
                          f"analyze needs the directory of one `throughway train` run")
+    _check_run_config(results, run_dir / RESULTS_FILE)
     model_path = run_dir / MODEL_FILE
     if checkpoint:
         if not (run_dir / CHECKPOINT_JSON).is_file():
             raise FileNotFoundError(f"{run_dir / CHECKPOINT_JSON}: not found; --checkpoint needs a run that is "
                                     f"still training or was interrupted" +
                                     (" (this one has finished: drop --checkpoint)" if model_path.is_file() else ""))
-        model, epoch = _checkpoint_model(run_dir, results, device)
-        history = results.get("history") or []
-        record: dict[str, Any] = next((r for r in history if r.get("epoch") == epoch), {})
+        model, epoch, record = _checkpoint_model(run_dir, results, device)
+        if record is None:  # a checkpoint.json of an older version, without its history
+            record = next((r for r in results.get("history") or [] if r.get("epoch") == epoch), {})
         results = {**results, "final": {"snapshot": True, "epochs_completed": epoch,
                                         "test_error_pct": record.get("test_error_pct")}}
         return results, model
@@ -97,14 +130,73 @@ def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
         hint = " (it has a checkpoint: add --checkpoint to analyse that)" if (run_dir / CHECKPOINT_JSON).is_file() else ""
         raise FileNotFoundError(f"{model_path}: not found; the run has not finished (model.safetensors is "
                                 f"written when training ends){hint}")
-    return results, load_model(model_path, device=device)
+    model = load_model(model_path, device=device)
+    _check_model_matches(model, results, run_dir)
+    return results, model
+
+
+def _check_model_matches(model: torch.nn.Module, results: dict[str, Any], run_dir: Path) -> None:
+    """ValueError naming both files when model.safetensors holds another model than results.json
+    describes (its `model.config`, and `config.depth`): the analysis would otherwise report the
+    weights of one model under the other's name (issue 25, finding 6)."""
+    built = with_legacy_config(dict(_config(model)))
+    recorded_model = (results.get("model") or {}).get("config")
+    recorded = with_legacy_config(dict(recorded_model)) if isinstance(recorded_model, dict) else {}
+    if isinstance(recorded.get("name"), str) and recorded["name"] == built.get("name"):
+        # An argument added to the model after the run was recorded counts as its default value.
+        defaults = {k: v for k, v in model_entry(recorded["name"]).parameters().items()
+                    if v is not inspect.Parameter.empty}
+        recorded = {**defaults, **recorded}
+    depth = results["config"]["depth"]
+    differing = [f"model.config.{k}: file {built.get(k)!r}, results {recorded.get(k)!r}"
+                 for k in sorted(set(built) | set(recorded)) if recorded.get(k) != built.get(k)]
+    if built.get("depth") != depth:
+        differing.append(f"config.depth: file {built.get('depth')!r}, results {depth!r}")
+    if differing:
+        raise ValueError(f"{run_dir / MODEL_FILE}: holds another model than {run_dir / RESULTS_FILE} describes "
+                         f"({'; '.join(differing)}); the files were mixed up or edited; nothing was written")
 
 
 
 def _load_data(results: dict[str, Any], device: str, data_dir: str | None) -> DataSplits:
+    """The run's dataset as results.json's `config` describes it (dataset, train_on_full, limit, each
+    checked by `load_run`), from `data_dir` (--data-dir), else $THROUGHWAY_DATA or the default cache.
+
+    The data folder never comes from results.json: a run directory is untrusted, and its
+    `config.data_dir` would choose where the toolkit downloads to and which labels it trusts
+    (issue 25, finding 1)."""
     config = results["config"]
-    return load_dataset(config["dataset"], data_dir if data_dir is not None else config.get("data_dir"),
-                        train_on_full=bool(config.get("train_on_full")), device=device, limit=config.get("limit"))
+    return load_dataset(config["dataset"], data_dir, train_on_full=config["train_on_full"], device=device,
+                        limit=config["limit"])
+
+
+def _check_run_config(results: dict[str, Any], path: Path) -> None:
+    """ValueError naming `path` and the field when a `config` field that analyze reads back (dataset,
+    depth, train_on_full, limit, seed, epochs) has another type or value than `throughway train`
+    writes; a missing train_on_full or limit (an older file) is set to its default in place."""
+    config = results["config"]
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: field 'config' holds {type(config).__name__}; accepted: an object")
+    config.setdefault("train_on_full", False)
+    config.setdefault("limit", None)
+    checks: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "dataset": (lambda v: v in DATASET_SHAPES, f"one of {sorted(DATASET_SHAPES)}"),
+        "depth": (lambda v: _is_int(v) and 1 <= v <= MAX_DEPTH, f"an integer from 1 to {MAX_DEPTH}"),
+        "train_on_full": (lambda v: isinstance(v, bool), "true or false"),
+        "limit": (lambda v: v is None or (_is_int(v) and v >= 2), "null or an integer ≥ 2"),
+        "seed": (lambda v: v is None or _is_int(v), "an integer"),
+        "epochs": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer ≥ 1"),
+    }
+    for field, (ok, accepted) in checks.items():
+        if field in config and not ok(config[field]):
+            raise ValueError(f"{path}: field 'config.{field}' is {config[field]!r}; accepted: {accepted} "
+                             f"(the file was edited or damaged)")
+    if "dataset" not in config or "depth" not in config:
+        raise ValueError(f"{path}: field 'config' lacks 'dataset' or 'depth'; the file was edited or damaged")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 

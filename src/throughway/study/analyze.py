@@ -2,7 +2,8 @@
 
 Each command reads RUN_DIR/results.json and RUN_DIR/model.safetensors (or, with checkpoint=True, the
 latest checkpoint of a run that has not finished), reloads the run's dataset as its config says
-(dataset, train_on_full, limit, data_dir), writes a results JSON, the printed text (<what>.txt) and PNG
+(dataset, train_on_full, limit; the data folder is --data-dir, $THROUGHWAY_DATA or the default cache,
+never the run's own file), writes a results JSON, the printed text (<what>.txt) and PNG
 figures into RUN_DIR/analysis/ (or `out`), and returns a text that puts the paper's number or claim
 beside ours. Figures are drawn from the JSON files by report.analysis_plots, so they can be redrawn
 without a model. What the commands share (loading the run, its data, the result header) is in

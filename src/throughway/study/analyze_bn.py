@@ -55,12 +55,12 @@ def analyze_bn_stats(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.P
     if len(set(resolved)) != len(resolved):
         raise ValueError("analyze bn-stats: a run directory is listed twice; list each run once")
     loaded = [(Path(d), *load_run(d, device)) for d in run_dirs]  # every run checked before data is read
+    _check_poolable([(run_dir, results) for run_dir, results, _ in loaded])
     data_cache: dict[tuple[Any, ...], DataSplits] = {}
     runs: list[dict[str, Any]] = []
     for run_dir, results, model in loaded:
         config = results["config"]
-        key = (config.get("dataset"), bool(config.get("train_on_full")), config.get("limit"),
-               data_dir if data_dir is not None else config.get("data_dir"))
+        key = (config["dataset"], config["train_on_full"], config["limit"])
         if key not in data_cache:
             data_cache[key] = _load_data(results, device, data_dir)
         data = data_cache[key]
@@ -94,6 +94,32 @@ def analyze_bn_stats(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.P
     out_dir = Path(out)
     atomic_write_json(out_dir / BN_STATS_FILE, result)
     return result, _finish_text(out_dir, "bn_stats", _text(result, out_dir))
+
+
+# What may differ between the runs pooled into one row: the seed (they are the row's samples) and how
+# the run was executed, which changes no number's meaning.
+_POOLED_FREELY = {"seed", "device", "data_dir", "amp", "channels_last", "compile", "eval_batch_size"}
+
+
+def _check_poolable(loaded: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """ValueError naming two runs and the fields when runs of one row (same model and depth) differ
+    in anything but the seed and execution options (width, recipe, epochs, dataset, model
+    arguments, ...): their errors are not samples of one quantity, so a mean and a t-test over them
+    would mean nothing (issue 25, finding 7)."""
+    first: dict[tuple[Any, Any], tuple[Path, dict[str, Any]]] = {}
+    for run_dir, results in loaded:
+        config = {k: v for k, v in results["config"].items() if k not in _POOLED_FREELY}
+        config["model.config"] = (results.get("model") or {}).get("config")
+        row = (config.get("model"), config.get("depth"))
+        if row not in first:
+            first[row] = (run_dir, config)
+            continue
+        other_dir, other = first[row]
+        differing = sorted(k for k in set(config) | set(other) if config.get(k) != other.get(k))
+        if differing:
+            raise ValueError(f"analyze bn-stats: {run_dir / 'results.json'} and {other_dir / 'results.json'} would share "
+                             f"the row {row[0]} d = {row[1]}, but their fields {', '.join(f'config.{k}' if k != 'model.config' else k for k in differing)} "
+                             f"differ; a row pools seeds of one setting only: analyse the settings separately")
 
 
 def _fmt(stats: dict[str, float | None]) -> str:

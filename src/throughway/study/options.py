@@ -178,5 +178,13 @@ def config_from_args(config_cls: type[T], args: argparse.Namespace, base: T | No
                 raise ValueError(f"{flag} {given[0]}: a count must be ≥ 1 (or give several values: the seeds)")
             values[f.name] = tuple(range(given[0]))
         elif given is not None:
+            if isinstance(given, list):
+                # A study's lists are sets of values (depths, seeds, networks): a repeated value would
+                # train a run twice or count it twice in a row (issue 25, finding 8).
+                repeated = sorted({str(v) for v in given if given.count(v) > 1})
+                if repeated:
+                    flag = meta["flag"] or "--" + f.name.replace("_", "-")
+                    raise ValueError(f"{flag} {' '.join(map(str, given))}: lists {', '.join(repeated)} more than once; "
+                                     f"accepted: distinct values")
             values[f.name] = tuple(given) if isinstance(given, list) else given
     return dataclasses.replace(base, **{**values, **changes})  # type: ignore[type-var]

@@ -9,6 +9,7 @@ with two threads on a 2-core machine.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import shlex
@@ -20,11 +21,12 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overloa
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, read_json
-from ..train import RESULTS_FILE, RunConfig, run_training
+from .._io import atomic_write_json, atomic_write_text, read_json_object
+from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 
-__all__ = ["RunSpec", "run_many", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report", "StudySummary",
-           "stored_study", "check_same_settings", "read_runs", "THREADS_ENV", "set_threads", "worker_threads"]
+__all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
+           "StudySummary", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
+           "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
 
 # The thread count that `--threads` asks for, for this process and every worker it starts (issue 23: a
 # run re-runs bit for bit only with the thread count it was trained with; results.json records it).
@@ -70,9 +72,11 @@ def command_line() -> str:
 def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool) -> tuple[str, str | None]:
     torch.set_num_threads(threads)
     try:
-        print(f"[{spec.name}] start", file=sys.stderr, flush=True)
+        if progress:  # --quiet prints nothing (issue 25, finding 16)
+            print(f"[{spec.name}] start", file=sys.stderr, flush=True)
         run_training(spec.config, Path(out) / spec.name, resume=resume, progress=progress)
-        print(f"[{spec.name}] done", file=sys.stderr, flush=True)
+        if progress:
+            print(f"[{spec.name}] done", file=sys.stderr, flush=True)
         return spec.name, None
     except Exception as exc:  # noqa: BLE001 - one failed run must not stop the study
         return spec.name, f"{type(exc).__name__}: {exc}"
@@ -87,6 +91,11 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
     from ..train.batched import batch_key
     from ..train.runner import check_config, resolve_recipe
 
+    names = [spec.name for spec in specs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:  # a study list with a repeated value (issue 25, finding 8): refused before anything runs
+        raise ValueError(f"runs {', '.join(repeated)}: listed more than once (a study option repeats a value); "
+                         f"accepted: each run once")
     checked: set[Any] = set()
     for spec in specs:
         try:
@@ -98,6 +107,31 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
         except (ValueError, KeyError, TypeError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             raise ValueError(f"run {spec.name}: {message}") from exc
+
+
+@contextlib.contextmanager
+def study_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of a study's output folder `out` while the block runs: a second study
+    process on the same folder fails at once with RunLockedError naming the holder (pid, host,
+    command) instead of racing the first for its runs' locks and summary (issue 25, finding 15).
+    The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
+    folder; a linked `out`/runs is refused too. A folder created for the lock is removed again when
+    the study wrote nothing into it (a study refused before any work)."""
+    from ..train.rundir import RunDir
+
+    out = Path(out)
+    runs = out / "runs"
+    if runs.is_symlink():  # the runs would be trained wherever it points (issue 25, finding 2)
+        raise ValueError(f"--out {out}: {runs} is a symbolic link (to {os.readlink(runs)}); refused, nothing was "
+                         f"changed: replace it by a real folder, or choose another --out")
+    created = not out.exists()
+    try:
+        with RunDir(out, "--out").locked():
+            yield
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only succeeds when empty
 
 
 def prepare_data(configs: Sequence[RunConfig]) -> None:
@@ -149,10 +183,69 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
 
 def read_runs(runs_dir: str | os.PathLike[str], names: Iterable[str]) -> Iterator[tuple[str, dict[str, Any] | None]]:
     """(name, its results.json) for each run `names` of a study's `runs_dir`, in order; the results are
-    None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0})."""
+    None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0}).
+
+    Each file is checked as `check_run_results` says, so a summary never fails on a damaged run's
+    field with a bare key name (issue 25, finding 14): ValueError naming the file and the field."""
     for name in names:
         path = Path(runs_dir) / name / RESULTS_FILE
-        yield name, read_json(path) if path.is_file() else None
+        yield name, check_run_results(read_results(path.parent), path) if path.is_file() else None
+
+
+# What a study's summary reads of each history record (`train.History`): a number or null each.
+_RECORD_FIELDS = ("train_loss", "test_error_pct")
+
+
+def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`results` (a run's results.json, already checked by `read_results`) when the fields a study
+    summary reads have the types `run_training` writes: 'history' a list of records with an integer
+    'epoch' and a number or null (or nothing: read as null) for 'train_loss' and 'test_error_pct',
+    'diverged' a bool, 'final.k' null or a list of numbers; otherwise ValueError naming `path` and
+    the field."""
+    def number(value: Any) -> bool:
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+    history = results.get("history")
+    if not isinstance(history, list):
+        raise ValueError(f"{path}: field 'history' is {type(history).__name__}; accepted: a list of epoch records "
+                         f"(the file was edited or damaged)")
+    for i, record in enumerate(history):
+        bad = [key for key in _RECORD_FIELDS if not number(record.get(key))]  # a missing metric reads as null
+        if not isinstance(record.get("epoch"), int) or isinstance(record.get("epoch"), bool):
+            bad.insert(0, "epoch")
+        if bad:
+            raise ValueError(f"{path}: field 'history[{i}].{bad[0]}' is {record.get(bad[0])!r} "
+                             f"({'missing' if bad[0] not in record else 'wrong type'}); accepted: "
+                             f"{'an integer' if bad[0] == 'epoch' else 'a number or null'} (the file was edited or damaged)")
+    if not isinstance(results.get("diverged", False), bool):
+        raise ValueError(f"{path}: field 'diverged' is {results['diverged']!r}; accepted: true or false")
+    k = (results.get("final") or {}).get("k")
+    if not (k is None or (isinstance(k, list) and all(number(v) and v is not None for v in k))):
+        raise ValueError(f"{path}: field 'final.k' is {str(k)[:60]}; accepted: null or a list of numbers")
+    return results
+
+
+def summary_finished(path: str | os.PathLike[str], summary: dict[str, Any]) -> bool:
+    """Whether every run a study's `summary` (read from `path`) lists under 'cells' → 'runs' →
+    'state' is finished or diverged; ValueError naming the file and the field when 'cells' is not a
+    list of such cells (issue 25, finding 14: the file and the field, never a bare "error: cells")."""
+    try:
+        return all(r["state"] in ("finished", "diverged") for c in summary["cells"] for r in c["runs"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: field 'cells' is not a list of cells with their 'runs' and each run's 'state' as "
+                         f"the study writes them ({type(exc).__name__}: {exc}); the file was edited or damaged: "
+                         f"delete it (the runs are kept) and rerun with --resume") from exc
+
+
+def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """A study's summary `path` (its results.json) as an object whose 'config' (when present) is an
+    object too; ValueError naming the file and the field otherwise (issue 25, finding 13: a file
+    holding `[]` is the file's fault, said as such, not an AttributeError)."""
+    summary = read_json_object(path, f"a {name} study's summary")
+    if not isinstance(summary.get("config", {}), dict):
+        raise ValueError(f"{path}: field 'config' holds {type(summary['config']).__name__}; accepted: an object "
+                         f"(the file was edited or damaged)")
+    return summary
 
 
 def mean_std(values: Sequence[float]) -> dict[str, Any]:
@@ -170,7 +263,7 @@ def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[st
     """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
     `out`/results.json alone; return the table text."""
     out = Path(out)
-    summary = read_json(out / "results.json")
+    summary = read_summary(out / "results.json", "study")
     table = table_markdown(summary)
     atomic_write_text(out / "table.md", table)
     for plot, name in figures:
@@ -236,7 +329,7 @@ def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resum
         return None
     if not resume:
         raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
-    stored = read_json(path)
+    stored = read_summary(path, name)
     check_same_settings({**(legacy or {}), **stored.get("config", {})}, config, fields, out)
     return stored
 

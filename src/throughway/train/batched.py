@@ -68,7 +68,7 @@ from .rundir import BATCH_FILE, RunDir
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
-from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config,
+from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config, check_finished_model,
                      check_resumable, read_results, results_header)
 
 __all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
@@ -193,13 +193,15 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
     for i, (c, d) in enumerate(zip(configs, dirs)):
+        present = RunDir(d).artifacts()  # metrics.csv too: a user's file is never overwritten (issue 25, finding 3)
+        if present and not resume:
+            raise RunExistsError(f"{d} already holds a run ({', '.join(present)}); pass --resume to continue "
+                                 f"or skip it, or choose another --out")
         if (d / RESULTS_FILE).is_file():
             existing = read_results(d)
-            if not resume:
-                raise RunExistsError(f"{d} already holds a run ({RESULTS_FILE}); pass --resume to continue "
-                                     f"or skip it, or choose another --out")
             check_resumable(existing, c, d)
             if existing.get("final") is not None and saved is None:
+                check_finished_model(RunDir(d), existing)  # issue 25, finding 5
                 results[i] = existing
                 if progress:
                     print(f"  {d}: finished earlier, skipped", file=sys.stderr, flush=True)

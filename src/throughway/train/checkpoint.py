@@ -305,6 +305,13 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
     state = _load_tensors(path)
     if compiled:
         state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
+    # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
+    tensors = target.state_dict()
+    retyped = sorted(k for k, v in state.items() if k in tensors and v.dtype != tensors[k].dtype)
+    if retyped:
+        raise ValueError(f"{path}: tensor {retyped[0]!r} is {state[retyped[0]].dtype}, the model's is "
+                         f"{tensors[retyped[0]].dtype} ({len(retyped)} tensor(s) of another type); the file was edited "
+                         f"or damaged")
     target.load_state_dict(state)
     return model.to(device).eval()
 

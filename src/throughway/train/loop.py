@@ -468,6 +468,20 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group.get("lr_mult", 1.0)
 
 
+def _check_finite_inputs(splits: dict[str, Any]) -> None:
+    """ValueError naming the split when the inputs of a tensor split hold NaN or infinite values: the
+    data's fault, said before training, not a divergence found after the first step (issue 25,
+    finding 11). A DataLoader is not scanned (it would be read an extra time)."""
+    for name, split in splits.items():
+        if isinstance(split, Split) and split.x.is_floating_point():
+            bad = ~torch.isfinite(split.x).flatten(1).all(dim=1) if split.x.dim() > 1 else ~torch.isfinite(split.x)
+            if bool(bad.any()):
+                first = int(bad.nonzero()[0, 0])
+                raise ValueError(f"{name}: the inputs hold NaN or infinite values in {int(bad.sum())} sample(s) "
+                                 f"(the first: index {first}); accepted: finite numbers (check how the data was "
+                                 f"loaded or normalised); nothing was trained")
+
+
 def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequence[Any] = (), *,
         val_data: TrainData | None = None, test_data: TrainData | None = None,
         eval_data: TrainData | None = None, loss_fn: LossFn | None = None,
@@ -540,6 +554,8 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
     if not isinstance(train, DataLoader) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
+    _check_finite_inputs({"data": train, "val_data": val, "test_data": test} if splits is None else
+                         {"data (training split)": train, "data (validation split)": val, "data (test split)": test})
     schedule = optimizer is None and scheduler is None
     if optimizer is None:
         optimizer = build_optimizer(model, recipe)

@@ -85,10 +85,22 @@ class Recipe:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value!r}: must be a positive number")
+        # Counts are whole numbers, and every rate a finite number in its range (issue 25, finding 11:
+        # epochs=1.5, weight_decay=nan and a negative milestone_factor were accepted through the Python API).
+        for name in ("batch_size", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name}={value!r}: must be a whole number ≥ 1")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum={self.momentum!r}: must be in [0, 1)")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay!r}: must be ≥ 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay={self.weight_decay!r}: must be a finite number ≥ 0")
+        if not (math.isfinite(self.milestone_factor) and self.milestone_factor > 0):
+            raise ValueError(f"milestone_factor={self.milestone_factor!r}: must be a finite number > 0 (the factor "
+                             f"the learning rate is multiplied by at each milestone)")
+        if not (math.isfinite(self.eps) and self.eps > 0 and len(self.betas) == 2
+                and all(math.isfinite(b) and 0.0 <= b < 1.0 for b in self.betas)):
+            raise ValueError(f"eps={self.eps!r}, betas={self.betas!r}: eps must be a finite number > 0, each beta in [0, 1)")
         if not 0.0 < self.lr_decay <= 1.0:
             raise ValueError(f"lr_decay={self.lr_decay!r}: must be in (0, 1]")
         if self.augment not in AUGMENTATIONS:

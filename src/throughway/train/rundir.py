@@ -42,12 +42,15 @@ LOCK_FILE = ".lock.json"
 # The empty file that `filelock` locks (fcntl.flock on POSIX, msvcrt on Windows); LOCK_FILE names the holder.
 LOCK_TARGET = ".lock"
 # The only file names a checkpoint.json / batch.json may point to (what save_checkpoint writes).
-CHECKPOINT_FILE = re.compile(r"checkpoint-e\d{4}\.safetensors")
-BATCH_FILE = re.compile(r"batch-e\d{4}\.safetensors")
+# Epochs are written with at least four digits (`e{epoch:04d}`), so a run of 10,000 epochs or more
+# writes five (issue 25, finding 4): the patterns accept four or more.
+CHECKPOINT_FILE = re.compile(r"checkpoint-e\d{4,}\.safetensors")
+BATCH_FILE = re.compile(r"batch-e\d{4,}\.safetensors")
+METRICS_FILE = "metrics.csv"
 # atomic_write_bytes' temporary files, mkstemp(prefix=".<name>.", suffix=".tmp"), of the files the
 # toolkit writes into a run directory (a user's own .tmp files are left alone).
-_TMP_FILE = re.compile(r"\.(results\.json|metrics\.csv|checkpoint\.json|model\.safetensors|checkpoint-e\d{4}\.safetensors|"
-                       r"\.lock\.json|batch\.json|batch-e\d{4}\.safetensors)\.[A-Za-z0-9_]{8}\.tmp")
+_TMP_FILE = re.compile(r"\.(results\.json|metrics\.csv|checkpoint\.json|model\.safetensors|checkpoint-e\d{4,}\.safetensors|"
+                       r"\.lock\.json|batch\.json|batch-e\d{4,}\.safetensors)\.[A-Za-z0-9_]{8}\.tmp")
 # A lock file is read only to name the holder in a message; a larger one is not ours.
 MAX_HOLDER_BYTES = 4096
 
@@ -139,21 +142,33 @@ class RunDir:
         """The checkpoint file `name` as read from checkpoint.json, validated by `member_file`."""
         return member_file(self.path, name, CHECKPOINT_FILE, source=self.checkpoint_json, field=field)
 
+    @property
+    def metrics(self) -> Path:
+        """metrics.csv (one row per epoch)."""
+        return self.path / METRICS_FILE
+
     def checkpoint_files(self) -> list[Path]:
-        """Files named like checkpoints (checkpoint-eNNNN.safetensors), sorted; empty when the folder is absent."""
+        """Files named like checkpoints (checkpoint-eNNNN.safetensors), sorted by epoch; empty when the folder is absent."""
         if not self.path.is_dir():
             return []
-        return sorted(p for p in self.path.iterdir() if CHECKPOINT_FILE.fullmatch(p.name))
+        return sorted((p for p in self.path.iterdir() if CHECKPOINT_FILE.fullmatch(p.name)),
+                      key=lambda p: (len(p.name), p.name))  # e10000 after e9999
 
     def artifacts(self) -> list[str]:
-        """Names of the run files present (results.json, checkpoint.json, checkpoints, model.safetensors)."""
-        names = [p.name for p in (self.results, self.checkpoint_json, self.model) if p.exists()]
+        """Names of the run files present (results.json, metrics.csv, checkpoint.json, checkpoints,
+        model.safetensors): every file a run writes, so that none of a user's files of these names is
+        overwritten without --resume (issue 25, finding 3)."""
+        names = [p.name for p in (self.results, self.metrics, self.checkpoint_json, self.model)
+                 if p.exists() or p.is_symlink()]
         return names + [p.name for p in self.checkpoint_files()]
 
     # -- checks ---------------------------------------------------------------------------------
     def check_usable(self) -> None:
         """ValueError (naming the option and the path) when the directory cannot be created or used:
-        the path or one of its parents is a file. Creates nothing."""
+        the path or one of its parents is a file, or the path or a file the toolkit writes in it is a
+        symbolic link (issue 25, finding 2: a link would make the run write, or resume, wherever it
+        points). Creates nothing."""
+        self.refuse_links()
         for candidate in (self.path, *self.path.parents):
             if candidate.exists():
                 if not candidate.is_dir():
@@ -162,6 +177,21 @@ class RunDir:
                 if not os.access(candidate, os.W_OK | os.X_OK):
                     raise ValueError(f"{self.option} {self.path}: {candidate} is not writable")
                 return
+
+    def refuse_links(self) -> None:
+        """ValueError naming the link when the directory itself, or one of the files the toolkit writes
+        in it (results.json, metrics.csv, checkpoint.json, model.safetensors, .lock.json, checkpoints),
+        is a symbolic link: the toolkit writes, reads back and deletes only real files in real folders."""
+        links = [self.path] if self.path.is_symlink() else []
+        if not links and self.path.is_dir():
+            names = {RESULTS_FILE, METRICS_FILE, CHECKPOINT_JSON, MODEL_FILE, LOCK_FILE}
+            links = sorted(p for p in self.path.iterdir()
+                           if p.is_symlink() and (p.name in names or CHECKPOINT_FILE.fullmatch(p.name)))
+        if links:
+            link = links[0]
+            raise ValueError(f"{self.option} {self.path}: {link} is a symbolic link (to {os.readlink(link)}); refused: "
+                             f"the toolkit never writes, reads back or deletes through a link (nothing was changed); "
+                             f"replace the link by a real folder or file, or choose another {self.option}")
 
     def create(self) -> None:
         """Create the directory (and parents), with errors naming the option instead of a traceback."""
@@ -203,17 +233,40 @@ class RunDir:
             raise RunLockedError(f"{self.path} is in use by another throughway process ({self.holder()}); "
                                  f"wait for it to end, or choose another {self.option}") from None
         self._lock = lock
+        written: bytes | None = None
         try:
+            self._check_lock_file()
             self.clean_tmp()
             atomic_write_json(self.lock_file, {
                 "pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            written = self.lock_file.read_bytes()
             yield self
         finally:
+            # Removed only by its owner: the file this process wrote, still as it wrote it (issue 25, finding 3).
             with contextlib.suppress(OSError):
-                self.lock_file.unlink()
+                if written is not None and not self.lock_file.is_symlink() and self.lock_file.read_bytes() == written:
+                    self.lock_file.unlink()
             self._lock = None
             lock.release()
+
+    def _check_lock_file(self) -> None:
+        """ValueError naming `.lock.json` when it exists but is not a holder record the toolkit writes
+        (an object with pid, host, command and since): it is then a user's file, never overwritten or
+        deleted. A record left by a killed run is the toolkit's own and is replaced."""
+        path = self.lock_file
+        if not (path.exists() or path.is_symlink()):
+            return
+        try:
+            ours = path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_HOLDER_BYTES
+            info = json.loads(path.read_text(encoding="utf-8")) if ours else None
+            ours = isinstance(info, dict) and set(info) == {"pid", "host", "command", "since"}
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            raise ValueError(f"{path}: exists but is not a lock record written by throughway (an object with pid, "
+                             f"host, command, since); refused, the file was not changed: move it away, or choose "
+                             f"another {self.option}")
 
     def clean_tmp(self) -> list[Path]:
         """Delete the `.<name>.<random>.tmp` files an interrupted atomic write left in the directory

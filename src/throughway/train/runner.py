@@ -25,20 +25,22 @@ import contextlib
 import dataclasses
 import math
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from safetensors.torch import load_file
 
 from .._io import atomic_write_json, environment_info, read_json_object
 from ..data import DATASET_SHAPES, DataSplits, load_dataset
 from ..data.augment import normalize_splits, train_transform
 from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from . import distributed
-from .checkpoint import (MAX_MODEL_PARAMETERS, has_checkpoint, load_checkpoint, read_checkpoint_meta, save_checkpoint, save_model,
-                         verify_checkpoint_file, MODEL_FILE)
+from .checkpoint import (MAX_MODEL_PARAMETERS, check_model_config, has_checkpoint, load_checkpoint, load_model,
+                         read_checkpoint_meta, save_checkpoint, save_model, verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
@@ -46,7 +48,7 @@ from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
            "resolve_recipe", "results_header", "final_summary", "check_resumable", "RESULTS_FORMAT", "check_device",
-           "check_config", "model_kwargs_for", "prepare_run_dir", "MAX_DEPTH"]
+           "check_config", "model_kwargs_for", "prepare_run_dir", "check_finished_model", "MAX_DEPTH"]
 
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "throughway-results-1"
@@ -205,6 +207,11 @@ def check_config(config: RunConfig) -> Recipe:
     kwargs = model_kwargs_for(config, shape, classes)
     with torch.device("meta"):
         skeleton = create_model(config.model, **kwargs)
+    # A training batch of one has no variance for BatchNorm: torch fails only after the data is read
+    # and leaves results files behind (issue 25, finding 9).
+    if recipe.batch_size < 2 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in skeleton.modules()):
+        raise ValueError(f"recipe_overrides.batch_size={recipe.batch_size} (--batch-size): model {config.model!r} has "
+                         f"BatchNorm layers, which need at least 2 samples per batch; accepted: 2 or more")
     count = sum(p.numel() for p in skeleton.parameters())
     if count > MAX_MODEL_PARAMETERS:
         raise ValueError(f"model {config.model!r} with depth={config.depth} and model_kwargs={config.model_kwargs} "
@@ -313,9 +320,11 @@ def _own_optimizer(state: TrainState) -> torch.optim.Optimizer:
 class _RunFiles(ResultsFiles):
     """`ResultsFiles` plus the run's own checkpoint every epoch, restored on resume (`run_training`)."""
 
-    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True) -> None:
+    def __init__(self, out_dir: Path, results: dict[str, Any], resume: bool, write: bool = True,
+                 progress: bool = True) -> None:
         super().__init__(out_dir, results, write)
         self.resume = resume
+        self.progress = progress  # False (--quiet): no "resuming" line either (issue 25, finding 16)
         # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
         self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
 
@@ -325,7 +334,7 @@ class _RunFiles(ResultsFiles):
             meta = load_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state),
                                    generator=state.generator)
             restore_progress(state, meta)
-            if self.write:
+            if self.write and self.progress:
                 print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
         super().on_fit_start(state)
 
@@ -411,6 +420,7 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe
     if existing is not None:
         check_resumable(existing, config, run.path)
         if existing.get("final") is not None:
+            check_finished_model(run, existing)
             return existing
     if run.checkpoint_json.is_file():
         meta = read_checkpoint_meta(run.path)
@@ -434,6 +444,45 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe
     return None
 
 
+def check_finished_model(run: RunDir, results: dict[str, Any]) -> None:
+    """Make sure a finished run (`results`' final is set) still has its model.safetensors before it is
+    skipped as finished (issue 25, finding 5): a missing, truncated or damaged file, or one that is
+    not a regular file (a FIFO, a folder), is rebuilt from the run's checkpoint of the final epoch
+    (checked against its SHA-256 and against results.json's model config); without that checkpoint
+    (a batched run keeps none), ValueError naming the file. Nothing else is written."""
+    path = run.model
+    try:
+        problem = None if stat.S_ISREG(os.lstat(path).st_mode) else "is not a regular file (a FIFO or a folder?)"
+    except FileNotFoundError:
+        problem = "is missing"
+    if problem is None:
+        try:
+            load_model(path)
+            return
+        except ValueError as exc:
+            problem = f"cannot be read ({str(exc)[:200]})"
+    final_epoch = results["final"].get("epochs_completed")
+    model_config = (results.get("model") or {}).get("config")
+    if run.checkpoint_json.is_file() and isinstance(model_config, dict):
+        meta = read_checkpoint_meta(run.path)
+        if meta["epoch"] == final_epoch:
+            tensors = load_file(str(verify_checkpoint_file(run.path, meta)))
+            state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+            rebuilt = check_model_config(model_config, {k: tuple(v.shape) for k, v in state.items()}, run.results)
+            model = create_model(rebuilt.pop("name"), **rebuilt)
+            model.load_state_dict(state)
+            if path.is_dir():
+                raise ValueError(f"{path}: is a folder where the run's model file belongs; move it away and rerun "
+                                 f"with --resume (the model is then rebuilt from {meta['file']})")
+            path.unlink(missing_ok=True)  # a FIFO or a damaged file of the run's own name
+            save_model(path, model)
+            print(f"  {path}: {problem}; rebuilt from {meta['file']} (epoch {final_epoch})", file=sys.stderr, flush=True)
+            return
+    raise ValueError(f"{path}: {problem}, but {run.results} says the run finished after epoch {final_epoch} and no "
+                     f"checkpoint of that epoch is left to rebuild it from; the trained weights are lost: choose "
+                     f"another --out to train the run again")
+
+
 def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
            callbacks: Sequence[Any], main_process: bool, tensorboard: bool = False) -> dict[str, Any]:
     if data is None:
@@ -443,7 +492,7 @@ def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, pr
     model = build_model(config, data)
     results: dict[str, Any] = results_header(config, recipe, model, data)
     distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
-    files = _RunFiles(out_dir, results, resume, write=main_process)
+    files = _RunFiles(out_dir, results, resume, write=main_process, progress=progress)
     transform = train_transform(recipe.augment)
     # The event files are written before each checkpoint (TensorBoardLogger: no epoch twice on resume).
     logs = [TensorBoardLogger(out_dir)] if tensorboard and main_process else []
