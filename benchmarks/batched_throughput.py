@@ -9,7 +9,7 @@ BatchNorm; the gresnet-mnist recipe: NAdam, batch 128):
 
 * sequential: the N models trained one after another, each by `throughway.train.fit` (the ordinary
   loop: one epoch over `--samples` images, then its evaluation on a 100-image test split);
-* batched: the same N models as one `StackedModels`, one epoch of `throughway.train.batched.train_epoch`
+* batched: the same N models as one `StackedModels`, one epoch of `throughway.train.stacked.train_epoch`
   (the inner loop of `train_batched`: per-model permutation, gather, forward, backward, optimiser);
 * throughput = samples per second summed over the models; the headline is batched / sequential for
   N = 32 (target ≥ 10×) and N = 8. The contenders are timed in interleaved rounds and summarised by
@@ -42,7 +42,9 @@ from torch.nn import functional as F
 from throughway.data import DataSplits, Split
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
-from throughway.train.batched import BatchedOptimizer, BatchedStep, StackedModels, backward, epoch_starts, train_epoch
+from throughway.train.loop import epoch_starts
+from throughway.train.optim import BatchedOptimizer
+from throughway.train.stacked import BatchedStep, StackedModels, backward, train_epoch
 
 MODEL, WIDTH, FEATURES, CLASSES = "mlp_gated_residual", 50, 784, 10
 RECIPE = get_recipe("gresnet-mnist")

@@ -36,7 +36,8 @@ from throughway.data import DataSplits, Split
 from throughway.study.batching import makespan
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
-from throughway.train.batched import BatchedOptimizer, BatchedStep, StackedModels, train_epoch
+from throughway.train.optim import BatchedOptimizer
+from throughway.train.stacked import BatchedStep, StackedModels, train_epoch
 
 ARCHS = {"plain": "mlp_plain", "residual": "mlp_residual", "gated": "mlp_gated_residual"}
 RECIPE = get_recipe("gresnet-mnist")

@@ -76,3 +76,25 @@ def test_mnist_depth_estimate_projects_one_mixed_batch_per_depth(fake_mnist_root
     rows = [line for line in printed.splitlines() if line.startswith("| 4 |") or line.startswith("| 2 |")]
     assert len(rows) == 2 and all(row.split("|")[2].strip() == "6" for row in rows)
     assert "projected wall time with 1 worker(s)" in printed
+
+
+def test_train_resolves_and_checks_its_config_once(tmp_path, fake_mnist_root, monkeypatch):
+    # issue 21: one check of the config and one resolution of its recipe per run (the CLI's run and a
+    # resumed finished run included), passed on rather than recomputed.
+    from throughway.train import runner
+
+    calls = {"check_config": 0, "resolve_recipe": 0}
+    for name in calls:
+        original = getattr(runner, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(runner, name, counted)
+    argv = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--epochs", "1", "--width", "8",
+            "--limit", "64", "--out", str(tmp_path / "run"), "--quiet"]
+    assert main(argv) == 0
+    assert calls == {"check_config": 1, "resolve_recipe": 1}
+    assert main([*argv, "--resume"]) == 0  # finished: skipped, after the same single check
+    assert calls == {"check_config": 2, "resolve_recipe": 2}

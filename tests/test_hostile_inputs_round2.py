@@ -381,7 +381,9 @@ def test_15_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tm
         assert (out / ".lock.json").is_file()
     assert code == 2
     assert f"throughway: error: {out} is in use by another throughway process (pid {os.getpid()} on " in err
-    assert sorted(p.name for p in out.iterdir()) == []  # nothing written; the holder's record removed by it
+    # Nothing written but the empty `.lock` that filelock locks (kept, so that no process can lock an
+    # unlinked file); the holder's record was removed by it.
+    assert sorted(p.name for p in out.iterdir()) == [".lock"] and (out / ".lock").stat().st_size == 0
 
 
 # -- 13. a study folder whose results.json holds another JSON value ---------------------------------
@@ -398,7 +400,8 @@ def test_13_a_study_summary_that_is_not_an_object_is_named(tmp_path, capsys, arg
     code, err = _run(capsys, argv + ["--out", str(out)])
     assert code == 2
     assert f"{out / 'results.json'}: holds list []; expected a {name} study's summary (a JSON object)" in err
-    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+    # nothing written but the study lock's empty `.lock` (filelock's, kept: see test_15)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "results.json"]
     assert (out / "results.json").read_text() == "[]\n"
 
 

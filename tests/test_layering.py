@@ -130,6 +130,40 @@ def test_nothing_imports_the_command_line():
     assert importers == [] or set(importers) <= {"__main__.py"}, importers
 
 
+def _private_imports(path: Path) -> list[str]:
+    """`from <module of the package> import _name` anywhere in `path`: another module's private name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("throughway")):
+            found += [f"{node.module or '.'}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+# Rooms still importing other modules' private names, owed by the helpers reshaping them (issue 21:
+# cli; study's analyze command; data's cache helpers). Take a room off this list when it is clean.
+PRIVATE_IMPORTS_OWED = {"cli", "data", "study"}
+
+
+def test_no_module_imports_another_modules_private_names():
+    violations = {str(p.relative_to(PACKAGE)): found for p in PACKAGE.rglob("*.py")
+                  if p.relative_to(PACKAGE).parts[0] not in PRIVATE_IMPORTS_OWED and (found := _private_imports(p))}
+    assert not violations, violations
+
+
+def test_the_private_name_check_sees_one():
+    import textwrap
+
+    path = PACKAGE.parent.parent / "tests" / "_layering_probe.py"
+    path.write_text(textwrap.dedent("""
+        from .checkpoint import _is_int, check_history
+        from throughway.train.stacked import _MIXED_FAMILY
+    """))
+    try:
+        assert _private_imports(path) == ["checkpoint._is_int", "throughway.train.stacked._MIXED_FAMILY"]
+    finally:
+        path.unlink()
+
+
 def test_the_package_does_not_hold_or_import_the_repository_tooling():
     # The docs renderer (tools/readme) is tooling for this checkout, not something a user imports.
     assert not (PACKAGE / "readme.py").exists() and not (PACKAGE / "readme_sections").exists()

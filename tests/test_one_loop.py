@@ -1,4 +1,4 @@
-"""Single and batched training share one loop (train.engine.run_loop; issue 15).
+"""Single and batched training share one loop (train.loop.run_loop; issue 15).
 
 `run_training` (fit) and `train_batched` with N = 1 write the same files with the same content: every
 non-numeric field equal, every number equal to the stacked kernels' rounding (they compute the same
@@ -17,7 +17,7 @@ import pytest
 
 from throughway.data import load_dataset
 from throughway.train import RunConfig, run_training
-from throughway.train import engine as engine_module
+from throughway.train import loop as loop_module
 from throughway.train.batched import train_batched
 
 from conftest import Crash
@@ -110,7 +110,7 @@ class _StopAfter:
 @pytest.mark.parametrize("path", ["fit", "batched"])
 def test_a_stop_request_ends_both_paths_after_that_epoch(tmp_path, fake_mnist_root, path, monkeypatch):
     loops = []
-    real = engine_module.run_loop
+    real = loop_module.run_loop
 
     def counting(engine, members, epochs, **kw):
         loops.append(type(engine).__name__)

@@ -75,7 +75,7 @@ def _check_recipe_options(args: argparse.Namespace) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from ..train import RunConfig, run_training
     from ..train.rundir import RunDir
-    from ..train.runner import check_config, check_device
+    from ..train.runner import check_device
 
     # Everything cheap is checked before the data is read or anything is written.
     check_device(args.device)
@@ -115,8 +115,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
                        compile=args.compile, eval_batch_size=args.eval_batch_size)
     out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
-    check_config(config)
-    RunDir(out).check_usable()
+    RunDir(out).check_usable()  # the config itself is checked once, by run_training, before anything is read
     device = distributed.init_from_env(args.device)  # torchrun: one process per device
     config = dataclasses.replace(config, device=device)
     main_process = distributed.is_main_process()

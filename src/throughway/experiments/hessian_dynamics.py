@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from ..report.tables import table_head
 from ..study.options import option
 from ..study.runs import read_summary, remake_report
 from ..study.shortcut import network_kwargs, whitened_data
-from ..train.full_batch import BatchedGD
+from ..train import TrainState
+from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs"]
@@ -126,6 +127,34 @@ def write_report(out: str | os.PathLike[str]) -> str:
                                                (plot_gradient_and_index, "figure6_gradient_and_index.png")])
 
 
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+class _HessianPoints:
+    """A network's callback: the Hessian and its spectrum at the epochs in `marks`, before that epoch's
+    step and after the last one (a network that diverged is measured no more), into `trace`."""
+
+    def __init__(self, trace: dict[str, Any], marks: Sequence[int], x: torch.Tensor, y: torch.Tensor) -> None:
+        self.trace, self.marks, self.x, self.y = trace, marks, x, y
+
+    def _measure(self, state: TrainState) -> None:
+        if state.epoch not in self.marks:
+            return
+        h = exact_hessian(state.model, squared_error_loss, self.x, self.y)
+        spectrum = spectrum_summary(torch.linalg.eigvalsh(h))
+        with torch.no_grad():
+            loss = float(squared_error_loss(state.model(self.x.double()), self.y.double()))
+        self.trace["hessian"].append({"epoch": state.epoch, "loss": loss, **spectrum.to_dict()})
+
+    def on_epoch_start(self, state: TrainState) -> None:
+        self._measure(state)
+
+    def on_fit_end(self, state: TrainState) -> None:
+        if not state.history.diverged:
+            self._measure(state)
+
+
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train each network (all seeds of one network at once) and record the Hessian spectra.
@@ -150,29 +179,17 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             continue
         started = time.perf_counter()
         kwargs = network_kwargs(network, config.depth, zero_scale=config.zero_scale)
-        gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds))
-        gd.weights.data = gd.weights.data.to(config.device)
+        gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds), device=config.device)
         new: dict[int, dict[str, Any]] = {
             s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
                 "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}
-        for epoch in range(config.epochs + 1):
-            if epoch in marks:
-                for r, seed in enumerate(config.seeds):
-                    if not bool(gd.active[r]):
-                        continue
-                    model = gd.model_at(r)
-                    h = exact_hessian(model, squared_error_loss, x, y)
-                    spectrum = spectrum_summary(torch.linalg.eigvalsh(h))
-                    with torch.no_grad():
-                        loss = float(squared_error_loss(model(x.double()), y.double()))
-                    new[seed]["hessian"].append({"epoch": epoch, "loss": loss, **spectrum.to_dict()})
-            if epoch == config.epochs:
-                break
-            losses, gnorm = gd.step(x, y)
-            for r, seed in enumerate(config.seeds):
-                lv, gv = float(losses[r]), float(gnorm[r])
-                new[seed]["loss"].append(lv if math.isfinite(lv) else None)
-                new[seed]["gradient_norm"].append(gv if math.isfinite(gv) else None)
+        points = [[_HessianPoints(new[s], marks, x, y)] for s in config.seeds]
+        histories = train_full_batch(gd, x, y, config.epochs, points)
+        for seed, history in zip(config.seeds, histories):
+            for epoch in range(config.epochs):
+                record = history.epochs[epoch] if epoch < len(history.epochs) else {}
+                new[seed]["loss"].append(_finite(record.get("train_loss")))
+                new[seed]["gradient_norm"].append(_finite(record.get("gradient_norm")))
         for r, seed in enumerate(config.seeds):
             new[seed]["diverged_at"] = gd.diverged_at[r]
             traces[_trace_key(network, seed)] = new[seed]

@@ -30,8 +30,7 @@ from ..study.batching import add_estimate_options, project_batches, projection_m
 from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
-                          summary_finished)
+from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, summary_finished
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
@@ -260,13 +259,11 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S)
 
     refresh()
-    if config.seeds > 1:
-        # The seeds of one (architecture, depth) train together as one batched computation
-        # (train.batched: per-model semantics of fit, one ordinary run directory each).
-        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-                    on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile)
-    else:
-        run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    # The nets of one depth (every architecture and seed) train together as one batched computation
+    # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
+    # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
+    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile)
     return refresh()
 
 
@@ -275,10 +272,10 @@ REFRESH_INTERVAL_S = 10.0
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
-    """Project the study's training time on this machine without training it: with seeds > 1 the
-    batches `run` would train (plain, residual and gated nets of one depth together), timed and
-    handed to `jobs` workers (`batching.project_batches`); with one seed each run is its own batch. The
-    study's own rewrites of its summary, table and figures are timed once and counted in."""
+    """Project the study's training time on this machine without training it: the batches `run`
+    would train (plain, residual and gated nets of one depth together, every seed), timed and
+    handed to `jobs` workers (`batching.project_batches`). The study's own rewrites of its summary,
+    table and figures are timed once and counted in."""
     import tempfile
     import time
 

@@ -30,7 +30,8 @@ from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
 from ..study.runs import remake_report
 from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whitened_data
-from ..train.full_batch import BatchedGD
+from ..train import History
+from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU"]
@@ -151,6 +152,12 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return remake_report(out, table_markdown, [(lambda summary, path: plot_lr_study(summary, path, label), name)])
 
 
+def _loss_at(history: History, epoch: int) -> float | None:
+    """The loss before the step of 0-based `epoch`, or None when the network diverged before it ended."""
+    value = history.epochs[epoch]["train_loss"] if epoch < len(history.epochs) else None
+    return value if value is not None and math.isfinite(value) else None
+
+
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train every (network, depth) over the whole grid (resumable per cell), then report."""
@@ -174,13 +181,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             started = time.perf_counter()
             kwargs = network_kwargs(network, depth, activation=None if linear else "relu", zero_scale=config.zero_scale)
             seeds = [s for s in range(config.seeds) for _ in lrs]
-            gd = BatchedGD(kwargs, seeds, lrs * config.seeds)
+            gd = BatchedGD(kwargs, seeds, lrs * config.seeds, device=config.device)
+            histories = train_full_batch(gd, x, y, config.epochs)
             curve_every = max(1, config.epochs // 100)
-            loss_curves: list[list[float | None]] = []
-            for epoch in range(config.epochs):
-                losses, _ = gd.step(x, y)
-                if epoch % curve_every == 0:
-                    loss_curves.append([float(v) if math.isfinite(float(v)) else None for v in losses])
+            loss_curves = [[_loss_at(h, epoch) for h in histories] for epoch in range(0, config.epochs, curve_every)]
             with torch.no_grad():
                 final = gd.losses(x, y)
             finals = [float(v) if bool(gd.active[i]) and math.isfinite(float(v)) else None for i, v in enumerate(final)]

@@ -23,7 +23,7 @@ from ..report.tables import table_head
 from ..study.options import option
 from ..study.runs import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
-from ..train.full_batch import BatchedGD
+from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
@@ -88,6 +88,10 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return remake_report(out, table_markdown, [(plot_weight_norms, "figure3_weight_norms.png")])
 
 
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train one network per (activation, depth) (resumable per curve), then report."""
@@ -110,13 +114,11 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             started = time.perf_counter()
             kwargs = network_kwargs("shortcut2-zero", depth, activation=None if activation == "linear" else "relu",
                                     zero_scale=config.zero_scale)
-            gd = BatchedGD(kwargs, [config.seed], [config.lr])
+            gd = BatchedGD(kwargs, [config.seed], [config.lr], device=config.device)
             norms: list[float | None] = [float(gd.average_frobenius_norm()[0])]
-            losses: list[float | None] = []
-            for _ in range(epochs):
-                loss, _ = gd.step(x, y)
-                losses.append(float(loss[0]) if math.isfinite(float(loss[0])) else None)
-                norms.append(float(gd.average_frobenius_norm()[0]) if bool(gd.active[0]) else None)
+            records = train_full_batch(gd, x, y, epochs)[0].epochs  # one per finished epoch
+            losses: list[float | None] = [_finite(r["train_loss"]) for r in records] + [None] * (epochs - len(records))
+            norms += [_finite(r["avg_frobenius"]) for r in records] + [None] * (epochs - len(records))
             with torch.no_grad():
                 last = float(gd.losses(x, y)[0])
             losses.append(last if bool(gd.active[0]) and math.isfinite(last) else None)

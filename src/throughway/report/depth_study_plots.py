@@ -14,7 +14,7 @@ from typing import Any
 
 from .plots import ARCH_COLORS, plt, save_figure
 
-__all__ = ["plot_training_curves", "plot_error_by_depth", "plot_k_by_block"]
+__all__ = ["plot_training_curves", "mean_band", "plot_error_by_depth", "plot_k_by_block"]
 
 
 def _curves(summary: dict[str, Any], arch: str, depth: int, key: str) -> list[list[float]]:
@@ -26,7 +26,7 @@ def _curves(summary: dict[str, Any], arch: str, depth: int, key: str) -> list[li
     return out
 
 
-def _mean_band(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
+def mean_band(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
     """Mean, minimum and maximum over curves, epoch by epoch, over the curves that reach that epoch."""
     length = max(len(c) for c in curves)
     mean, low, high = [], [], []
@@ -49,7 +49,7 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
             curves = _curves(summary, arch, depth, "train_loss")
             if not curves:
                 continue
-            mean, low, high = _mean_band(curves)
+            mean, low, high = mean_band(curves)
             epochs = list(range(1, len(mean) + 1))
             color = ARCH_COLORS.get(arch)
             ax.plot(epochs, mean, color=color, marker="o" if len(mean) < 10 else None, markersize=3,

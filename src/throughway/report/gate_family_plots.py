@@ -14,7 +14,7 @@ from typing import Any
 
 from matplotlib.ticker import NullLocator
 
-from .depth_study_plots import _mean_band
+from .depth_study_plots import mean_band
 from .plots import plt, save_figure
 
 __all__ = ["FAMILY_STYLE", "plot_training_curves", "plot_removal_curves", "plot_init_by_depth"]
@@ -48,7 +48,7 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
             curves = _depth_curves(summary, family, depth)
             if not curves:
                 continue
-            mean, low, high = _mean_band(curves)
+            mean, low, high = mean_band(curves)
             epochs = list(range(1, len(mean) + 1))
             style = FAMILY_STYLE.get(family, {})
             ax.plot(epochs, mean, label=f"{family} (n={len(curves)})", marker="o" if len(mean) < 10 else None,
@@ -90,11 +90,11 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
             random = [[sum(c[i] for c in r["random"]) / len(r["random"]) / r["random"][0][0]
                        for i in range(blocks + 1)] for r in records]
             color = FAMILY_STYLE.get(family, {}).get("color")
-            mean, low, high = _mean_band(greedy)
+            mean, low, high = mean_band(greedy)
             ax.plot(fraction, mean, color=color, linestyle=FAMILY_STYLE[family]["linestyle"],
                     label=f"{family} (n={len(records)})")
             ax.fill_between(fraction, low, high, color=color, alpha=0.15, linewidth=0)
-            ax.plot(fraction, _mean_band(random)[0], color=color, linestyle=":", alpha=0.8)
+            ax.plot(fraction, mean_band(random)[0], color=color, linestyle=":", alpha=0.8)
             drawn = True
         ax.axvline(0.5, color="grey", linewidth=0.8)
         ax.set_title(f"d = {depth}" if drawn else f"d = {depth}: pending")

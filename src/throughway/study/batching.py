@@ -25,8 +25,9 @@ import torch
 from torch.nn import functional as F
 
 from ..data import DataSplits, Split, load_dataset
-from ..train.batched import (PER_MODEL_RECIPE_FIELDS, BatchedOptimizer, BatchedStep, StackedModels, batch_key,
-                             train_batched)
+from ..train.batched import PER_MODEL_RECIPE_FIELDS, batch_key, train_batched
+from ..train.optim import BatchedOptimizer
+from ..train.stacked import BatchedStep, StackedModels
 from ..train.runner import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, prepare_data, worker_threads
@@ -217,7 +218,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     specs, "models", "step_s", "setup_s", "epoch_s", "total_s"}], "fixed_s", "serial_s", "wall_s",
     "load_average"}.
     """
-    from ..train.batched import epoch_starts
+    from ..train.loop import epoch_starts
 
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")

@@ -1,18 +1,21 @@
-"""Training: recipes, the loop (fit / evaluate) and its callbacks, checkpoints and single runs."""
+"""Training: recipes, the one update rule (optim), the loop (fit / evaluate) and its callbacks, checkpoints,
+single runs, stacks of models and full-batch descent; docs/design.md draws how the modules fit together."""
 
-from .callbacks import METRICS_FILE, MetricsCSV, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
+from .callbacks import METRICS_FILE, EarlyStopping, MetricsCSV, ModelCheckpoint, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
 from .checkpoint import load_model, save_model
-from .flat import FlatOptimizer
 from .loop import Callback, History, TrainState, evaluate, fit
-from .recipes import RECIPES, Recipe, build_optimizer, get_recipe, learning_rate_at, list_recipes, parameter_groups
+from .optim import FlatOptimizer, build_optimizer
+from .recipes import RECIPES, Recipe, get_recipe, learning_rate_at, list_recipes, parameter_groups
 from .runner import RESULTS_FILE, RunConfig, RunExistsError, read_results, run_training
 
 __all__ = [
     "Callback",
+    "EarlyStopping",
     "FlatOptimizer",
     "History",
     "METRICS_FILE",
     "MetricsCSV",
+    "ModelCheckpoint",
     "ProgressPrinter",
     "RECIPES",
     "RESULTS_FILE",

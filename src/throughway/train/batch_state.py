@@ -2,7 +2,7 @@
 
 The stacked parameters, running statistics, optimiser state and each member's data-order generator
 go into `batch-eNNNN.safetensors`; batch.json names that file with its SHA-256 and holds, per
-member, the progress entry every checkpoint stores (`loop_state.progress_entry`: history and
+member, the progress entry every checkpoint stores (`loop.progress_entry`: history and
 elapsed seconds, read back by `restore_progress`, the one resume path) and whether it has ended.
 Written by `rundir.write_rotating`, like a run's checkpoint: the new file first, then the JSON, then the
 old file is deleted.
@@ -20,13 +20,12 @@ import torch
 from safetensors.torch import load_file, save
 
 from .._io import read_json_object, sha256_file
-from .checkpoint import _is_int, _is_number, check_history
-from .engine import Member
-from .loop_state import progress_entry
+from .checkpoint import check_history, is_int, is_number
+from .loop import Member, progress_entry
 from .rundir import BATCH_FILE, member_file, write_rotating
 from .runner import RunConfig
 from .stacked import StackedModels
-from .stacked_optim import BatchedOptimizer
+from .optim import BatchedOptimizer
 
 __all__ = ["config_hash", "save_batch_state", "load_batch_state", "check_batch_members", "check_batch_tensors", "STATE_JSON"]
 
@@ -75,9 +74,9 @@ def load_batch_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.T
     path = _state_file(state_dir, meta.get("file"))
     if not path.is_file() or sha256_file(path) != meta.get("sha256"):
         raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
-    if not (_is_int(meta.get("epoch")) and meta["epoch"] >= 0 and _is_int(meta.get("step_count"))
+    if not (is_int(meta.get("epoch")) and meta["epoch"] >= 0 and is_int(meta.get("step_count"))
             and meta["step_count"] >= 0
-            and isinstance(meta.get("active"), list) and all(_is_int(i) for i in meta["active"])
+            and isinstance(meta.get("active"), list) and all(is_int(i) for i in meta["active"])
             and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
         raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers ≥ 0), 'active' (list of integers) or "
                          f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
@@ -94,7 +93,7 @@ def load_batch_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.T
         if not running and len(entry["history"]["epochs"]) > meta["epoch"]:
             raise ValueError(f"{meta_path}: field 'members[{i}].history.epochs' holds more records than the batch's "
                              f"'epoch' ({meta['epoch']}); delete {state_dir} to restart the batch")
-        if not (_is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
+        if not (is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
             raise ValueError(f"{meta_path}: field 'members[{i}]' needs 'elapsed_s' (a number of seconds) and 'done' "
                              f"(bool); the file was edited or damaged; delete {state_dir} to restart the batch")
     try:

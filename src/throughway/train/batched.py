@@ -9,20 +9,20 @@ together: activations are held feature-major, (N models, C channels, B samples),
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
 parameter matrix. The stacked model is `train.stacked.StackedModels`, its optimiser
-`train.stacked_optim.BatchedOptimizer`, their step (`BatchedStep`) and epoch (`train_epoch`) are
-in `train.stacked_step`, the batch's checkpoint in `train.batch_state`; here is the trainer: the
-stack's engine of the one epoch loop (`train.engine.run_loop`, shared with `fit`) and the run
-directories of its members (`train_batched`).
+`train.optim.BatchedOptimizer` (the toolkit's one update rule over the (N, P) rows), their step
+(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the batch's checkpoint in
+`train.batch_state`; here is the trainer: the stack's engine of the one epoch loop
+(`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
 
-Design choices, measured by benchmarks/batched_throughput.py (its "design" lines print both for the
-benchmark's N and depth; the figures here are from N = 4, depth 2, on this shared machine under
-load): stacked parameters with batched matrix products ran forward + backward 2.2× faster than
-torch.func.vmap over functional_call (which also cannot update BatchNorm running statistics in
-place), and the flat (N, P) optimiser step 18× faster than torch's multi-tensor (foreach) NAdam
-over the models' parameter tensors. Against the batch-major (N, B, C) layout that preceded it, the
-feature-major layout with one-pass gate arithmetic ran a step 1.12× faster (N = 32 depth-20 gated
-residual, NAdam), 1.20× (N = 16 50-layer highway, SGD) and 1.09× (N = 16 50-layer plain, SGD),
-interleaved A/B timing in one process.
+Design choices, measured by benchmarks/batched_throughput.py (results/batched/
+benchmark_batched_throughput.txt, its "design" lines, N = 32 depth-20 gated residual nets): stacked
+parameters with batched matrix products ran forward + backward 1.75× faster than torch.func.vmap
+over functional_call (which also cannot update BatchNorm running statistics in place), and the flat
+(N, P) NAdam step 21.7× faster than torch's multi-tensor (foreach) NAdam over the models' parameter
+tensors. Against the batch-major (N, B, C) layout that preceded it, the feature-major layout with
+one-pass gate arithmetic ran a step 1.12× faster (N = 32 depth-20 gated residual, NAdam), 1.20×
+(N = 16 50-layer highway, SGD) and 1.09× (N = 16 50-layer plain, SGD), interleaved A/B timing in
+one process.
 
 Per-model semantics are those of `fit` run on each model alone (tests/test_batched.py):
 
@@ -61,21 +61,17 @@ import torch
 from .._io import read_json
 from ..data import DataSplits, load_dataset
 from .batch_state import STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state, save_batch_state
-from .engine import EpochStats, Member, run_loop
-from .loop_state import History, TrainState, restore_progress
+from .loop import EpochStats, History, Member, TrainState, epoch_starts, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
+from .optim import BatchedOptimizer
 from .rundir import BATCH_FILE, RunDir
-from .stacked import _MIXED_FAMILY, MIXABLE_MODELS, SUPPORTED_MODELS, StackedModels, backward
-from .stacked_optim import BatchedOptimizer
-from .stacked_step import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked_step import BatchedStep, EpochTotals, epoch_starts, train_epoch
-from .stacked_step import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
+from .stacked import EVAL_CHUNK as _EVAL_CHUNK
+from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
+from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config, check_finished_model,
-                     check_resumable, read_results, resolve_recipe, results_header)
+                     check_resumable, read_results, results_header)
 
-__all__ = ["StackedModels", "BatchedOptimizer", "BatchedStep", "EpochTotals", "train_epoch", "epoch_starts",
-           "train_batched", "backward", "batch_key", "SUPPORTED_MODELS", "SHARED_RECIPE_FIELDS",
-           "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS", "MIXABLE_MODELS", "batch_family"]
+__all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
 
 # Model arguments that change only initial values, so models of one batch may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
@@ -87,12 +83,6 @@ SHARED_RECIPE_FIELDS = frozenset({"optimizer", "epochs", "batch_size", "betas", 
                                   "nesterov", "k_decay", "schedule", "milestones"})
 # RunConfig fields shared by a batch (one data set, one device).
 _SHARED_CONFIG_FIELDS = ("model", "depth", "dataset", "train_on_full", "device", "limit", "data_dir")
-
-
-def batch_family(model: str) -> str:
-    """The name under which models can share a batch: the model's own, or one name for the three
-    MIXABLE_MODELS (plain, residual and gated residual MLPs of one depth train together)."""
-    return _MIXED_FAMILY if model in MIXABLE_MODELS else model
 
 
 def batch_key(config: RunConfig) -> tuple[Any, ...]:
@@ -167,9 +157,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     dirs = [Path(d) for d in out_dirs]
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("out_dirs must be distinct")
-    for c in configs:
-        check_config(c)  # cheap checks first: device, recipe, model arguments
-    recipes = [resolve_recipe(c) for c in configs]
+    recipes = [check_config(c) for c in configs]  # cheap checks first: device, recipe, model arguments
     _check_batch(configs, recipes)
     if state_dir is not None:
         state_path = Path(state_dir)
@@ -328,7 +316,7 @@ class _DivergenceNote:
 
 
 class _StackEngine:
-    """`train_batched`'s engine (train.engine.Engine): the active members as one `StackedModels`.
+    """`train_batched`'s engine (train.loop.Engine): the active members as one `StackedModels`.
 
     Differences from `fit`'s engine, by construction of a stacked step: `on_step_end` is not called
     (it would cost a device synchronisation per step for N models), so a member's `state.stop` takes

@@ -1,9 +1,11 @@
-"""Callbacks for `fit`: progress output, metrics.csv, TensorBoard.
+"""Callbacks for `fit`: progress output, metrics.csv, TensorBoard, early stopping, model checkpoints.
 
 Each is an ordinary callback (loop.Callback): `fit(progress=True)` adds `ProgressPrinter`, and
 `runner.run_training` writes metrics.csv beside results.json (`write_metrics_csv`) and, with
 `tensorboard=True` (`throughway train --tensorboard`), adds `TensorBoardLogger`. A user's own
-training script can add any of them to `fit`'s callbacks.
+training script can add any of them to `fit`'s callbacks, and `EarlyStopping` (stop when a
+monitored metric of the epoch record stops improving) and `ModelCheckpoint` (the best and the last
+model by a monitored metric, as safetensors files `load_model` reads).
 
 metrics.csv holds one row per epoch and every metric of the epoch record, in a stable column
 order (`metrics_table`): the fixed columns `METRICS_COLUMNS` first (present even when empty), then
@@ -24,11 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 from .._io import atomic_write_text, json_safe
+from . import distributed
+from .checkpoint import save_model
 
 if TYPE_CHECKING:
     from .loop import TrainState
 
-__all__ = ["ProgressPrinter", "MetricsCSV", "TensorBoardLogger", "METRICS_FILE", "METRICS_COLUMNS",
+__all__ = ["ProgressPrinter", "MetricsCSV", "TensorBoardLogger", "EarlyStopping", "ModelCheckpoint", "METRICS_FILE", "METRICS_COLUMNS",
            "metrics_table", "write_metrics_csv", "read_metrics_csv", "require_tensorboard", "TENSORBOARD_EXTRA"]
 
 METRICS_FILE = "metrics.csv"
@@ -254,3 +258,116 @@ class TensorBoardLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class _Monitor:
+    """The improvement rule of EarlyStopping and ModelCheckpoint: `monitor` read from each epoch record."""
+
+    def __init__(self, monitor: str, mode: str, min_delta: float) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode={mode!r}: accepted values: 'min' (a loss or an error), 'max' (e.g. an accuracy)")
+        if not isinstance(min_delta, (int, float)) or isinstance(min_delta, bool) or not min_delta >= 0:
+            raise ValueError(f"min_delta={min_delta!r}: accepted: a number ≥ 0")
+        self.monitor, self.mode, self.min_delta = monitor, mode, float(min_delta)
+        self.best: float | None = None
+
+    def value(self, record: dict[str, Any]) -> float:
+        """The monitored value of `record`; ValueError naming the metric and the record's metrics when absent."""
+        value = record.get(self.monitor)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            numbers = sorted(k for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+            raise ValueError(f"monitor={self.monitor!r}: the epoch record holds {value!r} for it; accepted: a metric "
+                             f"with a number in every record, here {numbers} (val_* needs validation data)")
+        return float(value)
+
+    def improved(self, value: float) -> bool:
+        """Whether `value` beats the best so far by more than min_delta (it then becomes the best).
+        A non-finite value never improves."""
+        if not math.isfinite(value):
+            return False
+        better = self.best is None or (value < self.best - self.min_delta if self.mode == "min"
+                                       else value > self.best + self.min_delta)
+        if better:
+            self.best = value
+        return better
+
+
+class EarlyStopping:
+    """Stop training when `monitor` (a metric of the epoch record, e.g. "val_loss", "val_error_pct",
+    "train_loss") has not improved by more than `min_delta` for `patience` epochs in a row (Keras's
+    rule: patience=0 stops after the first epoch without improvement). `mode` is "min" or "max". The
+    epoch that stops is recorded (`stopped_epoch`, 1-based; None while training goes on); a NaN or
+    infinite value counts as no improvement. ValueError, naming the metric, when a record lacks it."""
+
+    def __init__(self, monitor: str = "val_loss", patience: int = 0, min_delta: float = 0.0, mode: str = "min") -> None:
+        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
+            raise ValueError(f"patience={patience!r}: accepted: an integer ≥ 0")
+        self._rule = _Monitor(monitor, mode, min_delta)
+        self.patience = patience
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+
+    @property
+    def best(self) -> float | None:
+        """The best monitored value so far."""
+        return self._rule.best
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Count epochs without improvement; set `state.stop` when they exceed the patience."""
+        if self._rule.improved(self._rule.value(record)):
+            self.wait = 0
+            return
+        self.wait += 1
+        if self.wait > self.patience:
+            state.stop = True
+            self.stopped_epoch = int(record["epoch"])
+
+
+class ModelCheckpoint:
+    """Save the model of the best epoch by `monitor` (`best.safetensors`) and of the last epoch
+    (`last.safetensors`) into `directory`, each with `save_model` (written atomically; read back with
+    `load_model`), after every epoch. `mode` and `min_delta` as in EarlyStopping; `save_best` /
+    `save_last` switch either file off. `best_epoch` and `best` hold the best epoch (1-based) and its
+    value. Under data parallelism only the main process writes."""
+
+    def __init__(self, directory: str | os.PathLike[str], monitor: str = "val_loss", mode: str = "min",
+                 min_delta: float = 0.0, save_best: bool = True, save_last: bool = True) -> None:
+        if not (save_best or save_last):
+            raise ValueError("save_best and save_last are both False: ModelCheckpoint would write nothing")
+        self.directory = Path(directory)
+        self._rule = _Monitor(monitor, mode, min_delta)
+        self.save_best, self.save_last = save_best, save_last
+        self.best_epoch: int | None = None
+
+    @property
+    def best(self) -> float | None:
+        """The best monitored value so far."""
+        return self._rule.best
+
+    @property
+    def best_path(self) -> Path:
+        """Where the best epoch's model is written."""
+        return self.directory / "best.safetensors"
+
+    @property
+    def last_path(self) -> Path:
+        """Where the last epoch's model is written."""
+        return self.directory / "last.safetensors"
+
+    def on_fit_start(self, state: TrainState) -> None:
+        """Create the directory (before the first epoch, so a bad path fails at once)."""
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"ModelCheckpoint directory {self.directory}: is a file; accepted: a directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Write last.safetensors, and best.safetensors when the monitored value improved."""
+        improved = self._rule.improved(self._rule.value(record))
+        if improved:
+            self.best_epoch = int(record["epoch"])
+        if not distributed.is_main_process():
+            return
+        if self.save_last:
+            save_model(self.last_path, state.model)
+        if self.save_best and improved:
+            save_model(self.best_path, state.model)

@@ -30,7 +30,6 @@ from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, read_json_object, sha256_file
 from ..models import create_model, with_legacy_config
-from .flat import FlatOptimizer
 from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
@@ -48,7 +47,7 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
 
-def _optimizer_split(optimizer: torch.optim.Optimizer | FlatOptimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _optimizer_split(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     state_dict = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
@@ -76,7 +75,7 @@ def has_checkpoint(run_dir: str | os.PathLike[str]) -> bool:
     return (Path(run_dir) / CHECKPOINT_JSON).is_file()
 
 
-def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | FlatOptimizer,
+def save_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     generator: torch.Generator, epoch: int, extra: dict[str, Any]) -> Path:
     """Write the checkpoint after `epoch` completed epochs; `extra` (JSON-able) goes into checkpoint.json.
 
@@ -102,7 +101,8 @@ def _field_error(path: Path, field: str, value: Any, accepted: str) -> ValueErro
                       f"delete the run directory or choose another --out to start afresh)")
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def is_int(value: Any) -> TypeGuard[int]:
+    """Whether a value read from JSON is an integer (True and False are not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -111,7 +111,8 @@ _RECORD_NUMBERS = ("lr", "train_loss", "train_error_pct", "val_loss", "val_error
                    "k_mean", "epoch_time_s", "elapsed_s")
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """Whether a value read from JSON is a number (True and False are not)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -133,9 +134,9 @@ def check_history(path: Path, field: str, history: Any, *, epochs: int | None = 
                            f"one record per finished epoch ({epochs}, the field 'epoch')")
     for i, record in enumerate(records):
         k = record.get("k")
-        if not (_is_int(record.get("epoch")) and record["epoch"] == i + 1
-                and all(record.get(key) is None or _is_number(record[key]) for key in _RECORD_NUMBERS)
-                and (k is None or (isinstance(k, list) and all(_is_number(v) for v in k)))):
+        if not (is_int(record.get("epoch")) and record["epoch"] == i + 1
+                and all(record.get(key) is None or is_number(record[key]) for key in _RECORD_NUMBERS)
+                and (k is None or (isinstance(k, list) and all(is_number(v) for v in k)))):
             raise _field_error(path, f"{field}.epochs[{i}]", record,
                                f"a record with epoch {i + 1}, numbers (or null) for {', '.join(_RECORD_NUMBERS)} "
                                f"and a list of numbers (or null) for k")
@@ -153,7 +154,7 @@ def read_checkpoint_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise _field_error(path, "format", meta.get("format"), repr(FORMAT))
     epoch = meta.get("epoch")
-    if not _is_int(epoch) or epoch < 0:
+    if not is_int(epoch) or epoch < 0:
         raise _field_error(path, "epoch", epoch, "an integer ≥ 0")
     RunDir(run_dir).checkpoint_file(meta.get("file"))
     sha = meta.get("sha256")
@@ -196,7 +197,7 @@ def verify_checkpoint_file(run_dir: str | os.PathLike[str], meta: dict[str, Any]
     return path
 
 
-def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | FlatOptimizer,
+def load_checkpoint(run_dir: str | os.PathLike[str], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     generator: torch.Generator) -> dict[str, Any]:
     """Restore model, optimiser and RNG states from `run_dir`; return checkpoint.json's content.
 

@@ -1,4 +1,5 @@
-"""The user's data as `fit` trains on it: in-memory splits on the model's device, or a DataLoader.
+"""The user's data as `fit` trains on it: in-memory splits on the model's device, a map-style Dataset
+read item by item every epoch (`ItemSplit`), or a DataLoader.
 
 See `loop.fit` for the accepted forms (DataSplits, a pair of tensors, a Dataset, a DataLoader).
 """
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from ..data import DataSplits, Split
 
-__all__ = ["ACCEPTED_DATA", "resolve_data", "model_device", "to_device"]
+__all__ = ["ACCEPTED_DATA", "ItemSplit", "resolve_data", "user_split", "model_device", "to_device"]
 
 ACCEPTED_DATA = ("DataSplits, a pair of tensors (x, y), a torch.utils.data.Dataset of (x, y) items, "
                  "or a torch.utils.data.DataLoader yielding (x, y) batches")
@@ -43,6 +44,36 @@ def _pair(x: Any, y: Any, argument: str, device: torch.device) -> Split:
     return Split(x.to(device), y.to(device))
 
 
+def _item_pair(item: Any, i: int, argument: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise TypeError(f"{argument}: item {i} is {type(item).__name__}; accepted: a pair (x, y) per item "
+                        f"(or pass a DataLoader that builds the batches)")
+    return torch.as_tensor(item[0]), torch.as_tensor(item[1])
+
+
+class ItemSplit:
+    """A map-style Dataset of (x, y) items that `fit` trains on: `take(index)` reads the items of a
+    batch (calling `dataset[i]` each time, so per-item random augmentation differs across epochs) and
+    stacks them on `device`. Batches and their order follow the in-memory path's rule (the same
+    permutation from `fit`'s seed, the same batch starts)."""
+
+    def __init__(self, dataset: Dataset, argument: str, device: torch.device) -> None:
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise TypeError(f"{argument}: an iterable Dataset has no length to index; pass it inside a DataLoader")
+        if len(dataset) == 0:
+            raise ValueError(f"{argument}: the Dataset is empty")
+        _item_pair(dataset[0], 0, argument)  # the item form is checked once, before training
+        self.dataset, self.argument, self.device = dataset, argument, device
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The items at `index` (a 1-d tensor of positions), read now and stacked on the device."""
+        pairs = [_item_pair(self.dataset[i], i, self.argument) for i in index.tolist()]
+        return (torch.stack([x for x, _ in pairs]).to(self.device), torch.stack([y for _, y in pairs]).to(self.device))
+
+
 def _stack_dataset(dataset: Dataset, argument: str, device: torch.device) -> Split:
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         return _pair(*dataset.tensors, argument, device)
@@ -50,19 +81,17 @@ def _stack_dataset(dataset: Dataset, argument: str, device: torch.device) -> Spl
         raise TypeError(f"{argument}: an iterable Dataset has no length to stack; pass it inside a DataLoader")
     xs, ys = [], []
     for i in range(len(dataset)):
-        item = dataset[i]
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise TypeError(f"{argument}: item {i} is {type(item).__name__}; accepted: a pair (x, y) per item "
-                            f"(or pass a DataLoader that builds the batches)")
-        xs.append(torch.as_tensor(item[0]))
-        ys.append(torch.as_tensor(item[1]))
+        x, y = _item_pair(dataset[i], i, argument)
+        xs.append(x)
+        ys.append(y)
     if not xs:
         raise ValueError(f"{argument}: the Dataset is empty")
     return _pair(torch.stack(xs), torch.stack(ys), argument, device)
 
 
-def _user_split(data: Any, argument: str, device: torch.device) -> Split | DataLoader:
-    """A user's data as an in-memory Split on `device` where possible, else the DataLoader itself."""
+def user_split(data: Any, argument: str, device: torch.device) -> Split | DataLoader:
+    """A user's evaluation data as an in-memory Split on `device` where possible (a map-style Dataset is
+    read once and stacked), else the DataLoader itself; TypeError naming `argument` for other kinds."""
     if isinstance(data, DataLoader):
         return data
     if isinstance(data, Split):
@@ -74,21 +103,28 @@ def _user_split(data: Any, argument: str, device: torch.device) -> Split | DataL
     raise TypeError(f"{argument}: got {type(data).__name__}; accepted: {ACCEPTED_DATA}")
 
 
-def resolve_data(model: nn.Module, data: Any, eval_data: Any) -> tuple[torch.device, Split | DataLoader,
-                                                                    Split | DataLoader | None,
-                                                                    Split | DataLoader | None, DataSplits | None]:
-    """(device, train, val, test, the DataSplits given or None)."""
+def resolve_data(model: nn.Module, data: Any, val_data: Any, test_data: Any) -> tuple[
+        torch.device, Split | ItemSplit | DataLoader, Split | DataLoader | None, Split | DataLoader | None,
+        DataSplits | None]:
+    """(device, train, val, test, the DataSplits given or None). The training data is a Split (tensors,
+    a TensorDataset), an ItemSplit (any other map-style Dataset, read every epoch) or a DataLoader."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: got {type(model).__name__}; accepted: a torch.nn.Module")
     if isinstance(data, DataSplits):
-        if eval_data is not None:
-            raise ValueError("eval_data: DataSplits carries its own val and test splits; give eval_data only "
-                             "with tensors, a Dataset or a DataLoader")
+        for name, given in (("val_data", val_data), ("test_data", test_data)):
+            if given is not None:
+                raise ValueError(f"{name}: DataSplits carries its own val and test splits; give {name} only "
+                                 f"with tensors, a Dataset or a DataLoader")
         device = data.train.x.device
         if model_device(model) != device:
             raise ValueError(f"model is on {model_device(model)} but the data on {device}; move one")
         return device, data.train, data.val, data.test, data
     device = model_device(model)
-    train = _user_split(data, "data", device)
-    test = None if eval_data is None else _user_split(eval_data, "eval_data", device)
-    return device, train, None, test, None
+    train: Split | ItemSplit | DataLoader
+    if isinstance(data, Dataset) and not isinstance(data, (TensorDataset, IterableDataset)):
+        train = ItemSplit(data, "data", device)
+    else:
+        train = user_split(data, "data", device)
+    val = None if val_data is None else user_split(val_data, "val_data", device)
+    test = None if test_data is None else user_split(test_data, "test_data", device)
+    return device, train, val, test, None

@@ -29,9 +29,20 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `runner.run_training` adds.
 
-The epoch loop itself is `engine.run_loop`, shared with `batched.train_batched` (one loop for one
-model and for many stacked models); `fit` supplies the engine of one module (`_ModuleEngine`: the
-batches, the forward, the divergence check, the step and `on_step_end`). The hooks' contract does
+The epoch loop itself is `run_loop`, shared with `batched.train_batched` (many stacked models) and
+`full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
+one model and for many. What differs between them is only how an epoch of steps is computed,
+evaluated and rolled back, the `Engine` (the one narrow seam); `fit` supplies the engine of one
+module (`_ModuleEngine`: the batches, the forward, the divergence check, the step and
+`on_step_end`), `batched._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
+written once, here: the learning rates, the hooks, divergence (the member's history is kept and
+marked, its weights go back to the end of its last finished epoch, it leaves the loop and its
+`on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record
+(`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
+
+The file reads top to bottom: what the loop keeps per model (`History`, `TrainState`, `Callback`,
+the one resume path `restore_progress`), the loop (`Engine`, `Member`, `run_loop`), evaluation,
+then `fit` and its engine. The hooks' contract does
 not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
 numbers belong in the record (a record's value may be a list, as `k` already is).
@@ -47,7 +58,9 @@ train.distributed).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sequence, Union
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -58,15 +71,302 @@ from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
-from .engine import EpochStats, Member, run_loop
-from .flat import FlatOptimizer
-from .inputs import model_device, resolve_data, to_device
-from .loop_state import Callback, History, TrainState
-from .loop_state import call as call_hook
-from .recipes import Recipe, build_optimizer, get_recipe, learning_rate_at
+from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
+from .optim import build_optimizer
+from .recipes import Recipe, get_recipe, learning_rate_at
 
-__all__ = ["History", "TrainState", "Callback", "fit", "evaluate", "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
+if TYPE_CHECKING:
+    from .full_batch import BatchedGD
+    from .optim import BatchedOptimizer
 
+__all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
+           "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
+           "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
+
+
+# ----------------------------------------------------------------------------------------------
+# What the loop keeps per model and shows its callbacks
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class History:
+    """Per-epoch records and the run's outcome.
+
+    Each record holds: `epoch` (1-based), `lr`, `train_loss` (mean mini-batch loss during the
+    epoch, in training mode, as Keras reports it and the paper's figure 4 plots),
+    `train_error_pct` (mini-batch errors during the epoch; None when the outputs are not class
+    scores for integer labels), `val_loss`/`val_error_pct` (None when training on the full set or
+    without a validation split), `test_loss`/`test_error_pct` (None without evaluation data), `k`
+    and `k_mean` for models with scalar gates, `epoch_time_s` and `elapsed_s`; and
+    `stopped_at_step` for an epoch a callback ended early.
+    """
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    diverged: bool = False
+    diverged_at: dict[str, Any] | None = None
+
+    def last(self) -> dict[str, Any] | None:
+        """The last epoch's record, or None before the first epoch ends."""
+        return self.epochs[-1] if self.epochs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The history as a JSON-able dict (for checkpoints and results files)."""
+        return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "History":
+        """Rebuild a History from `to_dict`'s output."""
+        return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
+
+
+@dataclass
+class TrainState:
+    """What callbacks see and may change.
+
+    `epoch` counts finished epochs and `step` finished optimiser steps (both continue across a
+    resume); `steps_per_epoch` is None for a DataLoader without a length. `data` is the DataSplits
+    `fit` was given, else None. Setting `stop = True` ends training (see the module docstring).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | BatchedOptimizer | BatchedGD
+    recipe: Recipe
+    data: DataSplits | None
+    generator: torch.Generator
+    history: History
+    epoch: int = 0
+    elapsed_s: float = 0.0
+    stop: bool = False
+    step: int = 0
+    steps_per_epoch: int | None = None
+
+
+class Callback(Protocol):
+    """Hooks called by `fit`; every method is optional (`fit` calls only those a callback has).
+
+    The contract is the same whatever the number of models the loop trains (module docstring)."""
+
+    def on_fit_start(self, state: TrainState) -> None:
+        """Called once before training; may restore a checkpoint into `state`."""
+
+    def on_epoch_start(self, state: TrainState) -> None:
+        """Called before each epoch's first step (`state.epoch` is the number of finished epochs)."""
+
+    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
+        """Called after each optimiser step: `step` is the run's step count (1-based, continuing across
+        epochs and resumes; equal to `state.step`), `loss` the batch's mean training loss as a Python
+        float (the loss the step minimised; under data parallelism, the global batch's). Setting
+        `state.stop = True` ends the epoch after this step and then training."""
+
+    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
+        """Called after each finished epoch with its record (already in `state.history`)."""
+
+    def on_fit_end(self, state: TrainState) -> None:
+        """Called once when training ends (finished, diverged or stopped)."""
+
+
+def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+    """Call `hook(*args)` on every callback that has it, in order (every hook is optional)."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args)
+
+
+def progress_entry(state: TrainState) -> dict[str, Any]:
+    """What a checkpoint stores of a member's progress besides tensors (JSON-able): its history and
+    elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's
+    checkpoint.json, a batch's batch.json) store exactly this per model, read back by `restore_progress`."""
+    return {"history": state.history.to_dict(), "elapsed_s": state.elapsed_s}
+
+
+def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
+    """Set `state`'s history, epoch (finished epochs = the history's records) and elapsed seconds from a
+    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_batched`."""
+    state.history = History.from_dict(entry["history"])
+    state.epoch = len(state.history.epochs)
+    state.elapsed_s = float(entry.get("elapsed_s", 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# The one epoch loop
+# ----------------------------------------------------------------------------------------------
+def epoch_starts(n: int, batch_size: int, world: int = 1) -> list[int]:
+    """The first index of each mini-batch of an epoch over n samples, for every path (fit's in-memory
+    data, train_batched's stacks): consecutive batches of `batch_size`, except that a final batch of
+    fewer than two samples per rank (`world` data-parallel processes) is folded away, since it would
+    break BatchNorm's training statistics."""
+    return [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
+
+
+@dataclass
+class EpochStats:
+    """What one epoch of training measured, per active member (positions as in the engine).
+
+    `loss_sum[i]`: the sum over the epoch's batches of member i's batch-mean loss × batch size;
+    `wrong[i]`: its misclassified training samples, or None when the outputs are not class scores;
+    `seen`: samples per member; `steps`: optimiser steps taken; `diverged`: position → {"step",
+    "loss"} for members whose loss stopped being finite (at that step of the epoch, 0-based);
+    `extra`: per member, further numbers of the epoch for its record (e.g. the full-batch studies'
+    gradient norm), or None.
+    """
+
+    loss_sum: list[float]
+    wrong: list[int | None]
+    seen: int
+    steps: int
+    diverged: dict[int, dict[str, Any]] = field(default_factory=dict)
+    extra: list[dict[str, Any]] | None = None
+
+
+class Engine(Protocol):
+    """How the loop's members are trained, evaluated and rolled back (see the module docstring).
+
+    Positions are indices into the engine's active members, in the order `run_loop` keeps them."""
+
+    def begin(self) -> None:
+        """Called once after every member's `on_fit_start` (which may have restored a checkpoint)."""
+
+    def set_learning_rates(self, epoch: int) -> list[float]:
+        """Set and return each active member's learning rate for `epoch` (0-based)."""
+
+    def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
+        """One epoch of steps for every active member (the engine calls `on_step_end` where it can)."""
+
+    def evaluate(self, which: str) -> list[tuple[float | None, float | None]] | None:
+        """(loss, error %) of each active member on split `which` ("val" or "test"), or None without it."""
+
+    def gate_values(self) -> list[list[float]]:
+        """Each active member's scalar-gate k values in block order ([] for a member without gates)."""
+
+    def end_epoch(self) -> None:
+        """The epoch is finished: remember the weights a diverged member goes back to."""
+
+    def roll_back(self, position: int, state: TrainState) -> None:
+        """Put member `position`'s weights back to the end of its last finished epoch, into `state.model`."""
+
+    def sync(self, position: int, state: TrainState) -> None:
+        """Make `state.model` hold member `position`'s current weights (a no-op when it trains them)."""
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only the members at `positions`, in that order (members that ended leave the engine)."""
+
+
+@dataclass
+class Member:
+    """One model of the loop: its state, its callbacks, and whether it has ended."""
+
+    state: TrainState
+    callbacks: list[Any]
+    ended: bool = False
+
+
+def epoch_record(epoch: int, lr: float, loss_sum: float, wrong: int | None, seen: int,
+                 val: tuple[float | None, float | None] | None, test: tuple[float | None, float | None] | None,
+                 ks: list[float], epoch_time: float, elapsed: float) -> dict[str, Any]:
+    """One `History` record (its keys are documented there), written the same for every path."""
+    record: dict[str, Any] = {"epoch": epoch + 1, "lr": lr, "train_loss": loss_sum / seen,
+                              "train_error_pct": None if wrong is None else 100.0 * wrong / seen}
+    # Evaluation: recorded, never used to choose anything.
+    record["val_loss"], record["val_error_pct"] = val if val is not None else (None, None)
+    record["test_loss"], record["test_error_pct"] = test if test is not None else (None, None)
+    if ks:
+        record["k"] = ks
+        record["k_mean"] = sum(ks) / len(ks)
+    record["epoch_time_s"] = epoch_time
+    record["elapsed_s"] = elapsed
+    return record
+
+
+def _end(member: Member) -> None:
+    member.ended = True
+    call(member.callbacks, "on_fit_end", member.state)
+
+
+def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
+             after_epoch: Callable[[Sequence[Member]], None] | None = None) -> None:
+    """Train `members` with `engine` until each has `epochs` finished epochs, diverged or stopped.
+
+    Every member's `on_fit_start` runs first (it may restore its state, e.g. a checkpoint); members
+    already ended (`Member.ended`) are skipped throughout. Per epoch, in order: the learning rates,
+    `on_epoch_start`, the engine's epoch of steps, divergence (per member: history marked, weights
+    rolled back, `on_fit_end`, out of the loop), evaluation on val and test, the record appended to
+    each member's history, `after_epoch(active members)` (e.g. a batch checkpoint), `on_epoch_end`;
+    then members whose callbacks set `state.stop` end. `on_fit_end` runs once per member.
+
+    The divergence rule, the same for every engine: a member whose training loss in a step is not
+    finite (full-batch descent: or at least its bound, `BatchedGD.divergence_loss`) is reported by
+    the engine in `EpochStats.diverged`; here its history is marked (`diverged_at`: the 1-based epoch,
+    the step within it, the loss), its weights go back to the end of its last finished epoch, its
+    `on_fit_end` runs and it leaves the loop, the others going on undisturbed. Deep plain nets are
+    expected to fail; a study must go on.
+    """
+    for m in members:
+        if not m.ended:
+            call(m.callbacks, "on_fit_start", m.state)
+    active = [m for m in members if not m.ended]
+    if len({m.state.epoch for m in active}) > 1:
+        raise ValueError(f"members resume from different epochs {sorted({m.state.epoch for m in active})}; "
+                         f"a loop's members are always at one epoch")
+    engine.begin()
+    while active and active[0].state.epoch < epochs:
+        epoch = active[0].state.epoch
+        lrs = engine.set_learning_rates(epoch)
+        for m in active:
+            call(m.callbacks, "on_epoch_start", m.state)
+        started = time.perf_counter()
+        stats = engine.train_epoch(epoch, [m.state for m in active], [m.callbacks for m in active])
+        epoch_time = time.perf_counter() - started
+        for pos, where in sorted(stats.diverged.items()):
+            m = active[pos]
+            m.state.history.diverged = True
+            m.state.history.diverged_at = {"epoch": epoch + 1, **where}
+            engine.roll_back(pos, m.state)
+            _end(m)
+        if stats.diverged:
+            keep = [p for p in range(len(active)) if p not in stats.diverged]
+            engine.keep(keep)
+            active, lrs = [active[p] for p in keep], [lrs[p] for p in keep]
+            stats.loss_sum = [stats.loss_sum[p] for p in keep]
+            stats.wrong = [stats.wrong[p] for p in keep]
+            if stats.extra is not None:
+                stats.extra = [stats.extra[p] for p in keep]
+        if not active:
+            break
+        if stats.seen == 0:
+            raise ValueError("data: the DataLoader yielded no batches in an epoch")
+        val, test, ks = engine.evaluate("val"), engine.evaluate("test"), engine.gate_values()
+        for pos, m in enumerate(active):
+            m.state.elapsed_s += epoch_time
+            record = epoch_record(epoch, lrs[pos], stats.loss_sum[pos], stats.wrong[pos], stats.seen,
+                                  val[pos] if val else None, test[pos] if test else None, ks[pos],
+                                  epoch_time, m.state.elapsed_s)
+            if stats.extra is not None:
+                record.update(stats.extra[pos])
+            steps_per_epoch = m.state.steps_per_epoch
+            if m.state.stop and steps_per_epoch is not None and stats.steps < steps_per_epoch:
+                record["stopped_at_step"] = stats.steps
+            m.state.history.epochs.append(record)
+            m.state.epoch = epoch + 1
+        engine.end_epoch()
+        if after_epoch is not None:
+            after_epoch(active)
+        for pos, m in enumerate(active):
+            engine.sync(pos, m.state)
+            call(m.callbacks, "on_epoch_end", m.state, m.state.history.epochs[-1])
+        stopped = [p for p, m in enumerate(active) if m.state.stop]
+        for p in stopped:
+            _end(active[p])
+        if stopped:
+            keep = [p for p in range(len(active)) if p not in stopped]
+            engine.keep(keep)
+            active = [active[p] for p in keep]
+    for m in active:
+        _end(m)
+
+
+# ----------------------------------------------------------------------------------------------
+# fit: one nn.Module on the user's data
+# ----------------------------------------------------------------------------------------------
 DEFAULT_EVAL_BATCH = 10_000
 
 # What `fit` trains on (see `fit`): in-memory splits, (x, y) tensors, a Dataset, or a DataLoader.
@@ -85,43 +385,64 @@ def _wrong(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     return (outputs.argmax(dim=1) != y).sum() if _classifies(outputs, y) else None
 
 
-def evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int = DEFAULT_EVAL_BATCH,
+def evaluate(model: nn.Module, split: Split | DataLoader | TrainData, batch_size: int = DEFAULT_EVAL_BATCH,
              loss_fn: LossFn | None = None) -> tuple[float, float]:
     """Mean loss and error (%) of `model` on `split`, in eval mode; the model's mode is restored.
 
-    `split` is an in-memory Split (evaluated in chunks of `batch_size`) or a DataLoader (its batches,
-    moved to the model's device). The loss is cross-entropy unless `loss_fn` (a batch-mean loss) is
+    `split` is an in-memory Split or a pair of tensors (x, y) or a Dataset of (x, y) items (moved to
+    the model's device and evaluated in chunks of `batch_size`), or a DataLoader (its batches, moved
+    to the model's device), as `fit` takes its data. The loss is cross-entropy unless `loss_fn` (a batch-mean loss) is
     given. A non-finite output row counts as an error and makes the loss NaN; the error is NaN when
     the outputs are not (N, classes) scores for integer labels (the training records hold None then).
     """
+    if not isinstance(split, (Split, DataLoader)):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: got {type(model).__name__}; accepted: a torch.nn.Module")
+        split = user_split(split, "split", model_device(model))
     loss, error = _evaluate(model, split, batch_size, loss_fn)
     return loss, math.nan if error is None else error
 
 
-@torch.no_grad()
 def _evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int,
               loss_fn: LossFn | None) -> tuple[float, float | None]:
     was_training = model.training
     model.eval()
     try:
-        total_loss, wrong, n, classified = 0.0, 0, 0, True
-        for x, y in _eval_batches(model, split, batch_size):
-            outputs = model(x)
-            if loss_fn is None:
-                total_loss += float(F.cross_entropy(outputs, y, reduction="sum"))
-            else:
-                total_loss += float(loss_fn(outputs, y)) * len(y)
-            if not _classifies(outputs, y):
-                classified = False
-            else:
-                finite = torch.isfinite(outputs).all(dim=1)
-                wrong += int(((outputs.argmax(dim=1) != y) | ~finite).sum())
-            n += len(y)
-        if n == 0:
-            raise ValueError("evaluate: the evaluation data is empty")
-        return total_loss / n, (100.0 * wrong / n if classified else None)
+        return evaluate_members(lambda x: [model(x)], _eval_batches(model, split, batch_size), 1, loss_fn)[0]
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def evaluate_members(forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+                     batches: Iterable[tuple[torch.Tensor, torch.Tensor]], members: int,
+                     loss_fn: LossFn | None = None) -> list[tuple[float, float | None]]:
+    """The one evaluation of every path (`evaluate`, `fit`'s records, a stack's members): each member's
+    mean loss and error (%) over `batches` of (x, y).
+
+    `forward(x)` returns one output per member (the caller puts the models in evaluation mode). The
+    loss is cross-entropy unless `loss_fn` (a batch-mean loss) is given; each batch's loss sum is
+    accumulated in float64. A non-finite output row counts as an error; the error is None when a
+    member's outputs are not (N, classes) scores for integer labels. ValueError for empty data."""
+    losses: list[torch.Tensor | float] = [0.0] * members
+    wrong: list[torch.Tensor | int] = [0] * members
+    classified = [True] * members
+    n = 0
+    for x, y in batches:
+        for i, outputs in enumerate(forward(x)):
+            if loss_fn is None:
+                losses[i] = losses[i] + F.cross_entropy(outputs, y, reduction="sum").double()
+            else:
+                losses[i] = losses[i] + loss_fn(outputs, y).double() * len(y)
+            if not _classifies(outputs, y):
+                classified[i] = False
+            else:
+                finite = torch.isfinite(outputs).all(dim=1)
+                wrong[i] = wrong[i] + ((outputs.argmax(dim=1) != y) | ~finite).sum()
+        n += len(y)
+    if n == 0:
+        raise ValueError("evaluate: the evaluation data is empty")
+    return [(float(losses[i]) / n, 100.0 * int(wrong[i]) / n if classified[i] else None) for i in range(members)]
 
 
 def _eval_batches(model: nn.Module, split: Split | DataLoader,
@@ -139,7 +460,7 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer | FlatOptimizer, lr: float) -> None:
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every parameter group's learning rate to `lr` times the group's "lr_mult" (1 when it has
     none; recipes.parameter_groups); the optimiser's state (momentum buffers, Adam moments) is left
     untouched, so a learning-rate step keeps the momentum."""
@@ -162,8 +483,10 @@ def _check_finite_inputs(splits: dict[str, Any]) -> None:
 
 
 def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequence[Any] = (), *,
+        val_data: TrainData | None = None, test_data: TrainData | None = None,
         eval_data: TrainData | None = None, loss_fn: LossFn | None = None,
-        optimizer: torch.optim.Optimizer | FlatOptimizer | None = None, seed: int = 0, progress: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Callable[[torch.optim.Optimizer], Any] | None = None, seed: int = 0, progress: bool = True,
         label: str | None = None, eval_batch_size: int = DEFAULT_EVAL_BATCH,
         train_transform: Callable[[torch.Tensor], torch.Tensor] | None = None, amp: bool = False,
         channels_last: bool = False, compile_model: bool = False) -> History:
@@ -177,20 +500,28 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     * a pair of tensors `(x, y)`: moved to the model's device and trained on as an in-memory split
       (the fast path: batches are index slices of a random permutation, no DataLoader).
     * a `Dataset`: a `TensorDataset` of (x, y) is used as that pair; any other map-style Dataset of
-      (x, y) items is read once, item by item, and stacked into such a pair on the model's device.
-      Data too large for memory, or needing per-item work, goes in a DataLoader instead.
+      (x, y) items is read item by item every epoch (`dataset[i]` per item of each batch, so per-item
+      random augmentation differs between epochs), in the order and batches the pair would be.
+      Loading in worker processes goes in a DataLoader instead.
     * a `DataLoader` yielding (x, y) batches: iterated as given each epoch, each batch moved to the
       model's device; its own sampler decides the order (`seed` does not), so a resumed run is
       exact only if the loader's order is. The recipe's batch size does not apply.
 
-    `eval_data` (any of the last three forms; not with DataSplits) is evaluated after each epoch and
-    recorded as `test_loss` / `test_error_pct`. `recipe` is a Recipe or a registered recipe's name
+    `val_data` and `test_data` (any of the last three forms; not with DataSplits, which has its own) are
+    evaluated after each epoch and recorded as `val_loss` / `val_error_pct` and `test_loss` /
+    `test_error_pct` (a Dataset given here is read once). `eval_data` is the older name of
+    `test_data`. `recipe` is a Recipe or a registered recipe's name
     (use `get_recipe(name, epochs=...)` or `Recipe.replace` for variants); it gives the epochs, the
     batch size, the optimiser and the learning-rate schedule. `loss_fn(outputs, y)` returns the
     batch's mean loss (default: cross-entropy); the error percentages are recorded only when the
-    outputs are (N, classes) scores for integer labels. `optimizer` replaces the recipe's: the loop
-    then leaves its learning rates alone (step a torch lr scheduler from a callback) and records
-    its first group's lr.
+    outputs are (N, classes) scores for integer labels. `optimizer` (any torch.optim.Optimizer)
+    replaces the recipe's; `scheduler(optimizer)` returns a torch LR scheduler (e.g.
+    `lambda opt: StepLR(opt, 1, gamma=0.5)`) that `fit` steps at the start of every epoch after the
+    first. A user's optimizer, a `scheduler`, or a torch LR scheduler that a callback attached to
+    `state.optimizer` in `on_fit_start` (any torch scheduler marks the groups with "initial_lr")
+    each switch the recipe's schedule off: the loop then leaves the learning rates alone, and every
+    epoch's record holds the lr the optimiser's first group used in it. (A resumed run restarts a
+    `scheduler` from its first epoch: fit's checkpoints hold the recipe's schedule only.)
 
     `seed` seeds the data-order generator only (seed the model's initialisation before building
     it). Callbacks' `on_fit_start` may restore a checkpoint into the TrainState; `fit` then
@@ -210,27 +541,34 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
         recipe = get_recipe(recipe)
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe: got {type(recipe).__name__}; accepted: a Recipe or a registered recipe's name")
-    if optimizer is not None and not isinstance(optimizer, (torch.optim.Optimizer, FlatOptimizer)):
-        raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer, a "
-                        f"FlatOptimizer, or None for the recipe's")
-    device, train, val, test, splits = resolve_data(model, data, eval_data)
-    if isinstance(train, Split) and len(train) < 2:
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer (a "
+                        f"FlatOptimizer is one), or None for the recipe's")
+    if scheduler is not None and not callable(scheduler):
+        raise TypeError(f"scheduler: got {type(scheduler).__name__}; accepted: a function of the optimizer that "
+                        f"returns a torch LR scheduler, or None")
+    if eval_data is not None:
+        if test_data is not None:
+            raise ValueError("eval_data and test_data: give one (eval_data is the older name of test_data)")
+        test_data = eval_data
+    device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
+    if not isinstance(train, DataLoader) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
-    _check_finite_inputs({"data": train, "eval_data": test} if splits is None else
+    _check_finite_inputs({"data": train, "val_data": val, "test_data": test} if splits is None else
                          {"data (training split)": train, "data (validation split)": val, "data (test split)": test})
-    schedule = optimizer is None
+    schedule = optimizer is None and scheduler is None
     if optimizer is None:
         optimizer = build_optimizer(model, recipe)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     rank, world = distributed.rank_and_world()
-    n = len(train) if isinstance(train, Split) else 0
-    # A last batch of one sample (per rank) would break BatchNorm's training statistics: fold it away.
-    starts = [s for s in range(0, n, recipe.batch_size) if n - s > 2 * world - 1 or s == 0]
-    steps_per_epoch = len(starts) if isinstance(train, Split) else _loader_length(train)
+    n = 0 if isinstance(train, DataLoader) else len(train)
+    starts = epoch_starts(n, recipe.batch_size, world)
+    steps_per_epoch = _loader_length(train) if isinstance(train, DataLoader) else len(starts)
     state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:
         callbacks = [*callbacks, ProgressPrinter(label=label)]
-    engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule, device=device,
+    engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule,
+                           scheduler=scheduler, device=device,
                            loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
                            amp=amp, channels_last=channels_last, compile_model=compile_model)
     run_loop(engine, [Member(state, list(callbacks))], recipe.epochs)
@@ -238,15 +576,17 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
 
 
 class _ModuleEngine:
-    """`fit`'s engine (train.engine.Engine) for one `nn.Module`: the member at position 0 of the loop."""
+    """`fit`'s engine (train.loop.Engine) for one `nn.Module`: the member at position 0 of the loop."""
 
-    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer | FlatOptimizer, train: Split | DataLoader,
+    def __init__(self, state: TrainState, optimizer: torch.optim.Optimizer, train: Split | ItemSplit | DataLoader,
                  evals: dict[str, Split | DataLoader | None],
-                 starts: list[int], *, schedule: bool, device: torch.device, loss_fn: LossFn | None,
+                 starts: list[int], *, schedule: bool, scheduler: Callable[[torch.optim.Optimizer], Any] | None,
+                 device: torch.device, loss_fn: LossFn | None,
                  eval_batch_size: int, train_transform: Callable[[torch.Tensor], torch.Tensor] | None, amp: bool,
                  channels_last: bool, compile_model: bool) -> None:
         self.state, self.optimizer, self.train, self.evals, self.starts = state, optimizer, train, evals, starts
         self.schedule, self.device, self.loss_fn, self.eval_batch_size = schedule, device, loss_fn, eval_batch_size
+        self.make_scheduler, self.scheduler, self.first_epoch = scheduler, None, 0
         self.train_transform, self.amp, self.channels_last = train_transform, amp, channels_last
         self.compile_model = compile_model
         self.compute_loss: LossFn = F.cross_entropy if loss_fn is None else loss_fn
@@ -263,10 +603,17 @@ class _ModuleEngine:
         self.train_model = distributed.wrap_model(state.model)
         if self.compile_model:
             self.train_model = torch.compile(self.train_model)
+        if self.make_scheduler is not None:
+            self.scheduler = self.make_scheduler(self.optimizer)
+        if any("initial_lr" in group for group in self.optimizer.param_groups):
+            self.schedule = False  # a torch LR scheduler is attached (ours or a callback's): it sets the lr
+        self.first_epoch = state.epoch
         self.end_epoch()
 
     def set_learning_rates(self, epoch: int) -> list[float]:
-        """The recipe's schedule, unless the caller gave its own optimizer (its lr is then recorded)."""
+        """The recipe's schedule, unless the caller's optimizer or scheduler sets the lr (it is then recorded)."""
+        if self.scheduler is not None and epoch > self.first_epoch:
+            self.scheduler.step()
         if self.schedule:
             lr = learning_rate_at(self.state.recipe, epoch)
             set_learning_rate(self.optimizer, lr)
@@ -275,7 +622,7 @@ class _ModuleEngine:
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         train, rank, world = self.train, *distributed.rank_and_world()
-        if not isinstance(train, Split):
+        if isinstance(train, DataLoader):
             for batch in train:
                 x, y = to_device(batch, self.device, "data")
                 yield (x if self.train_transform is None else self.train_transform(x)), y
@@ -285,13 +632,17 @@ class _ModuleEngine:
         for start in self.starts:
             batch = order[start:start + batch_size]
             index = distributed.shard(batch, rank, world)
-            if self.train_transform is None:
-                x = train.x[index]
+            if isinstance(train, ItemSplit):  # a Dataset: its items are read now, every epoch
+                x, y = train.take(index.cpu() if self.train_transform is None else batch.cpu())
+                if self.train_transform is not None:
+                    x, y = distributed.shard(self.train_transform(x), rank, world), distributed.shard(y, rank, world)
+                yield x, y
+            elif self.train_transform is None:
+                yield train.x[index], train.y[index]
             else:
                 # Augment the whole global batch, then keep this rank's share: every rank draws the
                 # same random numbers, so a data-parallel step sees the images one process would.
-                x = distributed.shard(self.train_transform(train.x[batch]), rank, world)
-            yield x, train.y[index]
+                yield distributed.shard(self.train_transform(train.x[batch]), rank, world), train.y[index]
 
     def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
         """fit's steps: forward, loss, the divergence check before backward, step, on_step_end."""
@@ -336,7 +687,7 @@ class _ModuleEngine:
             stats.seen += batch_seen
             stats.steps += 1
             state.step += 1
-            call_hook(callbacks[0], "on_step_end", state, state.step, loss_value)
+            call(callbacks[0], "on_step_end", state, state.step, loss_value)
             if state.stop:
                 break
         stats.wrong = [wrong if classified else None]

@@ -34,14 +34,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..data.augment import AUGMENTATIONS as _AUGMENT_PADDING
 from ..data.augment import NORMALIZATIONS
-from .flat import FlatOptimizer
 
-__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups", "build_optimizer",
+__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups",
            "learning_rate_at"]
 
 OPTIMIZERS = ("nadam", "sgd", "adam")
@@ -312,19 +310,6 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
         groups.append({"params": params, "weight_decay": recipe.weight_decay * decay_mult, "lr": recipe.lr * lr_mult,
                        "lr_mult": lr_mult, "group": label})
     return groups
-
-
-def build_optimizer(model: nn.Module, recipe: Recipe) -> FlatOptimizer:
-    """The recipe's optimiser over `parameter_groups(model, recipe)`: torch.optim's NAdam, Adam or
-    SGD, run on one flat vector per group (`FlatOptimizer`: the same update, without torch's
-    per-tensor overhead, which dominated the step of the deep MLPs); `.inner` is the torch optimiser."""
-    groups = parameter_groups(model, recipe)
-    if recipe.optimizer == "nadam":
-        return FlatOptimizer(torch.optim.NAdam, groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps,
-                             momentum_decay=recipe.momentum_decay)
-    if recipe.optimizer == "adam":
-        return FlatOptimizer(torch.optim.Adam, groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
-    return FlatOptimizer(torch.optim.SGD, groups, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.nesterov)
 
 
 def learning_rate_at(recipe: Recipe, epoch: int) -> float:

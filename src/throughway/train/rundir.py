@@ -7,10 +7,11 @@ a `RunDir`, which promises:
   files: every such name must match the pattern the toolkit writes (`CHECKPOINT_FILE`,
   `BATCH_FILE`) and resolve inside the directory (`member_file`), else ValueError naming the file
   and the field;
-* one process at a time: `locked()` takes an exclusive `fcntl.flock` on the directory itself and
+* one process at a time: `locked()` takes an exclusive lock on the directory's `.lock` file
+  (`filelock`: fcntl.flock on POSIX, msvcrt on Windows, so no platform module is imported here) and
   records the holder (pid, host, command) in `.lock.json`; a second process gets `RunLockedError`
-  naming that holder. The kernel drops the lock when its process dies, so a killed run never
-  leaves a stale lock behind;
+  naming that holder. The operating system drops the lock when its process dies, so a killed run
+  never leaves a stale lock behind (the empty `.lock` file stays and is reused);
 * the temporary files of an interrupted atomic write (`.<name>.<random>.tmp`) are removed when the
   same run starts again (under the lock, so never another process's write in progress).
 """
@@ -18,7 +19,6 @@ a `RunDir`, which promises:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+import filelock
 
 from .._io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 
@@ -37,6 +39,8 @@ RESULTS_FILE = "results.json"
 CHECKPOINT_JSON = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
 LOCK_FILE = ".lock.json"
+# The empty file that `filelock` locks (fcntl.flock on POSIX, msvcrt on Windows); LOCK_FILE names the holder.
+LOCK_TARGET = ".lock"
 # The only file names a checkpoint.json / batch.json may point to (what save_checkpoint writes).
 # Epochs are written with at least four digits (`e{epoch:04d}`), so a run of 10,000 epochs or more
 # writes five (issue 25, finding 4): the patterns accept four or more.
@@ -111,7 +115,7 @@ class RunDir:
     def __init__(self, path: str | os.PathLike[str], option: str = "--out") -> None:
         self.path = Path(path)
         self.option = option
-        self._fd: int | None = None
+        self._lock: filelock.BaseFileLock | None = None
 
     # -- paths ----------------------------------------------------------------------------------
     @property
@@ -218,14 +222,17 @@ class RunDir:
         `.lock.json`, which is removed again on exit.
         """
         self.create()
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        target = self.path / LOCK_TARGET
+        if target.is_symlink():  # a lock through a link would create or truncate a file outside the run directory
+            raise ValueError(f"{self.option} {self.path}: {LOCK_TARGET} is a symbolic link; a run directory's lock "
+                             f"must be a plain file (remove the link)")
+        lock = filelock.FileLock(target, timeout=0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            lock.acquire()
+        except filelock.Timeout:
             raise RunLockedError(f"{self.path} is in use by another throughway process ({self.holder()}); "
                                  f"wait for it to end, or choose another {self.option}") from None
-        self._fd = fd
+        self._lock = lock
         written: bytes | None = None
         try:
             self._check_lock_file()
@@ -240,8 +247,8 @@ class RunDir:
             with contextlib.suppress(OSError):
                 if written is not None and not self.lock_file.is_symlink() and self.lock_file.read_bytes() == written:
                     self.lock_file.unlink()
-            self._fd = None
-            os.close(fd)  # releases the lock
+            self._lock = None
+            lock.release()
 
     def _check_lock_file(self) -> None:
         """ValueError naming `.lock.json` when it exists but is not a holder record the toolkit writes

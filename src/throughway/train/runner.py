@@ -43,9 +43,7 @@ from .checkpoint import (MAX_MODEL_PARAMETERS, check_model_config, has_checkpoin
                          read_checkpoint_meta, save_checkpoint, save_model, verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .rundir import RunDir
-from .flat import FlatOptimizer
-from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit
-from .loop_state import progress_entry, restore_progress
+from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
 from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "run_training", "RESULTS_FILE", "RunExistsError", "read_results", "build_model",
@@ -188,10 +186,12 @@ def _finite(where: str, values: dict[str, Any]) -> None:
                              f"(|x| ≤ {_FLOAT32_MAX:.3g})")
 
 
-def check_config(config: RunConfig) -> None:
+def check_config(config: RunConfig) -> Recipe:
     """Check everything about `config` that needs no data, before any download or decoding: the device,
     the dataset, the recipe and its overrides, and the model with its arguments (built on the meta
-    device, so no memory is allocated). Raises ValueError / KeyError / TypeError naming the field."""
+    device, so no memory is allocated); return the recipe the run trains with (`resolve_recipe`).
+    Raises ValueError / KeyError / TypeError naming the field. A run checks its config once, here:
+    `run_training` and `train_batched` call it first and pass the recipe on."""
     check_device(config.device)
     if config.dataset not in DATASET_SHAPES:
         raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: {sorted(DATASET_SHAPES)}")
@@ -217,6 +217,7 @@ def check_config(config: RunConfig) -> None:
         raise ValueError(f"model {config.model!r} with depth={config.depth} and model_kwargs={config.model_kwargs} "
                          f"(--depth, --width, --model-arg) has {count:,} parameters; accepted: at most "
                          f"{MAX_MODEL_PARAMETERS:,} (MAX_MODEL_PARAMETERS)")
+    return recipe
 
 
 def resolve_recipe(config: RunConfig) -> Recipe:
@@ -310,8 +311,8 @@ class ResultsFiles:
         self._write(state, final=True)
 
 
-def _own_optimizer(state: TrainState) -> torch.optim.Optimizer | FlatOptimizer:
-    if not isinstance(state.optimizer, (torch.optim.Optimizer, FlatOptimizer)):
+def _own_optimizer(state: TrainState) -> torch.optim.Optimizer:
+    if not isinstance(state.optimizer, torch.optim.Optimizer):
         raise TypeError("a run's own checkpoint needs the run's own optimiser; a batched run checkpoints the batch")
     return state.optimizer
 
@@ -384,7 +385,7 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
     `resume` is False, or holds a run of another config.
     """
     out_dir = Path(out_dir)
-    check_config(config)  # before the lock, the data and anything else that takes time
+    recipe = check_config(config)  # before the lock, the data and anything else that takes time
     if tensorboard:
         require_tensorboard()  # before the lock and the data, like every other check
     run = RunDir(out_dir)
@@ -392,18 +393,19 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
     main_process = distributed.is_main_process()
     # Rank 0 alone writes, so it alone holds the lock (for the whole run).
     with (run.locked() if main_process else contextlib.nullcontext(run)):
-        existing = prepare_run_dir(run, config, resume)
+        existing = prepare_run_dir(run, config, resume, recipe)
         if existing is not None:
             if progress:
                 print(f"  {out_dir}: finished earlier, skipped", file=sys.stderr, flush=True)
             return existing
-        return _train(config, out_dir, resume=resume, progress=progress, data=data, callbacks=callbacks,
+        return _train(config, recipe, out_dir, resume=resume, progress=progress, data=data, callbacks=callbacks,
                       main_process=main_process, tensorboard=tensorboard)
 
 
-def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool) -> dict[str, Any] | None:
-    """Check what `run` holds before training `config` into it; return the results of a finished run
-    (to be skipped), else None (train: from scratch, or from the checkpoint when `resume`).
+def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe) -> dict[str, Any] | None:
+    """Check what `run` holds before training `config` (with `recipe`, from `check_config`) into it;
+    return the results of a finished run (to be skipped), else None (train: from scratch, or from the
+    checkpoint when `resume`).
 
     Refused (RunExistsError / ValueError naming the file and field): any run file without `resume`;
     a results.json or checkpoint.json of another config (the config is stored in both, and checked on
@@ -427,7 +429,7 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool) -> dict[str, A
         elif existing is None:
             raise RunExistsError(f"{run.checkpoint_json}: records no config (written by an older version) and "
                                  f"{RESULTS_FILE} is missing, so the config cannot be checked; choose another --out")
-        epochs = resolve_recipe(config).epochs
+        epochs = recipe.epochs
         if meta["epoch"] > epochs:
             raise ValueError(f"{run.checkpoint_json}: field 'epoch' is {meta['epoch']}, beyond the run's {epochs} "
                              f"epochs; the file was edited or damaged")
@@ -481,9 +483,8 @@ def check_finished_model(run: RunDir, results: dict[str, Any]) -> None:
                      f"another --out to train the run again")
 
 
-def _train(config: RunConfig, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
+def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
            callbacks: Sequence[Any], main_process: bool, tensorboard: bool = False) -> dict[str, Any]:
-    recipe = resolve_recipe(config)
     if data is None:
         data = load_dataset(config.dataset, config.data_dir, train_on_full=config.train_on_full,
                             device=config.device, limit=config.limit)

@@ -1,0 +1,435 @@
+"""The one update rule of every trainer: SGD (momentum, Nesterov), Adam and NAdam over rows of parameters.
+
+Every path of the toolkit updates its parameters through `update_rows`, written once here:
+
+* `FlatOptimizer` (`fit`, `throughway train`): a real `torch.optim.Optimizer` whose groups each hold
+  one flat vector, the concatenation of the group's parameters (a model as one row);
+* `BatchedOptimizer` (`train_batched`): the (N, P) parameter matrix of a `StackedModels`, one row per
+  model, with per-row learning rate, momentum and weight decay;
+* `BatchedGD` (train.full_batch, the Demystifying ResNet studies): plain gradient descent, which is
+  SGD without momentum over the (R, P) rows of R shortcut networks.
+
+The arithmetic is torch.optim's single-tensor implementation's (torch 2.x: `SGD`, `Adam`, `NAdam`
+with L2 weight decay added to the gradient), so a row follows what torch's optimiser would do to
+that model alone, up to floating-point rounding (NAdam's two `addcdiv` passes are fused into one;
+tests/test_optim.py and tests/test_flat_optimizer.py state the tolerances). The state is kept
+under torch's names ("step", "mu_product", "momentum_buffer", "exp_avg", "exp_avg_sq"), so a
+`FlatOptimizer`'s state dict is the one torch's optimiser over the same flat vectors would write.
+
+Why flat rows: the toolkit's deep, narrow networks have hundreds of small tensors (a d = 100,
+width-50 MLP has 406), and torch's per-tensor kernels, not arithmetic, set the speed: NAdam took 44
+of the 93 ms of a training step at d = 100 (batch 128, one thread). A handful of kernels over one
+row per group (or one (N, P) matrix per stack) removes that overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .recipes import Recipe, parameter_groups
+
+if TYPE_CHECKING:
+    from .stacked import StackedModels
+
+__all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "update_rows", "FlatOptimizer", "BatchedOptimizer",
+           "build_optimizer"]
+
+KINDS = ("sgd", "adam", "nadam")
+_TORCH_CLASSES: dict[type, str] = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.NAdam: "nadam"}
+
+# State that torch's NAdam / Adam / SGD keep per tensor but that is the same for every tensor stepped
+# together (the step count, NAdam's product of momentum coefficients); every other entry is per element.
+_PER_GROUP_STATE = frozenset({"step", "mu_product"})
+
+
+# ----------------------------------------------------------------------------------------------
+# The elementwise arithmetic, in place; per-step scalars arrive as tensors so that a compiled
+# version (`compiled_kernels`) is not recompiled every step.
+# ----------------------------------------------------------------------------------------------
+
+def _sgd_math(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor | None, momentum: torch.Tensor | None,
+              neg_lr: torch.Tensor, nesterov: bool) -> None:
+    if buf is None or momentum is None:
+        p.add_(g * neg_lr)  # no momentum: p − lr·g (a product, then the sum: full-batch GD's numbers)
+        return
+    buf.mul_(momentum).add_(g)  # the first step gives buf = g, as torch's clone does
+    update = g.addcmul(buf, momentum) if nesterov else buf
+    p.addcmul_(update, neg_lr)
+
+
+def _adam_math(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, neg_step: torch.Tensor,
+               bc2_sqrt: torch.Tensor, beta1: float, beta2: float, eps: float) -> None:
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = (v.sqrt() / bc2_sqrt).add_(eps)
+    p.addcmul_(m / denom, neg_step)
+
+
+def _nadam_math(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c_grad: torch.Tensor,
+                c_avg: torch.Tensor, eps: torch.Tensor, beta1: float, beta2: float) -> None:
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = v.sqrt().add_(eps)
+    # torch adds c_grad·g/denom and c_avg·m/denom in two passes; one division saves two passes over
+    # the (N, P) matrices and differs only by rounding.
+    p.addcdiv_(g.mul(c_grad).addcmul_(m, c_avg), denom)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The three optimisers' elementwise passes (eager, or fused by torch.compile)."""
+
+    sgd: Callable[..., None]
+    adam: Callable[..., None]
+    nadam: Callable[..., None]
+
+
+EAGER = Kernels(_sgd_math, _adam_math, _nadam_math)
+
+
+def compiled_kernels() -> Kernels:
+    """The kernels through torch.compile (dynamic shapes): each optimiser's elementwise passes fused into
+    one loop, several times less memory traffic, for a compilation of about a minute."""
+    def wrap(f: Callable[..., None]) -> Callable[..., None]:
+        return torch.compile(f, dynamic=True)
+    return Kernels(wrap(_sgd_math), wrap(_adam_math), wrap(_nadam_math))
+
+
+# ----------------------------------------------------------------------------------------------
+# The update rule
+# ----------------------------------------------------------------------------------------------
+
+def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, Any], *, lr: torch.Tensor,
+                momentum: torch.Tensor | None = None, weight_decay: float | torch.Tensor | None = None,
+                betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, momentum_decay: float = 4e-3,
+                nesterov: bool = False, kernels: Kernels = EAGER) -> None:
+    """One step of optimiser `kind` ("sgd", "adam", "nadam") on `p` in place, from gradient `g`.
+
+    `p` and `g` are one row (P,) or rows (N, P); `lr` and `momentum` are 0-d tensors or (N, 1) per
+    row; `weight_decay` (L2, added to the gradient as torch's `weight_decay` does) is a float, a
+    tensor broadcastable to `p`, or None. `state` holds the optimiser's state under torch's names and
+    is filled on the first step: "step" (a float32 0-d tensor), NAdam's "mu_product" (float32, as
+    torch keeps it), SGD's "momentum_buffer" (when `momentum` is given), Adam's and NAdam's "exp_avg"
+    and "exp_avg_sq". SGD with `momentum=None` is plain gradient descent, p ← p − lr·g.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"optimizer: {kind!r} not known; accepted values: {list(KINDS)}")
+    if isinstance(weight_decay, torch.Tensor):
+        g = g.addcmul(p, weight_decay)
+    elif weight_decay:
+        g = g.add(p, alpha=weight_decay)
+    step_t = state.setdefault("step", torch.zeros((), dtype=torch.float32))
+    step_t += 1
+    step = float(step_t)
+    if kind == "sgd":
+        buf = None
+        if momentum is not None:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = torch.zeros_like(p)
+        kernels.sgd(p, g, buf, momentum, -lr, nesterov)
+        return
+    m = state.get("exp_avg")
+    if m is None:
+        m = state["exp_avg"] = torch.zeros_like(p)
+    v = state.get("exp_avg_sq")
+    if v is None:
+        v = state["exp_avg_sq"] = torch.zeros_like(p)
+    beta1, beta2 = betas
+    if kind == "adam":
+        neg_step = lr * (-1.0 / (1 - beta1 ** step))
+        bc2_sqrt = torch.tensor(math.sqrt(1 - beta2 ** step), dtype=p.dtype, device=p.device)
+        kernels.adam(p, g, m, v, neg_step, bc2_sqrt, beta1, beta2, eps)
+        return
+    mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
+    mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
+    mu_product_t = state.setdefault("mu_product", torch.ones((), dtype=torch.float32))
+    mu_product_t *= mu
+    mu_product = float(mu_product_t)
+    mu_product_next = mu_product * mu_next
+    # torch divides by √(v / bc2) + eps; dividing by √v + eps·√bc2 and scaling the coefficients by
+    # √bc2 is the same quantity, without a division pass over the rows.
+    bc2_root = math.sqrt(1 - beta2 ** step)
+    c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_root)
+    c_avg = lr * (-mu_next / (1.0 - mu_product_next) * bc2_root)
+    eps_t = torch.tensor(eps * bc2_root, dtype=p.dtype, device=p.device)
+    kernels.nadam(p, g, m, v, c_grad, c_avg, eps_t, beta1, beta2)
+
+
+def _kind_of(optimizer: type[torch.optim.Optimizer] | str) -> str:
+    if isinstance(optimizer, str) and optimizer in KINDS:
+        return optimizer
+    if isinstance(optimizer, type) and optimizer in _TORCH_CLASSES:
+        return _TORCH_CLASSES[optimizer]
+    raise ValueError(f"optimizer: {optimizer!r} not supported; accepted: {list(KINDS)} or torch.optim.SGD, "
+                     f"torch.optim.Adam, torch.optim.NAdam (pass any other torch optimiser to fit(optimizer=...))")
+
+
+# ----------------------------------------------------------------------------------------------
+# One model: a torch.optim.Optimizer over one flat vector per parameter group
+# ----------------------------------------------------------------------------------------------
+
+class FlatOptimizer(torch.optim.Optimizer):
+    """SGD, Adam or NAdam (`update_rows`) on one flat vector per parameter group; a `torch.optim.Optimizer`.
+
+    Args:
+        optimizer: "sgd", "adam" or "nadam", or the torch class of the same rule (torch.optim.SGD,
+            torch.optim.Adam, torch.optim.NAdam).
+        groups: parameter groups as torch.optim takes them (dicts with "params" and per-group
+            options such as "lr", "weight_decay"); every group's parameters must share one dtype
+            and device.
+        **defaults: the optimiser's options: lr, momentum, nesterov (SGD), betas, eps,
+            momentum_decay (Adam, NAdam), weight_decay.
+
+    Promises: a step gives each parameter the update torch's optimiser of that rule would give it on
+    its own tensor, up to rounding, except that a parameter without a gradient in a step is treated
+    as having a zero gradient, where torch.optim would skip it. As for any torch optimiser,
+    `param_groups` holds the options (lr changes and torch's LR schedulers go through it; each group's
+    only "params" entry is its flat vector) and `state_dict` / `load_state_dict` round-trip; a state
+    dict of torch's own optimiser over the same groups of tensors (one state per tensor, as
+    checkpoints of earlier throughway versions hold) is flattened on load. The model's parameters stay
+    its own tensors, so anything may change them between steps (a checkpoint load, a divergence
+    roll-back, DDP's broadcast): each step reads their current values. `state_of(p)` gives one
+    parameter's view of the state.
+    """
+
+    def __init__(self, optimizer: type[torch.optim.Optimizer] | str, groups: Iterable[dict[str, Any]],
+                 **defaults: Any) -> None:
+        self.kind = _kind_of(optimizer)
+        self._group_params: list[list[torch.Tensor]] = []
+        flat_groups = []
+        for index, group in enumerate(groups):
+            params = list(group["params"])
+            if not params:
+                raise ValueError(f"parameter group {index} is empty")
+            dtypes, devices = {p.dtype for p in params}, {p.device for p in params}
+            if len(dtypes) > 1 or len(devices) > 1:
+                raise ValueError(f"parameter group {index} mixes dtypes {sorted(map(str, dtypes))} or devices "
+                                 f"{sorted(map(str, devices))}; a flat group needs one of each")
+            with torch.no_grad():
+                flat = torch.cat([p.detach().reshape(-1) for p in params])
+            flat.requires_grad_(True)
+            self._group_params.append(params)
+            flat_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [flat]})
+        if not flat_groups:
+            raise ValueError("the optimiser got no parameters")
+        options = {"lr": 1e-3, "momentum": 0.0, "nesterov": False, "betas": (0.9, 0.999), "eps": 1e-8,
+                   "momentum_decay": 4e-3, "weight_decay": 0.0}
+        unknown = set(defaults) - set(options)
+        if unknown:
+            raise ValueError(f"FlatOptimizer: options {sorted(unknown)} not known; accepted: {sorted(options)}")
+        super().__init__(flat_groups, {**options, **defaults})
+
+    @property
+    def _flats(self) -> list[torch.Tensor]:
+        return [group["params"][0] for group in self.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of the model's parameters (and of the flat vectors)."""
+        for params, flat in zip(self._group_params, self._flats):
+            for p in params:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().zero_()
+            flat.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Gather parameters and gradients, update each flat vector (`update_rows`), copy the result back."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for params, group in zip(self._group_params, self.param_groups):
+            flat = group["params"][0]
+            # One C++ call each way (torch's flatten/unflatten helpers, as DDP uses): a Python loop
+            # over the tensors would bring back the per-tensor overhead this class removes.
+            flat.copy_(_flatten_dense_tensors(params))
+            grad = _flatten_dense_tensors([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+            momentum = float(group.get("momentum", 0.0))
+            update_rows(self.kind, flat, grad, self.state[flat],
+                        lr=torch.tensor(float(group["lr"]), dtype=flat.dtype, device=flat.device),
+                        momentum=torch.tensor(momentum, dtype=flat.dtype, device=flat.device) if momentum else None,
+                        weight_decay=float(group.get("weight_decay", 0.0)), betas=tuple(group["betas"]),
+                        eps=float(group["eps"]), momentum_decay=float(group["momentum_decay"]),
+                        nesterov=bool(group.get("nesterov", False)))
+            torch._foreach_copy_(params, _unflatten_dense_tensors(flat, params))
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict written by `state_dict` of an optimiser over the same parameter groups,
+        or by torch's optimiser of the same rule over the same groups of tensors (flattened)."""
+        flats = self._flats
+        saved = [len(g["params"]) for g in state_dict.get("param_groups", [])]
+        if saved == [len(params) for params in self._group_params] and saved != [1] * len(flats):
+            state_dict = self._flatten_per_tensor_state(state_dict)
+            saved = [1] * len(flats)
+        if saved != [1] * len(flats):
+            raise ValueError(
+                f"optimizer state has groups of {saved} parameter tensors; this FlatOptimizer keeps one flat "
+                f"vector per group ({len(flats)} groups): the state was written by another optimiser "
+                f"(a checkpoint of an older throughway, whose optimiser kept one state per tensor?)"
+            )
+        sizes = [flat.numel() for flat in flats]
+        for index, entry in state_dict.get("state", {}).items():
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() != sizes[int(index)]:
+                    raise ValueError(f"optimizer state {key!r} of group {index} has {value.numel()} values; "
+                                     f"the group has {sizes[int(index)]} parameters")
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:  # a torch SGD's groups carry no betas, an Adam's no momentum
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
+    def _flatten_per_tensor_state(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        # torch numbers a state dict's tensors 0, 1, ... across the groups in order.
+        state = state_dict.get("state", {})
+        flat_state: dict[int, dict[str, Any]] = {}
+        flat_groups = []
+        for g, (group, params) in enumerate(zip(state_dict["param_groups"], self._group_params)):
+            entries = [state.get(i, state.get(str(i))) for i in group["params"]]
+            flat_groups.append({**group, "params": [g]})
+            if all(e is None for e in entries):
+                continue
+            if any(e is None for e in entries) or len({frozenset(e) for e in entries}) != 1:
+                raise ValueError(f"optimizer state of group {g}: some tensors have state and others not, or "
+                                 f"their keys differ; it cannot be flattened")
+            merged: dict[str, Any] = {}
+            for key in entries[0]:
+                values = [e[key] for e in entries]
+                if key not in _PER_GROUP_STATE:
+                    if not all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, params)):
+                        raise ValueError(f"optimizer state {key!r} of group {g} is not shaped like its tensors")
+                    merged[key] = torch.cat([v.reshape(-1) for v in values])
+                else:
+                    # Per-group scalars (step, mu_product): a flat vector can hold only one value,
+                    # which every tensor of a group shares when all of them were stepped together.
+                    first = values[0]
+                    if any(not torch.equal(torch.as_tensor(v), torch.as_tensor(first)) for v in values[1:]):
+                        raise ValueError(f"optimizer state {key!r} of group {g} differs between tensors; "
+                                         f"it cannot be flattened")
+                    merged[key] = first
+            flat_state[g] = merged
+        return {"state": flat_state, "param_groups": flat_groups}
+
+    def state_of(self, param: torch.Tensor) -> dict[str, Any]:
+        """One parameter's state: views (shaped like `param`) into the flat buffers, and the
+        group's scalars (step, ...). Raises KeyError for a tensor this optimiser does not hold."""
+        for params, flat in zip(self._group_params, self._flats):
+            offset = 0
+            for p in params:
+                if p is param:
+                    out: dict[str, Any] = {}
+                    for key, value in self.state.get(flat, {}).items():
+                        if isinstance(value, torch.Tensor) and value.shape == flat.shape:
+                            out[key] = value[offset:offset + p.numel()].view(p.shape)
+                        else:
+                            out[key] = value
+                    return out
+                offset += p.numel()
+        raise KeyError("this tensor is not one of the optimiser's parameters")
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(str(f.numel()) for f in self._flats)
+        return f"FlatOptimizer({self.kind}, groups of {sizes} values)"
+
+
+def build_optimizer(model: nn.Module, recipe: Recipe) -> FlatOptimizer:
+    """The recipe's optimiser (NAdam, Adam or SGD) over `parameter_groups(model, recipe)`, as a
+    `FlatOptimizer`: torch's update rule, without torch's per-tensor overhead, which dominated the
+    step of the deep MLPs."""
+    groups = parameter_groups(model, recipe)
+    return FlatOptimizer(recipe.optimizer, groups, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.nesterov,
+                         betas=recipe.betas, eps=recipe.eps, momentum_decay=recipe.momentum_decay)
+
+
+# ----------------------------------------------------------------------------------------------
+# N models: the (N, P) parameter matrix of a StackedModels
+# ----------------------------------------------------------------------------------------------
+
+class BatchedOptimizer:
+    """SGD (with momentum, optionally Nesterov), NAdam or Adam (`update_rows`) over the flat (N, P)
+    parameter matrix of a `StackedModels` (`stack.flat`, gradient `stack.grad`), with per-model
+    learning rate, momentum and weight decay taken from `recipes` (one per model; the optimiser,
+    betas, eps and Nesterov are the first recipe's and must be shared). Row i follows what
+    `FlatOptimizer` does to model i alone, up to rounding. `compile=True` runs the elementwise update
+    through torch.compile (`compiled_kernels`)."""
+
+    def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
+        first = recipes[0]
+        if any(r.param_rules for r in recipes):
+            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by batched "
+                             "training; train these runs one at a time (throughway train)")
+        self.kernels = compiled_kernels() if compile else EAGER
+        self.kind = first.optimizer
+        self.betas, self.eps, self.momentum_decay, self.nesterov = first.betas, first.eps, first.momentum_decay, first.nesterov
+        self.stack = stack
+        device, dtype = stack.device, stack.flat.dtype
+        self.momentum = torch.tensor([r.momentum for r in recipes], dtype=dtype, device=device).view(-1, 1)
+        # Which entries are weight-decayed: the recipe's parameter groups, on the template.
+        decayed = {id(p) for g in parameter_groups(stack.template, first) if g["group"] == "decay" for p in g["params"]}
+        mask = torch.zeros(stack.size, dtype=dtype)
+        for (name, p) in stack.template.named_parameters():
+            if id(p) in decayed:
+                o = stack.offsets[name]
+                mask[o:o + p.numel()] = 1.0
+        wd = torch.tensor([r.weight_decay for r in recipes], dtype=dtype).view(-1, 1)
+        self.decay = (wd * mask.view(1, -1)).to(device) if bool((wd != 0).any()) else None
+        self.state: dict[str, Any] = {"step": torch.zeros((), dtype=torch.float32)}
+        if self.kind == "nadam":
+            self.state["mu_product"] = torch.ones((), dtype=torch.float32)
+        if self.kind == "sgd":
+            self.state["momentum_buffer"] = torch.zeros_like(stack.flat)
+        else:
+            self.state["exp_avg"] = torch.zeros_like(stack.flat)
+            self.state["exp_avg_sq"] = torch.zeros_like(stack.flat)
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (continues across a resumed checkpoint)."""
+        return int(self.state["step"])
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep the optimiser state of the models at positions `keep` (after `StackedModels.select`)."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.stack.device)
+        self.momentum = self.momentum.index_select(0, index)
+        if self.decay is not None:
+            self.decay = self.decay.index_select(0, index)
+        for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+            if name in self.state:
+                self.state[name] = self.state[name].index_select(0, index).contiguous()
+
+    # The batch checkpoint's names (train.batch_state) for the state's tensors.
+    _CHECKPOINT_NAMES = {"momentum_buffer": "buf", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The optimiser's state as named tensors (for the batch's safetensors checkpoint)."""
+        out = {"mu_product": self.state.get("mu_product", torch.ones((), dtype=torch.float32)).clone()}
+        for name, saved in self._CHECKPOINT_NAMES.items():
+            if name in self.state:
+                out[saved] = self.state[name]
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        """Restore the state written by `state_tensors` after `step_count` steps."""
+        self.state["step"] = torch.tensor(float(step_count), dtype=torch.float32)
+        if "mu_product" in self.state:
+            self.state["mu_product"] = tensors["mu_product"].clone()
+        for name, saved in self._CHECKPOINT_NAMES.items():
+            if name in self.state:
+                self.state[name].copy_(tensors[saved])
+
+    @torch.no_grad()
+    def step(self, lr: torch.Tensor) -> None:
+        """One update with per-model learning rates `lr` (N, 1)."""
+        update_rows(self.kind, self.stack.flat, self.stack.grad, self.state, lr=lr, momentum=self.momentum,
+                    weight_decay=self.decay, betas=self.betas, eps=self.eps, momentum_decay=self.momentum_decay,
+                    nesterov=self.nesterov, kernels=self.kernels)
