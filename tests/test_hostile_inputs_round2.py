@@ -601,3 +601,20 @@ def test_16_prune_names_a_meta_device_model():
         model = create_model("mlp_gated_residual", depth=4, width=8)
     with pytest.raises(ValueError, match=r"\('mlp_gated_residual'\) is on the meta device .*prune needs a model with its weights"):
         prune(model, [0])
+
+
+def test_an_interrupt_during_an_epochs_writes_waits_for_both_files():
+    """Ctrl-C while an epoch's checkpoint and results.json are written lands after both (interrupts_deferred)."""
+    import os
+    import signal
+
+    from throughway.train.rundir import interrupts_deferred
+
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            written.append("checkpoint")
+            os.kill(os.getpid(), signal.SIGINT)   # arrives between the two writes
+            written.append("results")
+    assert written == ["checkpoint", "results"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler is restored

@@ -42,7 +42,7 @@ from . import distributed
 from .checkpoint import (MAX_MODEL_PARAMETERS, check_model_config, has_checkpoint, load_checkpoint, load_model,
                          read_checkpoint_meta, save_checkpoint, save_model, verify_checkpoint_file, MODEL_FILE)
 from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
-from .rundir import RunDir
+from .rundir import RunDir, interrupts_deferred
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
 from .recipes import Recipe, get_recipe
 
@@ -339,11 +339,13 @@ class _RunFiles(ResultsFiles):
         super().on_fit_start(state)
 
     def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
-        """Checkpoint the epoch and rewrite results.json."""
-        if self.write:
-            save_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state), generator=state.generator,
-                            epoch=state.epoch, extra={**progress_entry(state), **self.identity})
-        super().on_epoch_end(state, record)
+        """Checkpoint the epoch and rewrite results.json, both or neither under Ctrl-C (`interrupts_deferred`)."""
+        with interrupts_deferred():
+            if self.write:
+                save_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state),
+                                generator=state.generator, epoch=state.epoch,
+                                extra={**progress_entry(state), **self.identity})
+            super().on_epoch_end(state, record)
 
 
 def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:
