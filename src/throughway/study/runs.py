@@ -130,7 +130,11 @@ def study_lock(out: str | os.PathLike[str]) -> Iterator[None]:
             yield
     finally:
         if created:
+            from ..train.rundir import LOCK_TARGET
+
             with contextlib.suppress(OSError):
+                if [p.name for p in out.iterdir()] == [LOCK_TARGET]:
+                    (out / LOCK_TARGET).unlink()  # the lock's own empty file, in a folder made for it
                 out.rmdir()  # only succeeds when empty
 
 
