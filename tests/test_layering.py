@@ -139,9 +139,9 @@ def _private_imports(path: Path) -> list[str]:
     return found
 
 
-# Rooms still importing other modules' private names, owed by the helpers reshaping them (issue 21:
-# cli; study's analyze command; data's cache helpers). Take a room off this list when it is clean.
-PRIVATE_IMPORTS_OWED = {"cli", "data", "study"}
+# Rooms still importing other modules' private names (none since issue 21; a room goes here only with
+# a reason beside it).
+PRIVATE_IMPORTS_OWED: set[str] = set()
 
 
 def test_no_module_imports_another_modules_private_names():

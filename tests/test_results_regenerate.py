@@ -382,7 +382,7 @@ def _parse(command: Recorded) -> argparse.Namespace:
 @pytest.mark.parametrize("command", THROUGHWAY, ids=_ids(THROUGHWAY))
 def test_recorded_throughway_command_parses(command: Recorded):
     args = _parse(command)
-    if args.command == "reproduce":  # the experiment's config is built as `_cmd_reproduce` builds it
+    if args.command == "reproduce":  # the experiment's config is built as `cmd_reproduce` builds it
         from throughway.experiments import get_experiment
         from throughway.study.options import config_from_args
 

@@ -22,7 +22,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from .commands import _cmd_analyze, _cmd_data, _cmd_list, _cmd_report, _cmd_reproduce, _cmd_sdi, _cmd_train
+from .commands import cmd_analyze, cmd_data, cmd_list, cmd_report, cmd_reproduce, cmd_sdi, cmd_train
 from .parser import build_parser
 
 __all__ = ["main", "build_parser"]
@@ -49,19 +49,19 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
             set_threads(args.threads)
         if args.command == "list":
-            return _cmd_list()
+            return cmd_list()
         if args.command == "train":
-            return _cmd_train(args)
+            return cmd_train(args)
         if args.command == "reproduce":
-            return _cmd_reproduce(args)
+            return cmd_reproduce(args)
         if args.command == "report":
-            return _cmd_report(args)
+            return cmd_report(args)
         if args.command == "data":
-            return _cmd_data(args)
+            return cmd_data(args)
         if args.command == "sdi":
-            return _cmd_sdi(args)
+            return cmd_sdi(args)
         if args.command == "analyze":
-            return _cmd_analyze(args)
+            return cmd_analyze(args)
     except KeyboardInterrupt:
         print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
         return 130

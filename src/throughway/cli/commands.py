@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-def _cmd_list() -> int:
+def cmd_list() -> int:
     from ..experiments import EXPERIMENTS
     from ..models import list_models
     from ..train import list_recipes
@@ -72,7 +72,7 @@ def _check_recipe_options(args: argparse.Namespace) -> None:
 
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     from ..train import RunConfig, run_training
     from ..train.rundir import RunDir
     from ..train.runner import check_device
@@ -137,7 +137,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 
-def _cmd_reproduce(args: argparse.Namespace) -> int:
+def cmd_reproduce(args: argparse.Namespace) -> int:
     from ..experiments import get_experiment
     from ..study.options import config_from_args
 
@@ -179,7 +179,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
     from .._io import read_json_object
     from ..experiments import get_experiment
 
@@ -211,7 +211,7 @@ def _what(exc: BaseException) -> str:
 
 
 
-def _cmd_sdi(args: argparse.Namespace) -> int:
+def cmd_sdi(args: argparse.Namespace) -> int:
     from ..analysis.sdi import LAYERS, monte_carlo_sdi, sdi
 
     layers = list(LAYERS) if "all" in args.layer else args.layer
@@ -240,7 +240,7 @@ def _cmd_sdi(args: argparse.Namespace) -> int:
 
 
 
-def _cmd_data(args: argparse.Namespace) -> int:
+def cmd_data(args: argparse.Namespace) -> int:
     from ..data import load_arrays
 
     arrays = load_arrays(args.dataset, args.data_dir)
@@ -250,7 +250,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 
-def _cmd_analyze(args: argparse.Namespace) -> int:
+def cmd_analyze(args: argparse.Namespace) -> int:
     from ..study import analyze
 
     if args.analysis == "redraw":

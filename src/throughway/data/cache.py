@@ -129,27 +129,27 @@ def _load_cache(folder: Path, name: str) -> ArraySplits | None:
             raise ValueError(f"{path}: not a readable .npy array ({exc}); delete {folder} to rebuild the {name} cache") from exc
     splits = ArraySplits(name=name, num_classes=num_classes, **arrays)
     try:
-        _validate(splits)
+        validate_arrays(splits)
     except ValueError as exc:
         raise ValueError(f"{folder}: {exc}; delete {folder} to rebuild the {name} cache") from exc
     return splits
 
 
 
-def _cached(name: str, data_dir: str | os.PathLike[str] | None,
+def cached_arrays(name: str, data_dir: str | os.PathLike[str] | None,
             build: Callable[[Path], tuple[ArraySplits, str]]) -> ArraySplits:
     folder = data_root(data_dir) / name
     cached = _load_cache(folder, name)
     if cached is not None:
         return cached
     splits, source = build(folder)
-    _validate(splits)
+    validate_arrays(splits)
     save_cache(folder, splits, source)
     return splits
 
 
 
-def _validate(s: ArraySplits) -> None:
+def validate_arrays(s: ArraySplits) -> None:
     shape = DATASET_SHAPES[s.name][0] if s.name in DATASET_SHAPES else None
     for prefix in ("train", "val", "test"):
         x, y = getattr(s, f"{prefix}_x"), getattr(s, f"{prefix}_y")
@@ -164,7 +164,7 @@ def _validate(s: ArraySplits) -> None:
 
 
 
-def _split_validation(name: str, num_classes: int, x: np.ndarray, y: np.ndarray,
+def split_validation(name: str, num_classes: int, x: np.ndarray, y: np.ndarray,
                       test_x: np.ndarray, test_y: np.ndarray) -> ArraySplits:
     # The last VALIDATION_SIZE training images are held out, as in the classic mnist.pkl.gz.
     n_val = VALIDATION_SIZE[name]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import ArraySplits, _split_validation, _validate
+from .cache import ArraySplits, split_validation, validate_arrays
 from .safe_pickle import safe_load
 
 __all__ = ["load_cifar10", "load_cifar100", "missing_cifar_files"]
@@ -92,8 +92,8 @@ def load_cifar10(source_dir: str | os.PathLike[str], verify: bool = True) -> Arr
     test_x, test_y = _read_cifar_file(directory / "test_batch", CIFAR10_MD5["test_batch"] if verify else None, "labels")
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
-    splits = _split_validation("cifar10", 10, x, y, test_x, test_y)
-    _validate(splits)
+    splits = split_validation("cifar10", 10, x, y, test_x, test_y)
+    validate_arrays(splits)
     return splits
 
 
@@ -106,6 +106,6 @@ def load_cifar100(source_dir: str | os.PathLike[str], verify: bool = True) -> Ar
     directory = _cifar_dir(Path(source_dir).expanduser(), "cifar-100-python")
     x, y = _read_cifar_file(directory / "train", CIFAR100_MD5["train"] if verify else None, "fine_labels")
     test_x, test_y = _read_cifar_file(directory / "test", CIFAR100_MD5["test"] if verify else None, "fine_labels")
-    splits = _split_validation("cifar100", 100, x, y, test_x, test_y)
-    _validate(splits)
+    splits = split_validation("cifar100", 100, x, y, test_x, test_y)
+    validate_arrays(splits)
     return splits

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import DATASET_SHAPES, ArraySplits, _cached, _split_validation, data_root, save_cache
+from .cache import DATASET_SHAPES, ArraySplits, cached_arrays, split_validation, data_root, save_cache
 from .cifar import load_cifar10, load_cifar100, missing_cifar_files
 from .idx import read_idx
 from .safe_pickle import safe_loads
@@ -144,7 +144,7 @@ def _mnist_from_idx(raw: Path) -> ArraySplits:
     if train_x.shape != (60000, 28, 28) or train_y.shape != (60000,) or test_x.shape != (10000, 28, 28) \
             or test_y.shape != (10000,):
         raise ValueError(f"{raw}: IDX files do not have MNIST's shapes (60000/10000 images of 28x28)")
-    return _split_validation("mnist", 10, train_x[:, None], train_y, test_x[:, None], test_y)
+    return split_validation("mnist", 10, train_x[:, None], train_y, test_x[:, None], test_y)
 
 
 def load_mnist(data_dir: str | os.PathLike[str] | None = None) -> ArraySplits:
@@ -173,7 +173,7 @@ def load_mnist(data_dir: str | os.PathLike[str] | None = None) -> ArraySplits:
         splits = mnist_from_pickle_bytes(gz_bytes, label=f"{wheel}!{MNIST_WHEEL_MEMBER}")
         return splits, f"{MNIST_WHEEL}!{MNIST_WHEEL_MEMBER} (sha256 {MNIST_PKL_SHA256})"
 
-    return _cached("mnist", data_dir, build)
+    return cached_arrays("mnist", data_dir, build)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,11 +217,11 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None,
                     raise ValueError(f"{path}: SHA-256 of its content {digest} is not the official one; "
                                      f"the file is damaged or not the official Fashion-MNIST file")
             arrays[stem] = array
-        splits = _split_validation("fashion-mnist", 10, arrays[IDX_FILES[0]][:, None], arrays[IDX_FILES[1]],
+        splits = split_validation("fashion-mnist", 10, arrays[IDX_FILES[0]][:, None], arrays[IDX_FILES[1]],
                                    arrays[IDX_FILES[2]][:, None], arrays[IDX_FILES[3]])
         return splits, f"IDX files in {directory}"
 
-    return _cached("fashion-mnist", data_dir, build)
+    return cached_arrays("fashion-mnist", data_dir, build)
 
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100")

@@ -36,8 +36,7 @@ from .._io import atomic_write_json, environment_info, read_json
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option, quick_config
-from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, run_many,
-                          summary_finished)
+from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, summary_finished)
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
                                  gated_comparisons, removal_markdown, update_removal)
@@ -267,8 +266,8 @@ def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
-    """Train every run of the study into `out`/runs (resumable; with seeds > 1 the seeds of a family and
-    depth train as one batch, train.batched), rewriting the summary and table as each batch ends."""
+    """Train every run of the study into `out`/runs (resumable; the runs of a depth train as stacked
+    batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends."""
     out = Path(out)
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
@@ -291,11 +290,10 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
                            environment_info(config.device))
     refresh()
-    if config.seeds > 1:
-        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
-                    compile=config.compile)
-    else:
-        run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh)
+    # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
+    # change the trainer).
+    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
+                compile=config.compile)
     return refresh()
 
 

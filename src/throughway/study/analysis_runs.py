@@ -31,17 +31,17 @@ GATES_FILE, PRUNE_FILE, HIGHWAY_FILE, LESION_FILE = "gates.json", "prune.json", 
 
 
 
-def _config(model: torch.nn.Module) -> dict[str, Any]:
+def run_config(model: torch.nn.Module) -> dict[str, Any]:
     return cast(dict, model.config)  # every registered model carries its config (create_model)
 
 
 
-def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+def run_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     return cast(torch.nn.ModuleList, model.blocks)
 
 
 
-def _out_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
+def analysis_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
     """`out`, or RUN_DIR/analysis; the default folder inside the run is never a symbolic link, which
     would make the analysis overwrite files wherever it points (issue 25, finding 2)."""
     if out is not None:
@@ -139,7 +139,7 @@ def _check_model_matches(model: torch.nn.Module, results: dict[str, Any], run_di
     """ValueError naming both files when model.safetensors holds another model than results.json
     describes (its `model.config`, and `config.depth`): the analysis would otherwise report the
     weights of one model under the other's name (issue 25, finding 6)."""
-    built = with_legacy_config(dict(_config(model)))
+    built = with_legacy_config(dict(run_config(model)))
     recorded_model = (results.get("model") or {}).get("config")
     recorded = with_legacy_config(dict(recorded_model)) if isinstance(recorded_model, dict) else {}
     if isinstance(recorded.get("name"), str) and recorded["name"] == built.get("name"):
@@ -158,7 +158,7 @@ def _check_model_matches(model: torch.nn.Module, results: dict[str, Any], run_di
 
 
 
-def _load_data(results: dict[str, Any], device: str, data_dir: str | None) -> DataSplits:
+def load_run_data(results: dict[str, Any], device: str, data_dir: str | None) -> DataSplits:
     """The run's dataset as results.json's `config` describes it (dataset, train_on_full, limit, each
     checked by `load_run`), from `data_dir` (--data-dir), else $THROUGHWAY_DATA or the default cache.
 
@@ -200,7 +200,7 @@ def _is_int(value: Any) -> bool:
 
 
 
-def _require_family(model: torch.nn.Module, run_dir: Path, accepted: Sequence[str], command: str) -> str:
+def require_family(model: torch.nn.Module, run_dir: Path, accepted: Sequence[str], command: str) -> str:
     try:
         family = model_family(model)
     except ValueError as exc:
@@ -213,7 +213,7 @@ def _require_family(model: torch.nn.Module, run_dir: Path, accepted: Sequence[st
 
 
 
-def _header(run_dir: Path, results: dict[str, Any], family: str, model: torch.nn.Module) -> dict[str, Any]:
+def analysis_header(run_dir: Path, results: dict[str, Any], family: str, model: torch.nn.Module) -> dict[str, Any]:
     config = results["config"]
     return {
         "run_dir": str(run_dir),
@@ -229,12 +229,12 @@ def _header(run_dir: Path, results: dict[str, Any], family: str, model: torch.nn
 
 
 
-def _accuracy(split: Any) -> Callable[[torch.nn.Module], float]:
+def test_accuracy(split: Any) -> Callable[[torch.nn.Module], float]:
     return lambda m: 100.0 - evaluate(m, split)[1]
 
 
 
-def _finish_text(out_dir: Path, name: str, lines: list[str]) -> str:
+def finish_text(out_dir: Path, name: str, lines: list[str]) -> str:
     """The printout, also written to OUT/<name>.txt so the committed results keep it beside the JSON."""
     text = "\n".join(lines)
     atomic_write_text(out_dir / f"{name}.txt", text + "\n")
@@ -242,7 +242,7 @@ def _finish_text(out_dir: Path, name: str, lines: list[str]) -> str:
 
 
 
-def _block_names(model: torch.nn.Module, indices: Sequence[int]) -> str:
+def block_names_of(model: torch.nn.Module, indices: Sequence[int]) -> str:
     """The qualified names of the blocks at `indices` (positions from 0, as the JSON files store
     them): the names `analysis.prune` and `analysis.lesion` take (analysis.blocks)."""
     names = list(find_blocks(model))
@@ -255,7 +255,7 @@ PAPER_TABLE_EPOCHS, PAPER_TABLE_WIDTH = 100, 50
 
 
 
-def _paper_setting_differences(results: dict[str, Any], model: torch.nn.Module) -> list[str]:
+def paper_setting_differences(results: dict[str, Any], model: torch.nn.Module) -> list[str]:
     """How the run differs from the setting of gated-residual-v2 Tables 1 and 2 (empty when it does not)."""
     config = results["config"]
     depth = int(config["depth"])
@@ -273,6 +273,6 @@ def _paper_setting_differences(results: dict[str, Any], model: torch.nn.Module) 
 
 
 
-def _paper_caveat(differences: Sequence[str]) -> str:
+def paper_caveat(differences: Sequence[str]) -> str:
     return ("  caveat: this run differs from the paper's setting: " + "; ".join(differences) +
             ", so the paper's number is a distant reference, not a target") if differences else ""

@@ -33,9 +33,9 @@ from ..analysis.removal import lesion
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
 from ..train import evaluate
-from .analysis_runs import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, _blocks,
-                            _block_names, _config, _finish_text, _header, _load_data, _out_dir, _paper_caveat,
-                            _paper_setting_differences, _require_family, load_run)
+from .analysis_runs import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, run_blocks,
+                            block_names_of, run_config, finish_text, analysis_header, load_run_data, analysis_dir, paper_caveat,
+                            paper_setting_differences, require_family, load_run)
 from .analyze_prune import analyze_prune
 from .papers import PAPER_MEAN_K
 
@@ -62,22 +62,22 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     gates.txt and gates_k_by_block.png. Returns (result, text with the paper's numbers beside ours)."""
     run_dir = Path(run_dir)
     results, model = load_run(run_dir, device, checkpoint)
-    family = _require_family(model, run_dir, ("gated", "augmented"), "gates")
+    family = require_family(model, run_dir, ("gated", "augmented"), "gates")
     stats = k_statistics(model)
     depth = int(results["config"]["depth"])
-    name = _config(model).get("name")
+    name = run_config(model).get("name")
     # Table 2's mean k belongs to the fully connected MNIST nets, indexed by d; other models (a CIFAR
     # preact_resnet of depth 20, say) must not pick up the d = 20 entry.
     mnist_table = name == "mlp_gated_residual" and results["config"].get("dataset") == "mnist"
     projections = projection_blocks(model)
-    differences = _paper_setting_differences(results, model) if mnist_table else []
-    result = {**_header(run_dir, results, family, model), **stats, "projection_blocks": projections,
+    differences = paper_setting_differences(results, model) if mnist_table else []
+    result = {**analysis_header(run_dir, results, family, model), **stats, "projection_blocks": projections,
               "paper": {"k_mean": PAPER_MEAN_K.get(depth) if mnist_table else None,
                         "setting_differences": differences,
                         "figure": "figure 7" if projections else "figure 5 left",
                         "source": "gated-residual-v2 Table 2 (mean k of the MNIST nets by d), figure 5 left "
                                   "(k by block, MNIST d = 100), figure 7 (k by block, Wide Gated ResNet on CIFAR)"}}
-    out_dir = _out_dir(run_dir, out)
+    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / GATES_FILE, result)
     figure = plot_k_by_block(result, out_dir / "gates_k_by_block.png")
     paper = result["paper"]["k_mean"]
@@ -88,22 +88,22 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
         f"{paper if paper is not None else 'n/a (Table 2 covers the fully connected MNIST nets, d = 2 .. 100)'}"
         + (f" (d = {depth}, {PAPER_TABLE_EPOCHS} epochs)" if paper is not None else ""),
         f"  k range: {stats['k_min']:.3f} .. {stats['k_max']:.3f}; dead gates (g(k) = 0): {stats['num_dead']}"
-        + (f" ({_block_names(model, stats['dead_blocks'])})" if stats["dead_blocks"] else "")
-        + (f"; negative g(k): {_block_names(model, stats['negative_blocks'])}" if stats["negative_blocks"] else ""),
-        f"  smallest k at: {_block_names(model, order[:5])}",
+        + (f" ({block_names_of(model, stats['dead_blocks'])})" if stats["dead_blocks"] else "")
+        + (f"; negative g(k): {block_names_of(model, stats['negative_blocks'])}" if stats["negative_blocks"] else ""),
+        f"  smallest k at: {block_names_of(model, order[:5])}",
     ]
     if differences:
-        lines.insert(2, _paper_caveat(differences))
+        lines.insert(2, paper_caveat(differences))
     if projections:
-        lines.append(f"  ours: blocks that change the shape: {_block_names(model, projections)}; "
-                     f"largest k at {_block_names(model, order[-1:])} (block {order[-1] + 1} of {len(order)})")
+        lines.append(f"  ours: blocks that change the shape: {block_names_of(model, projections)}; "
+                     f"largest k at {block_names_of(model, order[-1:])} (block {order[-1] + 1} of {len(order)})")
         lines.append("  paper (figure 7, Wide Gated ResNet (4,10) on CIFAR): the lowest k are at the blocks that "
                      "increase the feature-map dimension (1, 5, 9, counted from 1), the peak at the last block")
     else:
         lines.append("  paper (figure 5 left, d = 100 on MNIST): blocks near the middle have a smaller k than those "
                      "at the beginning or the end")
     lines.append(f"  results: {out_dir / GATES_FILE}; figure: {figure}")
-    return result, _finish_text(out_dir, "gates", lines)
+    return result, finish_text(out_dir, "gates", lines)
 
 
 def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
@@ -116,8 +116,8 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
     change per layer. Writes highway.json, highway.txt, highway_gate_maps.png and highway_class_routing.png."""
     run_dir = Path(run_dir)
     results, model = load_run(run_dir, device, checkpoint)
-    family = _require_family(model, run_dir, ("highway",), "highway")
-    data = _load_data(results, device, data_dir)
+    family = require_family(model, run_dir, ("highway",), "highway")
+    data = load_run_data(results, device, data_dir)
     x, y = data.train.x, data.train.y
     for label in classes:
         if not 0 <= label < data.num_classes:
@@ -130,10 +130,10 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
     stats = transform_gate_statistics(model, x, y, data.num_classes)
     gates, outputs = highway_sample_activations(model, x[sample])
     change = highway_layer_change(model, x)
-    bias_init = _config(model).get("gate_bias")
+    bias_init = run_config(model).get("gate_bias")
     share = (change.cumsum(0) / change.sum()).tolist()
     result = {
-        **_header(run_dir, results, family, model),
+        **analysis_header(run_dir, results, family, model),
         "num_layers": int(biases.shape[0]), "num_blocks": int(biases.shape[1]), "gate_bias_init": bias_init,
         "mean_over": f"the training split ({len(x)} samples)",
         "biases": biases.tolist(),
@@ -159,7 +159,7 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
         },
         "paper": {"claims": PAPER_HIGHWAY_CLAIMS, "source": "highway paper §4, figures 2 and 3"},
     }
-    out_dir = _out_dir(run_dir, out)
+    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / HIGHWAY_FILE, result)
     maps = plot_highway_maps(result, out_dir / "highway_gate_maps.png")
     routing = plot_class_differences(result, out_dir / "highway_class_routing.png")
@@ -183,7 +183,7 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
         f"  paper: {PAPER_HIGHWAY_CLAIMS['routing']}",
         f"  results: {out_dir / HIGHWAY_FILE}; figures: {maps}, {routing}",
     ]
-    return result, _finish_text(out_dir, "highway", lines)
+    return result, finish_text(out_dir, "highway", lines)
 
 
 def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
@@ -198,19 +198,19 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
         raise ValueError(f"split={split!r}; accepted values: ['train', 'val', 'test']")
     run_dir = Path(run_dir)
     results, model = load_run(run_dir, device, checkpoint)
-    family = _require_family(model, run_dir, ("highway", "gated", "residual", "augmented"), "lesion")
-    data = _load_data(results, device, data_dir)
+    family = require_family(model, run_dir, ("highway", "gated", "residual", "augmented"), "lesion")
+    data = load_run_data(results, device, data_dir)
     part = getattr(data, split)
     if part is None:
         raise ValueError(f"{run_dir}: the run trained on train+validation, so it has no validation split; "
                          f"use split 'train' or 'test'")
     _, base = evaluate(model, part)
     errors = []
-    for index in range(len(_blocks(model))):
+    for index in range(len(run_blocks(model))):
         with lesion(model, index):
             errors.append(evaluate(model, part)[1])
         if progress and (index + 1) % 10 == 0:
-            print(f"  lesioned {index + 1}/{len(_blocks(model))}", file=sys.stderr, flush=True)
+            print(f"  lesioned {index + 1}/{len(run_blocks(model))}", file=sys.stderr, flush=True)
     increase = [e - base for e in errors]
     barely = [i for i, d in enumerate(increase) if d < tolerance_pct_points]
     count = len(errors)
@@ -238,11 +238,11 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
             "num_barely_matter": sum(1 for i in early if increase[i] < tolerance_pct_points),
             "num_layers": len(early),
         }
-    result = {**_header(run_dir, results, family, model), "split": split, "num_samples": len(part),
+    result = {**analysis_header(run_dir, results, family, model), "split": split, "num_samples": len(part),
               "unlesioned_error_pct": base, "lesioned_error_pct": errors, "increase_pct_points": increase,
               "summary": summary,
               "paper": {"claim": PAPER_HIGHWAY_CLAIMS["lesion"], "source": "highway paper §4.2, figure 4"}}
-    out_dir = _out_dir(run_dir, out)
+    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / LESION_FILE, result)
     figure = plot_lesion(result, out_dir / "lesion_error_by_layer.png")
     unit = "highway layer" if family == "highway" else "block"
@@ -250,12 +250,12 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
         f"{run_dir}: {family}, {count} {unit}s, {split} split ({len(part)} samples)",
         f"  unlesioned error {base:.2f}%; lesioned: {min(errors):.2f}% .. {max(errors):.2f}%",
         "  most harmful to lesion: "
-        + ", ".join(f"{_block_names(model, [i])} (+{increase[i]:.2f})" for i in summary["most_harmful_blocks"]),
+        + ", ".join(f"{block_names_of(model, [i])} (+{increase[i]:.2f})" for i in summary["most_harmful_blocks"]),
         f"  {len(barely)} of {count} {unit}s raise the error by < {tolerance_pct_points} point when lesioned",
     ]
     if window:
         w, e = summary["network_layers_15_to_45"], summary["network_layers_before_15"]
-        lines.append(f"  network layers 15–45 ({_block_names(model, window[:1])} .. {_block_names(model, window[-1:])}): "
+        lines.append(f"  network layers 15–45 ({block_names_of(model, window[:1])} .. {block_names_of(model, window[-1:])}): "
                      f"mean +{w['mean_increase_pct_points']:.2f} points, "
                      f"max +{w['max_increase_pct_points']:.2f}; {w['num_barely_matter']}/{w['num_layers']} barely matter; "
                      f"layers 2–14: mean +{e['mean_increase_pct_points']:.2f} points")
@@ -265,7 +265,7 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
         lines.append(f"  for comparison only: the highway paper (§4.2, figure 4) lesions a 50-layer highway net on MNIST: "
                      f"{PAPER_HIGHWAY_CLAIMS['lesion']}; the gated residual papers report no lesioning")
     lines.append(f"  results: {out_dir / LESION_FILE}; figure: {figure}")
-    return result, _finish_text(out_dir, "lesion", lines)
+    return result, finish_text(out_dir, "lesion", lines)
 
 
 def redraw(out: str | os.PathLike[str], compare: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:

@@ -23,7 +23,7 @@ from ..analysis.batchnorm import reestimate_bn_statistics
 from ..data import DataSplits
 from ..report.stats import paired_t_test
 from ..train import evaluate
-from .analysis_runs import _finish_text, _load_data, load_run
+from .analysis_runs import finish_text, load_run_data, load_run
 from .papers import PAPER_TEST_ERROR
 from .runs import command_line
 
@@ -62,7 +62,7 @@ def analyze_bn_stats(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.P
         config = results["config"]
         key = (config["dataset"], config["train_on_full"], config["limit"])
         if key not in data_cache:
-            data_cache[key] = _load_data(results, device, data_dir)
+            data_cache[key] = load_run_data(results, device, data_dir)
         data = data_cache[key]
         if data.test is None:
             raise ValueError(f"{run_dir}: its dataset has no test split to evaluate")
@@ -93,7 +93,7 @@ def analyze_bn_stats(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.P
                         "training split's batches (momentum -> 0), weights unchanged"}
     out_dir = Path(out)
     atomic_write_json(out_dir / BN_STATS_FILE, result)
-    return result, _finish_text(out_dir, "bn_stats", _text(result, out_dir))
+    return result, finish_text(out_dir, "bn_stats", _text(result, out_dir))
 
 
 # What may differ between the runs pooled into one row: the seed (they are the row's samples) and how

@@ -13,8 +13,8 @@ import torch
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import check_prunable, layers_per_block, removal_curve, removal_order
 from ..report.analysis_plots import plot_removal_curves
-from .analysis_runs import (PRUNE_FILE, _accuracy, _blocks, _finish_text, _header, _load_data, _out_dir,
-                            _paper_caveat, _paper_setting_differences, _require_family, load_run)
+from .analysis_runs import (PRUNE_FILE, test_accuracy, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
+                            paper_caveat, paper_setting_differences, require_family, load_run)
 from .papers import PAPER_TEST_ERROR
 from .runs import mean_std
 
@@ -84,7 +84,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
             raise FileNotFoundError(f"{path}: --compare needs a prune.json written by `analyze prune`")
         compared.append(read_json(path))
     results, model = load_run(run_dir, device, checkpoint)
-    family = _require_family(model, run_dir, ("gated", "residual", "augmented"), "prune")
+    family = require_family(model, run_dir, ("gated", "residual", "augmented"), "prune")
     try:
         check_prunable(model)
     except ValueError as exc:
@@ -93,15 +93,15 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     if strategy == "greedy" and not has_k:
         raise ValueError(f"{run_dir}: greedy removal orders blocks by k, and this {family} run has no gates; "
                          f"use --strategy random")
-    data = _load_data(results, device, data_dir)
-    metric = _accuracy(data.test)
-    count = len(_blocks(model))
-    result = {**_header(run_dir, results, family, model), "num_blocks": count,
+    data = load_run_data(results, device, data_dir)
+    metric = test_accuracy(data.test)
+    count = len(run_blocks(model))
+    result = {**analysis_header(run_dir, results, family, model), "num_blocks": count,
               "layers_per_block": layers_per_block(model), "split": "test", "removal": "physical (analysis.prune)",
               "paper": {"claims": PAPER_PRUNE_CLAIMS,
                         "test_error_pct": PAPER_TEST_ERROR.get(family, {}).get(int(results["config"]["depth"]))
                         if results["config"].get("dataset") == "mnist" else None,
-                        "setting_differences": _paper_setting_differences(results, model)
+                        "setting_differences": paper_setting_differences(results, model)
                         if results["config"].get("dataset") == "mnist" else [],
                         "source": "gated-residual-v2 abstract and §3.1, figure 5 right"}}
     full = metric(model)
@@ -151,7 +151,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     # the compared curves travel inside prune.json, so `analyze redraw` draws them without --compare
     result["compare"] = [_curves_only(other) for other in compared]
 
-    out_dir = _out_dir(run_dir, out)
+    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / PRUNE_FILE, result)
     figure = plot_removal_curves([result, *compared], out_dir / "prune_accuracy.png")
 
@@ -159,7 +159,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
              f"full test accuracy {full:.2f}% (paper's test error for this model: "
              f"{result['paper']['test_error_pct'] if result['paper']['test_error_pct'] is not None else 'n/a'}%)"]
     if result["paper"]["test_error_pct"] is not None and result["paper"]["setting_differences"]:
-        lines.append(_paper_caveat(result["paper"]["setting_differences"]))
+        lines.append(paper_caveat(result["paper"]["setting_differences"]))
     if "random" in result:
         r = summary["random_half_removed_ratio"]
         lines.append(f"  random ({orders} order{'s' if orders != 1 else ''}), half of the layers removed ({half} blocks): accuracy "
@@ -181,4 +181,4 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
                          f"(over the first half: {summary['greedy_minus_random_first_half_pct_points']:+.2f})")
         lines.append(f"  paper: {PAPER_PRUNE_CLAIMS['greedy']}")
     lines.append(f"  results: {out_dir / PRUNE_FILE}; figure: {figure}")
-    return result, _finish_text(out_dir, "prune", lines)
+    return result, finish_text(out_dir, "prune", lines)
