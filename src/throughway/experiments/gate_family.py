@@ -35,8 +35,9 @@ from typing import Any
 from .._io import atomic_write_json, environment_info, read_json
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
+from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
-from ..study.runs import (RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, summary_finished)
+from ..study.runs import (check_study_folder, RunSpec, StudySummary, mean_std, read_runs, remake_report)
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
                                  gated_comparisons, removal_markdown, update_removal)
@@ -91,12 +92,8 @@ class Config:
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.families) - set(FAMILIES))
-        if unknown:
-            raise ValueError(f"families: {unknown} not known; accepted values: {list(FAMILIES)}")
-        bad = [d for d in self.depths if d < 0 or d % 2]
-        if bad:
-            raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        check_known("families", self.families, FAMILIES)
+        check_residual_depths(self.depths)
         if self.seeds < 1 or self.epochs < 1:
             raise ValueError("seeds and epochs must be ≥ 1")
 
@@ -270,17 +267,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends."""
     out = Path(out)
     summary_path = out / RESULTS_FILE
-    if summary_path.is_file():
-        previous = read_summary(summary_path, NAME)  # issue 25, findings 13 and 14: checked, named on error
-        old, new = previous.get("config", {}), read_back(asdict(config))
-        new["depths"] = sorted(new["depths"])
-        ignored = {"device", "data_dir", "quick", "compile"}
-        if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
-            raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
-        finished = summary_finished(summary_path, previous)
-        if not resume and not finished:
-            raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
-        resume = True  # a finished study is only re-reported: every run is skipped
+    new = read_back(asdict(config))
+    new["depths"] = sorted(new["depths"])
+    resume = check_study_folder(out, NAME, new, resume)
     out.mkdir(parents=True, exist_ok=True)
 
     def summary_with_removal() -> dict[str, Any]:

@@ -42,6 +42,7 @@ from ..analysis.spectrum import condition_number
 from ..layers import VectorGate
 from ..models import create_model
 from ..study.options import option
+from ..study.options import check_known, check_residual_depths
 from ..study.resumable import ResumableStudy
 from ..study.runs import mean_std, remake_report
 from ..study.shortcut import whitened_data
@@ -74,12 +75,8 @@ class Config:
     data_dir: str | None = None
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.families) - set(FAMILIES))
-        if unknown:
-            raise ValueError(f"families: {unknown} not known; accepted values: {list(FAMILIES)}")
-        bad = [d for d in self.depths if d < 0 or d % 2]
-        if bad:
-            raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        check_known("families", self.families, FAMILIES)
+        check_residual_depths(self.depths)
 
 
 def _key(family: str, depth: int, seed: int) -> str:

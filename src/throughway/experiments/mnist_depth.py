@@ -24,13 +24,14 @@ from .._io import atomic_write_text, environment_info
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import option, quick_config
+from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report, summary_finished
+from ..study.runs import check_study_folder, RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
@@ -88,12 +89,8 @@ class Config:
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.archs) - set(ARCHITECTURES))
-        if unknown:
-            raise ValueError(f"archs: {unknown} not known; accepted values: {list(ARCHITECTURES)}")
-        bad = [d for d in self.depths if d < 0 or d % 2]
-        if bad:
-            raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+        check_known("archs", self.archs, ARCHITECTURES)
+        check_residual_depths(self.depths)
         if self.batchnorm not in BATCHNORM_CONSTANTS:
             raise ValueError(f"batchnorm: {self.batchnorm!r} not known; accepted values: {list(BATCHNORM_CONSTANTS)}")
         if self.stem not in STEMS:
@@ -242,16 +239,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     """Train every run of the study into `out`/runs (resumable), then write the summary, table and figure."""
     out = Path(out)
     summary_path = out / RESULTS_FILE
-    if summary_path.is_file():
-        previous = read_summary(summary_path, NAME)
-        old, new = previous.get("config", {}), json_config(config)
-        ignored = {"device", "data_dir", "quick", "compile"}
-        if any(old[k] != new[k] for k in set(old) & set(new) - ignored):
-            raise FileExistsError(f"{out} holds a {NAME} study with other settings; choose another --out")
-        finished = summary_finished(summary_path, previous)
-        if not resume and not finished:
-            raise FileExistsError(f"{out} holds an unfinished {NAME} study; pass --resume to continue it")
-        resume = True  # a finished study is only re-reported: every run is skipped
+    resume = check_study_folder(out, NAME, json_config(config), resume)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
     # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.

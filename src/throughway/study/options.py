@@ -33,9 +33,10 @@ import math
 import sys
 import types
 import typing
-from typing import Any, Sequence, TypeVar, Union
+from typing import Any, Iterable, Sequence, TypeVar, Union
 
-__all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK", "DeprecatedAlias"]
+__all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK", "DeprecatedAlias",
+           "check_known", "check_residual_depths"]
 
 T = TypeVar("T")
 NO_QUICK: Any = object()  # the field keeps its default under --quick
@@ -188,3 +189,19 @@ def config_from_args(config_cls: type[T], args: argparse.Namespace, base: T | No
                                      f"accepted: distinct values")
             values[f.name] = tuple(given) if isinstance(given, list) else given
     return dataclasses.replace(base, **{**values, **changes})  # type: ignore[type-var]
+
+
+def check_known(field: str, values: Iterable[str], accepted: Iterable[str]) -> None:
+    """ValueError naming `field`, the unknown `values` and the accepted ones, where any is not in `accepted`."""
+    accepted = list(accepted)
+    unknown = sorted(set(values) - set(accepted))
+    if unknown:
+        raise ValueError(f"{field}: {unknown} not known; accepted values: {accepted}")
+
+
+def check_residual_depths(depths: Sequence[int]) -> None:
+    """ValueError naming the depths d that are not even integers ≥ 0 (d counts middle layers, and every
+    residual block holds two of them: gated-residual-v2 §3.1)."""
+    bad = [d for d in depths if d < 0 or d % 2]
+    if bad:
+        raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")

@@ -24,7 +24,7 @@ import torch
 from .._io import atomic_write_json, atomic_write_text, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 
-__all__ = ["RunSpec", "run_many", "study_lock", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
+__all__ = ["RunSpec", "run_many", "study_lock", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
            "StudySummary", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
            "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
 
@@ -353,3 +353,22 @@ def check_same_settings(stored: dict[str, Any], config: Any, fields: Sequence[st
     if changed:
         raise ValueError(f"{out} was computed with other settings ({'; '.join(changed)}); "
                          "use a new --out folder, or the stored settings, to resume")
+
+
+def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: bool) -> bool:
+    """Whether the study `name` with JSON config `config` resumes in `out`: True where `out`/results.json
+    holds the same study (finished: it is only re-reported; unfinished: only with `resume`), else
+    `resume` as given. FileExistsError where the folder holds the study with other settings (device,
+    data folder, --quick and --compile aside) or an unfinished one without `resume`."""
+    path = Path(out) / "results.json"
+    if not path.is_file():
+        return resume
+    previous = read_summary(path, name)  # issue 25, findings 13 and 14: checked, named on error
+    old = previous.get("config", {})
+    ignored = {"device", "data_dir", "quick", "compile"}
+    if any(old[k] != config[k] for k in set(old) & set(config) - ignored):
+        raise FileExistsError(f"{out} holds a {name} study with other settings; choose another --out")
+    finished = summary_finished(path, previous)  # checked even on --resume: a damaged summary is named
+    if not resume and not finished:
+        raise FileExistsError(f"{out} holds an unfinished {name} study; pass --resume to continue it")
+    return True
