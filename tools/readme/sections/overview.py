@@ -112,8 +112,13 @@ def _selection_row(root: Path) -> str:
     best = cell["best-test"]
     verdict = ("reached on the test set" if best["best"] <= cell["paper"] else
                f"not reached even at the best test epoch of the best seed ({best['best']:.2f})")
-    val = ("validation-selected: pending" if not (Path(root) / "mnist-depth-val" / "runs").is_dir()
-           else "validation-selected: on the page")
+    val = "validation-selected: pending"
+    if (Path(root) / "mnist-depth-val" / "runs").is_dir():
+        honest = mnist_depth_report.selection_findings(
+            mnist_depth_report.epoch_selection(Path(root) / "mnist-depth-val"), "best-val")
+        val = "validation-selected epoch, d ≤ 50: " + ", ".join(
+            f"{arch} {len(v['within'])} of {len(v['within']) + len(v['below']) + len(v['above'])} cells reproduced"
+            for arch, v in honest.items())
     return (f"| [MNIST depth study](docs/reproductions/mnist-depth.md#which-epoch-table-1-reports): Table 1, d = 100 "
             f"gated, test error (%) at the best test epoch (optimistic) | {cell['paper']:.2f} | {best['mean']:.2f} ± "
             f"{best['std']:.2f} ({best['n']} seeds; {val}) | {verdict} |")
