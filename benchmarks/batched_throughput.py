@@ -89,14 +89,13 @@ def batched_epoch(n: int, depth: int, data: DataSplits, compile: bool = False) -
     `train_batched` does (a permutation per model from its own generator), and returns its seconds."""
     stack = StackedModels(build(n, depth))
     step = BatchedStep(stack, BatchedOptimizer(stack, [RECIPE] * n, compile=compile), compile=compile)
-    lr = torch.full((n, 1), RECIPE.lr)
     generators = [torch.Generator().manual_seed(seed) for seed in range(n)]
     samples = len(data.train)
 
     def run() -> float:
         start = time.perf_counter()
         orders = torch.stack([torch.randperm(samples, generator=g) for g in generators])
-        totals = train_epoch(step, data.train.x, data.train.y, orders, BATCH, lr)
+        totals = train_epoch(step, data.train.x, data.train.y, orders, BATCH)
         float(totals.loss_sum.sum())  # as train_batched, which reads the totals at the epoch's end
         return time.perf_counter() - start
 
@@ -130,7 +129,6 @@ def _batch(n: int, data: DataSplits, i: int) -> tuple[torch.Tensor, torch.Tensor
 def phases(step: BatchedStep, data: DataSplits, steps: int) -> dict[str, float]:
     """Mean seconds per step of each phase of the eager batched step."""
     n = step.stack.n
-    lr = torch.full((n, 1), RECIPE.lr)
     out = {"gather": 0.0, "forward + loss": 0.0, "backward": 0.0, "optimiser": 0.0}
     for i in range(steps + 2):
         t0 = time.perf_counter()
@@ -141,7 +139,7 @@ def phases(step: BatchedStep, data: DataSplits, steps: int) -> dict[str, float]:
         step.stack.grad.zero_()
         backward(losses.sum())
         t3 = time.perf_counter()
-        step.optimizer.step(lr)
+        step.optimizer.step()
         t4 = time.perf_counter()
         if i >= 2:  # two warm-up steps
             for key, (a, b) in zip(out, ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
@@ -154,12 +152,11 @@ def profile_table(step: BatchedStep, data: DataSplits, steps: int = 5) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     n = step.stack.n
-    lr = torch.full((n, 1), RECIPE.lr)
     batches = [_batch(n, data, i) for i in range(steps)]
-    step(*batches[0], lr)
+    step(*batches[0])
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for x, y in batches:
-            step(x, y, lr)
+            step(x, y)
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:16]
     total = sum(e.self_cpu_time_total for e in prof.key_averages())
     lines = [f"  {'operator':<42} {'self ms/step':>12} {'share':>7} {'calls/step':>10}"]
@@ -219,9 +216,8 @@ def time_optimizers(n: int, depth: int, steps: int) -> tuple[float, float]:
     stack = StackedModels(models)
     stack.grad.normal_()
     ours = BatchedOptimizer(stack, [RECIPE] * n)
-    lr = torch.full((n, 1), RECIPE.lr)
     out = []
-    for fn in (torch_opt.step, lambda: ours.step(lr)):
+    for fn in (torch_opt.step, ours.step):
         for _ in range(2):
             fn()
         start = time.perf_counter()

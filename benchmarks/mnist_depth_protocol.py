@@ -83,15 +83,14 @@ def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = Fa
     n = len(data.train)
     x, y = data.train.x.flatten(1), data.train.y
     orders = torch.stack([torch.randperm(n) for _ in models])
-    lr = torch.full((len(models), 1), RECIPE.lr)
     compile_s = 0.0
     if compile:
         start = time.perf_counter()
         for _ in range(2):
-            step(x[orders[:, :RECIPE.batch_size]], y[orders[:, :RECIPE.batch_size]], lr)
+            step(x[orders[:, :RECIPE.batch_size]], y[orders[:, :RECIPE.batch_size]])
         compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    train_epoch(step, x, y, orders, RECIPE.batch_size, lr)
+    train_epoch(step, x, y, orders, RECIPE.batch_size)
     train_s = time.perf_counter() - start
     with torch.no_grad():
         probe = torch.rand(2500, 784)

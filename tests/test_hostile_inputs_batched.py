@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from throughway.cli import main
 from throughway.train import RunConfig
-from throughway.train.batch_state import STATE_JSON, config_hash
+from throughway.train.checkpoint import STATE_JSON, config_hash
 from throughway.train.batched import train_batched
 from conftest import Crash
 
@@ -194,7 +194,7 @@ def test_huge_numeric_options_are_refused_at_once(tmp_path, capsys, monkeypatch,
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the data was read before the arguments were checked")
 
-    monkeypatch.setattr("throughway.train.runner.load_dataset", refuse)
+    monkeypatch.setattr("throughway.train.run.load_dataset", refuse)
     argv = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "1", "--quiet",
             "--out", str(tmp_path / "run")]
     code = main(_replace(argv, option) if option[0] in argv else [*argv, *option])

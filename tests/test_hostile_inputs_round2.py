@@ -461,7 +461,7 @@ def no_data(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the data was read before the arguments were checked")
 
-    monkeypatch.setattr("throughway.train.runner.load_dataset", refuse)
+    monkeypatch.setattr("throughway.train.run.load_dataset", refuse)
 
 
 @pytest.mark.parametrize("argument, accepted", [

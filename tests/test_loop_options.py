@@ -131,16 +131,16 @@ def test_run_training_normalises_augments_and_infers_channels(tmp_path):
 
 def test_eval_batch_size_reaches_fit_and_does_not_change_the_numbers(tmp_path, monkeypatch):
     # One WRN-28-10 feature map of 10,000 images is 6.5 GB (float32): runs can evaluate in chunks.
-    import throughway.train.runner as runner
+    import throughway.train.run as run_module
 
     seen: list[int] = []
-    real_fit = runner.fit
+    real_fit = run_module.fit
 
     def spy(*args, **kwargs):
         seen.append(kwargs["eval_batch_size"])
         return real_fit(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "fit", spy)
+    monkeypatch.setattr(run_module, "fit", spy)
     results = {}
     for chunk in (None, 3):
         config = RunConfig(model="preact_resnet", depth=8, dataset="cifar10", recipe="preact-cifar", epochs=1,

@@ -45,7 +45,7 @@ def test_one_model_and_a_stack_of_it_take_the_same_steps(recipe_name, overrides)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        stacked_loss, _ = step(x.unsqueeze(0), y.unsqueeze(0), torch.full((1, 1), recipe.lr, dtype=torch.float64))
+        stacked_loss, _ = step(x.unsqueeze(0), y.unsqueeze(0))  # at the recipe's lr, the optimiser's initial rate
         assert float(stacked_loss[0]) == pytest.approx(float(loss.detach()), rel=1e-12, abs=1e-12)
     stacked = stack.state_dict_of(0)
     compared = 0
@@ -72,3 +72,39 @@ def test_an_optimiser_the_rule_does_not_know_is_refused_with_the_accepted_values
         FlatOptimizer(torch.optim.RMSprop, [{"params": [torch.zeros(2, requires_grad=True)]}], lr=0.1)
     with pytest.raises(ValueError, match="options \\['amsgrad'\\] not known"):
         FlatOptimizer("adam", [{"params": [torch.zeros(2, requires_grad=True)]}], lr=0.1, amsgrad=True)
+
+
+def test_a_stacks_optimiser_is_a_torch_optimiser_with_one_rate_per_model():
+    # issue 21: the members of a stack see a torch.optim.Optimizer as `state.optimizer`, like `fit`'s.
+    # Its one group's "lr" is an (N, 1) column: a row's rate moves that model alone, and dropping
+    # models (a diverged member leaves the stack) keeps the others' rates and state, row by row.
+    recipe = get_recipe("gresnet-mnist")
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(create_model("mlp_gated_residual", depth=2, width=8, in_features=4, num_classes=3))
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 16, 4, generator=generator), torch.randint(0, 3, (3, 16), generator=generator)
+
+    def stepped(lrs):
+        stack = StackedModels(copy.deepcopy(models))
+        optimizer = BatchedOptimizer(stack, [recipe.replace(lr=lr) for lr in lrs])
+        BatchedStep(stack, optimizer)(x, y)
+        return stack, optimizer
+
+    stack, optimizer = stepped([0.002, 0.01, 0.002])
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert optimizer.param_groups[0]["lr"].view(-1).tolist() == pytest.approx([0.002, 0.01, 0.002])
+    assert optimizer.param_groups[0]["params"] == [stack.flat]
+    assert set(optimizer.state_dict()["state"][0]) == {"step", "mu_product", "exp_avg", "exp_avg_sq"}
+    same, _ = stepped([0.002, 0.002, 0.002])
+    assert torch.equal(stack.flat[0], same.flat[0]) and torch.equal(stack.flat[2], same.flat[2])
+    assert not torch.equal(stack.flat[1], same.flat[1])
+    kept_m = optimizer.state[stack.flat]["exp_avg"][[0, 1]].clone()
+    stack.select([0, 1])
+    optimizer.select([0, 1])
+    assert optimizer.param_groups[0]["params"] == [stack.flat] and len(optimizer.state) == 1
+    assert optimizer.param_groups[0]["lr"].view(-1).tolist() == pytest.approx([0.002, 0.01])
+    assert torch.equal(optimizer.state[stack.flat]["exp_avg"], kept_m)
+    BatchedStep(stack, optimizer)(x[:2], y[:2])
+    assert optimizer.step_count == 2

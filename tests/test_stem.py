@@ -11,7 +11,7 @@ from torch import nn
 
 from throughway.models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from throughway.train import RunConfig, load_model, save_model
-from throughway.train.runner import RunExistsError, check_resumable
+from throughway.train.config import RunExistsError, check_resumable
 
 GATED_RESIDUAL_FAMILIES = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmented")
 

@@ -44,3 +44,28 @@ def test_study_summary_without_interval_writes_every_call(tmp_path):
     assert refresh("x", None, force=False)["k"] == 1
     assert refresh("y", "", force=False)["k"] == 2
     assert refresh.errors == {}  # a run that ended without error records nothing
+
+
+def test_every_study_kind_refuses_other_settings_naming_each_field(tmp_path):
+    # One check (study.runs.check_same_settings) for the run-folder studies (check_study_folder: an
+    # existing folder, FileExistsError) and the piece-by-piece ones (stored_study: ValueError).
+    import dataclasses
+
+    import pytest
+
+    from throughway.study.runs import check_study_folder, stored_study
+
+    stored = {"epochs": 100, "depths": [2, 10], "device": "cpu", "seeds": 5}
+    (tmp_path / "results.json").write_text(json.dumps({"config": stored, "cells": []}))
+    assert check_study_folder(tmp_path, "gate-family", {**stored, "device": "cuda"}, resume=True)  # device aside
+    with pytest.raises(FileExistsError, match=r"epochs: stored 100, now 2; seeds: stored 5, now 1"):
+        check_study_folder(tmp_path, "gate-family", {**stored, "epochs": 2, "seeds": 1}, resume=True)
+
+    @dataclasses.dataclass
+    class Config:
+        epochs: int = 100
+        depths: tuple[int, ...] = (2, 10)
+
+    assert stored_study(tmp_path, "gate-family", Config(), ["epochs", "depths"], resume=True)["config"] == stored
+    with pytest.raises(ValueError, match=r"depths: stored \[2, 10\], now \[2\]"):
+        stored_study(tmp_path, "gate-family", Config(depths=(2,)), ["epochs", "depths"], resume=True)

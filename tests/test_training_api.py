@@ -228,10 +228,10 @@ class FakeWriter:
 
 def test_tensorboard_logger_writes_no_epoch_twice_on_resume(tmp_path, fake_mnist_root, monkeypatch):
     import throughway.train.callbacks as callbacks
-    import throughway.train.runner as runner
+    import throughway.train.run as run_module
 
     monkeypatch.setattr(callbacks, "require_tensorboard", lambda: FakeWriter)
-    monkeypatch.setattr(runner, "require_tensorboard", lambda: FakeWriter)
+    monkeypatch.setattr(run_module, "require_tensorboard", lambda: FakeWriter)
     FakeWriter.opened, FakeWriter.events = [], []
     config = RunConfig(model="mlp_gated_residual", depth=2, epochs=3, limit=64, model_kwargs={"width": 8},
                        recipe_overrides={"batch_size": 32})
@@ -261,15 +261,15 @@ def test_tensorboard_event_files_resume_without_duplicates(tmp_path, fake_mnist_
             if record["epoch"] == 2:
                 raise KeyboardInterrupt
 
-    import throughway.train.runner as runner
+    import throughway.train.run as run_module
 
-    original = runner.TensorBoardLogger
-    runner.TensorBoardLogger = CrashAfterLogging
+    original = run_module.TensorBoardLogger
+    run_module.TensorBoardLogger = CrashAfterLogging
     try:
         with pytest.raises(KeyboardInterrupt):
             run_training(config, out, progress=False, tensorboard=True)
     finally:
-        runner.TensorBoardLogger = original
+        run_module.TensorBoardLogger = original
     run_training(config, out, resume=True, progress=False, tensorboard=True)
     events = EventAccumulator(str(out))
     events.Reload()

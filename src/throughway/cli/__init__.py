@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if getattr(args, "device", None) is not None and args.command != "train":
-            from ..train.runner import check_device
+            from ..train.config import check_device
 
             check_device(args.device)
         if getattr(args, "threads", None) is not None:  # before any data or model exists

@@ -75,7 +75,7 @@ def _check_recipe_options(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train import RunConfig, run_training
     from ..train.rundir import RunDir
-    from ..train.runner import check_device
+    from ..train.config import check_device
 
     # Everything cheap is checked before the data is read or anything is written.
     check_device(args.device)

@@ -74,7 +74,7 @@ from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
-from ..study.runs import RunSpec, StudySummary, check_run_results, read_summary, remake_report
+from ..study.runs import RunSpec, StudySummary, check_run_results, check_same_settings, read_summary, remake_report
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,
                                    table_markdown)
 
@@ -316,10 +316,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         settings = asdict(config)
         # A setting the previous summary lacks was written before the option existed: it had the default.
         defaults = asdict(Config())
-        differing = sorted(k for k in settings if k not in _PER_PROCESS
-                           and _json(previous.get(k, defaults[k])) != _json(settings[k]))
-        if differing:
-            raise ValueError(f"{out} holds a {NAME} study with other settings ({differing}); choose another --out")
+        fields = sorted(k for k in settings if k not in _PER_PROCESS)
+        check_same_settings({k: _json(previous.get(k, defaults[k])) for k in fields},
+                            {k: _json(settings[k]) for k in fields}, fields, out)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),

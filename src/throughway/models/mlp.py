@@ -35,6 +35,12 @@ The first layer is the `stem` argument of every family:
 
 Weights default to Glorot uniform with zero biases, the Keras default that the gated residual
 MNIST experiments ran with.
+
+Each registered factory spells out its whole signature, although the residual families share most
+of it: the registry reads the signature (`ModelEntry.parameters`: `throughway list-models`, the
+check of --model-arg names, the depth and input size a run fills in) and the API reference shows it,
+so a reader sees every argument and its default where the model is named. The body they share is
+`_residual`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ..analysis.gates import model_family
 from ..data import DATASET_SHAPES, DataSplits, load_dataset
 from ..models import create_model, model_entry, with_legacy_config
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
-from ..train.runner import MAX_DEPTH
+from ..train.config import MAX_DEPTH
 from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
 from .papers import PAPER_MEAN_K
 from .runs import command_line

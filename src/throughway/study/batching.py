@@ -28,7 +28,7 @@ from ..data import DataSplits, Split, load_dataset
 from ..train.batched import PER_MODEL_RECIPE_FIELDS, batch_key, train_batched
 from ..train.optim import BatchedOptimizer
 from ..train.stacked import BatchedStep, StackedModels
-from ..train.runner import build_model, resolve_recipe
+from ..train.config import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, prepare_data, worker_threads
 
@@ -99,19 +99,20 @@ def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int,
     start = time.perf_counter()
     recipes = [resolve_recipe(c) for c in configs]
     stack = StackedModels([build_model(c, fake) for c in configs], device=configs[0].device)
-    step = BatchedStep(stack, BatchedOptimizer(stack, recipes, compile=compile), compile=compile)
+    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
+    step = BatchedStep(stack, optimizer, compile=compile)
     built = time.perf_counter() - start
     n, size = stack.n, recipes[0].batch_size
     features = int(torch.tensor(input_shape).prod())
     pool = torch.rand(4 * size, features, generator=g).to(stack.device)  # a small resident "training set"
     labels = torch.randint(0, num_classes, (4 * size,), generator=g).to(stack.device)
     # Small learning rates: timing must not run into non-finite values (which change the arithmetic's speed).
-    lr = torch.full((n, 1), 1e-4, device=stack.device)
+    optimizer.param_groups[0]["lr"] = torch.full((n, 1), 1e-4, dtype=stack.flat.dtype, device=stack.device)
     times = []
     for _ in range(steps + 1):
         index = torch.randint(0, len(pool), (n, size), generator=g).to(stack.device)
         began = time.perf_counter()
-        step(pool[index], labels[index], lr)
+        step(pool[index], labels[index])
         times.append(time.perf_counter() - began)
     step_s = sorted(times[1:])[len(times[1:]) // 2]
     x = torch.rand(eval_chunk, features, generator=g).to(stack.device)

@@ -83,13 +83,13 @@ def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool)
 
 
 def check_specs(specs: Sequence[RunSpec]) -> None:
-    """Check every run's config as `throughway train` does (`runner.check_config`: device, dataset,
+    """Check every run's config as `throughway train` does (`train.config.check_config`: device, dataset,
     depth, limit, recipe and its overrides, model arguments), before any data is read or any run
     starts, so that a bad study option is one error (ValueError naming the run and the field), not
     a study whose runs all fail. The model is built (on the meta device) once per batch shape
     (`batch_key`); the recipe of every run is resolved."""
     from ..train.batched import batch_key
-    from ..train.runner import check_config, resolve_recipe
+    from ..train.config import check_config, resolve_recipe
 
     names = [spec.name for spec in specs]
     repeated = sorted({name for name in names if names.count(name) > 1})
@@ -334,25 +334,26 @@ def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resum
     if not resume:
         raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
     stored = read_summary(path, name)
-    check_same_settings({**(legacy or {}), **stored.get("config", {})}, config, fields, out)
+    now = {field: list(v) if isinstance(v, tuple) else v for field in fields for v in [getattr(config, field)]}
+    check_same_settings({**(legacy or {}), **stored.get("config", {})}, now, fields, out)
     return stored
 
 
-def check_same_settings(stored: dict[str, Any], config: Any, fields: Sequence[str], out: Any) -> None:
-    """Refuse to resume a study in `out` whose stored config differs from `config` in `fields`.
+def check_same_settings(stored: dict[str, Any], new: dict[str, Any], fields: Iterable[str], out: Any,
+                        error: type[Exception] = ValueError) -> None:
+    """Refuse to resume a study in `out` whose stored JSON config `stored` differs from `new` (the
+    same study's JSON config now) in any of `fields`: `error` (ValueError unless the caller says
+    otherwise) naming each differing field with both values. The one check of every study kind
+    (`stored_study`, `check_study_folder`, the highway search).
 
     These are the settings that every finished cell depends on (a learning-rate grid, epochs, ...);
     resuming with other values would mix cells computed under different settings in one table.
     """
-    changed = []
-    for field in fields:
-        old, new = stored.get(field), getattr(config, field)
-        new = list(new) if isinstance(new, tuple) else new
-        if old != new:
-            changed.append(f"{field}: stored {old!r}, now {new!r}")
+    changed = [f"{field}: stored {stored.get(field)!r}, now {new.get(field)!r}"
+               for field in fields if stored.get(field) != new.get(field)]
     if changed:
-        raise ValueError(f"{out} was computed with other settings ({'; '.join(changed)}); "
-                         "use a new --out folder, or the stored settings, to resume")
+        raise error(f"{out} holds a study computed with other settings ({'; '.join(changed)}); "
+                    "use a new --out folder, or the stored settings, to resume")
 
 
 def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: bool) -> bool:
@@ -366,8 +367,7 @@ def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: boo
     previous = read_summary(path, name)  # issue 25, findings 13 and 14: checked, named on error
     old = previous.get("config", {})
     ignored = {"device", "data_dir", "quick", "compile"}
-    if any(old[k] != config[k] for k in set(old) & set(config) - ignored):
-        raise FileExistsError(f"{out} holds a {name} study with other settings; choose another --out")
+    check_same_settings(old, config, sorted(set(old) & set(config) - ignored), out, error=FileExistsError)
     finished = summary_finished(path, previous)  # checked even on --resume: a damaged summary is named
     if not resume and not finished:
         raise FileExistsError(f"{out} holds an unfinished {name} study; pass --resume to continue it")

@@ -6,7 +6,8 @@ from .checkpoint import load_model, save_model
 from .loop import Callback, History, TrainState, evaluate, fit
 from .optim import FlatOptimizer, build_optimizer
 from .recipes import RECIPES, Recipe, get_recipe, learning_rate_at, list_recipes, parameter_groups
-from .runner import RESULTS_FILE, RunConfig, RunExistsError, read_results, run_training
+from .config import RunConfig, RunExistsError
+from .run import RESULTS_FILE, read_results, run_training
 
 __all__ = [
     "Callback",

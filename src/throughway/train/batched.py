@@ -11,7 +11,7 @@ without a copy; the optimiser is a handful of elementwise operations over one fl
 parameter matrix. The stacked model is `train.stacked.StackedModels`, its optimiser
 `train.optim.BatchedOptimizer` (the toolkit's one update rule over the (N, P) rows), their step
 (`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the batch's checkpoint in
-`train.batch_state`; here is the trainer: the stack's engine of the one epoch loop
+`train.checkpoint`; here is the trainer: the stack's engine of the one epoch loop
 (`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
 
 Design choices, measured by benchmarks/batched_throughput.py (results/batched/
@@ -60,16 +60,17 @@ import torch
 
 from .._io import read_json
 from ..data import DataSplits, load_dataset
-from .batch_state import STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state, save_batch_state
-from .loop import EpochStats, History, Member, TrainState, epoch_starts, restore_progress, run_loop
+from .checkpoint import (STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state,
+                         save_batch_state)
+from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
+from .loop import EpochStats, History, Member, TrainState, epoch_starts, progress_entry, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
 from .optim import BatchedOptimizer
 from .rundir import BATCH_FILE, RunDir
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
-from .runner import (RESULTS_FILE, ResultsFiles, RunConfig, RunExistsError, build_model, check_config, check_finished_model,
-                     check_resumable, read_results, results_header)
+from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
 
 __all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
 
@@ -273,7 +274,9 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     def after_epoch(running: Sequence[Member]) -> None:
         epoch = running[0].state.epoch
         if checkpoint:
-            save_batch_state(state_path, epoch, stack, optimizer, members, [members.index(m) for m in running])
+            save_batch_state(state_path, epoch, stack, optimizer,
+                             [{**progress_entry(m.state), "done": m.ended} for m in members],
+                             {members.index(m): m.state.generator for m in running})
         if progress:
             losses = [m.state.history.epochs[-1]["train_loss"] for m in running]
             best = min(range(len(running)), key=losses.__getitem__)
@@ -330,7 +333,6 @@ class _StackEngine:
         self.eval_chunk = eval_chunk
         self.step = BatchedStep(stack, optimizer, compile=compile)
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
-        self.lr = torch.zeros(0)
         self.snap: dict[str, torch.Tensor] = {}
 
     def begin(self) -> None:
@@ -338,16 +340,17 @@ class _StackEngine:
         self.end_epoch()
 
     def set_learning_rates(self, epoch: int) -> list[float]:
-        """Each member's own schedule (`learning_rate_at` of its recipe)."""
+        """Each member's own schedule (`learning_rate_at` of its recipe), into the optimiser's (N, 1) rates."""
         lrs = [learning_rate_at(r, epoch) for r in self.recipes]
-        self.lr = torch.tensor(lrs, dtype=self.stack.flat.dtype, device=self.stack.device).view(-1, 1)
+        self.optimizer.param_groups[0]["lr"] = torch.tensor(lrs, dtype=self.stack.flat.dtype,
+                                                            device=self.stack.device).view(-1, 1)
         return lrs
 
     def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
         """`train_epoch` over every member, each in its own generator's order."""
         n = len(self.train_x)
         orders = torch.stack([torch.randperm(n, generator=s.generator) for s in states]).to(self.stack.device)
-        totals = train_epoch(self.step, self.train_x, self.train_y, orders, self.recipes[0].batch_size, self.lr)
+        totals = train_epoch(self.step, self.train_x, self.train_y, orders, self.recipes[0].batch_size)
         steps = len(epoch_starts(n, self.recipes[0].batch_size))
         for s in states:
             s.step += steps
@@ -384,10 +387,9 @@ class _StackEngine:
         state.model.load_state_dict(self.stack.state_dict_of(position))
 
     def keep(self, positions: Sequence[int]) -> None:
-        """Drop every other member from the stack, the optimiser and the lr vector."""
+        """Drop every other member from the stack and the optimiser (its state and per-model rates)."""
         self.stack.select(positions)
         self.optimizer.select(positions)
         self.recipes = [self.recipes[p] for p in positions]
-        self.lr = self.lr[list(positions)]
         self.snap = {k: v.index_select(0, torch.tensor(list(positions), dtype=torch.long, device=v.device))
                      for k, v in self.snap.items()}

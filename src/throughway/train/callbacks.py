@@ -1,7 +1,7 @@
 """Callbacks for `fit`: progress output, metrics.csv, TensorBoard, early stopping, model checkpoints.
 
 Each is an ordinary callback (loop.Callback): `fit(progress=True)` adds `ProgressPrinter`, and
-`runner.run_training` writes metrics.csv beside results.json (`write_metrics_csv`) and, with
+`run.run_training` writes metrics.csv beside results.json (`write_metrics_csv`) and, with
 `tensorboard=True` (`throughway train --tensorboard`), adds `TensorBoardLogger`. A user's own
 training script can add any of them to `fit`'s callbacks, and `EarlyStopping` (stop when a
 monitored metric of the epoch record stops improving) and `ModelCheckpoint` (the best and the last

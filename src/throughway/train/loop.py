@@ -27,7 +27,7 @@ A callback ends training by setting `state.stop = True`: in `on_epoch_end` after
 `on_step_end` after that step (the shortened epoch is still evaluated and recorded, its record
 marked `stopped_at_step`). The built-in pieces are callbacks too: progress output is
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
-results.json, metrics.csv and TensorBoard events are callbacks that `runner.run_training` adds.
+results.json, metrics.csv and TensorBoard events are callbacks that `run.run_training` adds.
 
 The epoch loop itself is `run_loop`, shared with `batched.train_batched` (many stacked models) and
 `full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
@@ -77,7 +77,6 @@ from .recipes import Recipe, get_recipe, learning_rate_at
 
 if TYPE_CHECKING:
     from .full_batch import BatchedGD
-    from .optim import BatchedOptimizer
 
 __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
            "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
@@ -125,10 +124,13 @@ class TrainState:
     `epoch` counts finished epochs and `step` finished optimiser steps (both continue across a
     resume); `steps_per_epoch` is None for a DataLoader without a length. `data` is the DataSplits
     `fit` was given, else None. Setting `stop = True` ends training (see the module docstring).
+    `optimizer` is a torch.optim.Optimizer for `fit` and for the members of a stack (they share one
+    `optim.BatchedOptimizer`, whose group holds per-model rates), and the full-batch trainer
+    (`full_batch.BatchedGD`) for the Demystifying studies.
     """
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer | BatchedOptimizer | BatchedGD
+    optimizer: torch.optim.Optimizer | BatchedGD
     recipe: Recipe
     data: DataSplits | None
     generator: torch.Generator

@@ -413,13 +413,14 @@ class BatchedStep:
         wrong = (logits.detach().argmax(dim=1) != y).sum(1)
         return losses, wrong
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Train on `x` (N, B, features), `y` (N, B) with learning rates `lr` (N, 1); return each
-        model's mean loss on the batch (N,) before the update and its number of errors (N,)."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train on `x` (N, B, features), `y` (N, B) with the optimiser's current per-model learning
+        rates; return each model's mean loss on the batch (N,) before the update and its number of
+        errors (N,)."""
         losses, wrong = self._forward_loss(x, y)
-        self.stack.grad.zero_()
+        self.optimizer.zero_grad()
         backward(losses.sum())  # each model's loss depends on its own parameters only
-        self.optimizer.step(lr)
+        self.optimizer.step()
         return losses.detach(), wrong
 
 
@@ -436,7 +437,7 @@ class EpochTotals:
 
 
 def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
-                batch_size: int, lr: torch.Tensor) -> EpochTotals:
+                batch_size: int) -> EpochTotals:
     """One epoch of every model of `step`'s stack: model i visits the flattened training inputs
     `train_x` (n, features) and labels `train_y` (n,) in the order `orders[i]` (a permutation of
     range(n)), in mini-batches of `batch_size` (`epoch_starts`). A model whose loss stops being
@@ -452,7 +453,7 @@ def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor,
     for i, start in enumerate(epoch_starts(n, batch_size)):
         index = orders[:, start:start + batch_size]
         x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
-        losses, batch_wrong = step(x, y, lr)
+        losses, batch_wrong = step(x, y)
         with torch.no_grad():
             bad = ~torch.isfinite(losses) & (bad_step < 0)
             bad_step = torch.where(bad, torch.full_like(bad_step, i), bad_step)
