@@ -298,6 +298,8 @@ def test_gate_family_report_on_the_quick_study(tmp_path, fake_mnist_root):
     assert "| 6 | pending | pending" in gate_values_markdown(wider)
     assert "| 6 | pending | pending | pending |" in removal_markdown(wider)
     assert "| 6 | pending |" in study.table_markdown(wider)
+    comparisons = study.comparisons_markdown(wider)
+    assert "| 6 |" not in comparisons and "d = 6: every family." in comparisons  # no test row without pairs
     # re-reporting from the run folders alone (no training) rebuilds the removal file and the tables
     (out / "removal.json").unlink()
     (out / "table.md").unlink()

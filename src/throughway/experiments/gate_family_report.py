@@ -74,7 +74,11 @@ def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gat
 def comparisons_markdown(summary: dict[str, Any]) -> str:
     """The paired t-tests of gated against each family, one row per depth and family: pairs n, mean
     difference gated − other (percentage points of test error), p and the verdict."""
-    rows = summary.get("comparisons", [])
+    rows = [r for r in summary.get("comparisons", []) if r["seeds"]]
+    waiting: dict[int, list[str]] = {}  # depth -> families without a seed finished beside gated's
+    for r in summary.get("comparisons", []):
+        if not r["seeds"]:
+            waiting.setdefault(r["depth"], []).append(r["b"])
     lines = ["Paired t-test (two-sided) of the last-epoch test error, gated − other, over the seeds both "
              f"finished (n pairs); a verdict only at p < {SIGNIFICANCE} with n ≥ {MIN_SEEDS}, \"too few\" below",
              "", "| d | other | n | gated − other (pp) | p | verdict |", "|---|---|---|---|---|---|"]
@@ -85,6 +89,11 @@ def comparisons_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | {diff} | {p} | {row['verdict']} |")
     if not rows:
         lines.append("| — | — | 0 | — | — | pending |")
+    if waiting:
+        others = len({r["b"] for r in summary.get("comparisons", [])})
+        parts = [f"d = {depth}: " + ("every family" if len(families) == others else ", ".join(sorted(families)))
+                 for depth, families in sorted(waiting.items())]
+        lines += ["", f"Pending (no seed finished for both gated and the other family): {'; '.join(parts)}."]
     return "\n".join(lines) + "\n"
 
 

@@ -38,7 +38,7 @@ def _depth_curves(summary: dict[str, Any], family: str, depth: int) -> list[list
 def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Training loss against epoch, one panel per depth, one line per family (mean over seeds, band:
     lowest to highest seed); BatchNorm-free variants dashed in their mechanism's colour. Depths with
-    no epoch yet are drawn as empty panels titled "pending"."""
+    no epoch yet are drawn as empty panels marked "pending"."""
     config = summary["config"]
     depths, families = config["depths"], config["families"]
     fig, axes = plt.subplots(1, len(depths), figsize=(3.4 * len(depths), 3.6), sharey=True, squeeze=False)
@@ -56,7 +56,10 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
             if len(curves) > 1:
                 ax.fill_between(epochs, low, high, color=style.get("color"), alpha=0.15, linewidth=0)
             drawn = True
-        ax.set_title(f"d = {depth}" if drawn else f"d = {depth}: pending")
+        ax.set_title(f"d = {depth}")
+        if not drawn:
+            _pending(ax)
+        ax.set_xlim(0, config["epochs"] + 1)
         ax.set_yscale("log")
         ax.set_xlabel("epoch")
         ax.grid(True, which="both", alpha=0.3)
@@ -74,8 +77,7 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
     config = summary["config"]
     depths = [d for d in config["depths"] if d // 2 >= 2]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
-    families = [f for f in config["families"] if by.get((f, depths[0] if depths else -1), {}).get("removal")
-                is not None]
+    families = [f for f in config["families"] if any(by.get((f, d), {}).get("removal") for d in depths)]
     fig, axes = plt.subplots(1, max(1, len(depths)), figsize=(3.4 * max(1, len(depths)), 3.6), sharey=True,
                              squeeze=False)
     for ax, depth in zip(axes[0], depths):
@@ -96,8 +98,12 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
             ax.fill_between(fraction, low, high, color=color, alpha=0.15, linewidth=0)
             ax.plot(fraction, mean_band(random)[0], color=color, linestyle=":", alpha=0.8)
             drawn = True
-        ax.axvline(0.5, color="grey", linewidth=0.8)
-        ax.set_title(f"d = {depth}" if drawn else f"d = {depth}: pending")
+        ax.set_title(f"d = {depth}")
+        if drawn:
+            ax.axvline(0.5, color="grey", linewidth=0.8)  # half the blocks: the tables' share
+        else:
+            _pending(ax)
+        ax.set_xlim(0, 1)
         ax.set_xlabel("fraction of blocks removed")
         ax.set_ylim(0, 1.05)
         ax.grid(True, alpha=0.3)
@@ -105,6 +111,11 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
     _legend(fig, axes[0])
     fig.suptitle("Layer removal: smallest |gate| first (line, band over seeds) and random order (dotted)", y=1.12)
     return save_figure(fig, path)
+
+
+def _pending(ax: Any) -> None:
+    """Mark an empty panel: no seed of its depth has finished yet."""
+    ax.text(0.5, 0.5, "pending", transform=ax.transAxes, ha="center", va="center", color="grey", fontsize="large")
 
 
 def _legend(fig: Any, axes: Any) -> None:
