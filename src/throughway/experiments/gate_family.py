@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_json, environment_info, read_json
-from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
+from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
@@ -295,14 +295,9 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
     """`estimate` as a table and a projected wall time."""
-    e = estimate(config, jobs, steps)
-    title = (f"Projected cost of the {NAME} study: {len(config.families)} families x {len(config.depths)} depths x "
-             f"{config.seeds} seeds, {config.epochs} epochs, {e['train_images']} training images (+ {e['eval_images']} "
-             f"evaluated per epoch)")
-    return projection_markdown(title, e,
-                               [("d", lambda r: str(r["batch"][0].config.depth)),
-                                ("families", lambda r: _batch_families(r["batch"])),
-                                ("models in batch", lambda r: str(r["models"]))])
+    return depth_study_markdown(NAME, f"{len(config.families)} families x {len(config.depths)} depths",
+                                config.seeds, config.epochs, estimate(config, jobs, steps),
+                                [("families", lambda r: _batch_families(r["batch"]))])
 
 
 def _batch_families(batch: list[RunSpec]) -> str:

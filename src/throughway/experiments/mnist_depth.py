@@ -27,7 +27,7 @@ from ..study.options import option, quick_config
 from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
-from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
+from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
@@ -283,13 +283,8 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
     """`estimate` as a table and a projected wall time."""
-    e = estimate(config, jobs, steps)
-    title = (f"Projected cost of the {NAME} study: {len(config.archs)} architectures x {len(config.depths)} depths x "
-             f"{config.seeds} seeds, {config.epochs} epochs, {e['train_images']} training images (+ {e['eval_images']} "
-             f"evaluated per epoch)")
-    return projection_markdown(title, e,
-                               [("d", lambda r: str(r["batch"][0].config.depth)),
-                                ("models in batch", lambda r: str(r["models"]))])
+    return depth_study_markdown(NAME, f"{len(config.archs)} architectures x {len(config.depths)} depths",
+                                config.seeds, config.epochs, estimate(config, jobs, steps))
 
 
 def json_config(config: Config) -> dict[str, Any]:

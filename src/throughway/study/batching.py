@@ -32,7 +32,7 @@ from ..train.config import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, prepare_data, worker_threads
 
-__all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan",
+__all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
            "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "compiles",
            "COMPILE_MIN_STEPS"]
 
@@ -297,6 +297,18 @@ def projection_markdown(title: str, projection: dict[str, Any],
               "", f"serial sum {_duration(e['serial_s'])}; projected wall time with {e['jobs']} worker(s): "
                   f"{_duration(e['wall_s'])}{note}"]
     return "\n".join(lines) + "\n"
+
+
+def depth_study_markdown(name: str, grid: str, seeds: int, epochs: int, projection: dict[str, Any],
+                         columns: Sequence[tuple[str, Callable[[dict[str, Any]], str]]] = ()) -> str:
+    """`projection_markdown` for a study of stacked MLPs by depth (mnist-depth, gate-family): the title
+    names the study, its `grid` (e.g. "3 architectures x 5 depths"), seeds, epochs and images; each row
+    its depth, then `columns`, then the models in its batch."""
+    e = projection
+    title = (f"Projected cost of the {name} study: {grid} x {seeds} seeds, {epochs} epochs, {e['train_images']} "
+             f"training images (+ {e['eval_images']} evaluated per epoch)")
+    return projection_markdown(title, e, [("d", lambda r: str(r["batch"][0].config.depth)), *columns,
+                                          ("models in batch", lambda r: str(r["models"]))])
 
 
 def _duration(seconds: float) -> str:

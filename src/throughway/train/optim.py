@@ -162,6 +162,14 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
     kernels.nadam(p, g, m, v, c_grad, c_avg, eps_t, beta1, beta2)
 
 
+def _closure_loss(closure: Callable[[], Any] | None) -> Any:
+    """What torch's optimisers do with `step(closure)`: call it with gradients on, return its loss."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _kind_of(optimizer: type[torch.optim.Optimizer] | str) -> str:
     if isinstance(optimizer, str) and optimizer in KINDS:
         return optimizer
@@ -244,10 +252,7 @@ class FlatOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Gather parameters and gradients, update each flat vector (`update_rows`), copy the result back."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for params, group in zip(self._group_params, self.param_groups):
             flat = group["params"][0]
             # One C++ call each way (torch's flatten/unflatten helpers, as DDP uses): a Python loop
@@ -461,10 +466,7 @@ class BatchedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every row with the group's per-model rates (`param_groups[0]["lr"]`, (N, 1))."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         group = self._group
         update_rows(self.kind, self.stack.flat, self.stack.grad, self._state, lr=group["lr"],
                     momentum=group["momentum"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
