@@ -44,7 +44,7 @@ from .sections.depth_study import (_bn_stats, _mnist_depth_batchnorm_ablation, _
                                    _mnist_depth_stem_ablation, _mnist_depth_stem_dense_k_ratio,
                                    _mnist_depth_stem_dense_table, _mnist_depth_table,
                                    _mnist_depth_selection, _mnist_depth_val_selection)
-from .sections.gate_family import _gate_family_init_table, _gate_family_trained
+from .sections.gate_family import _gate_family_findings, _gate_family_init_table, _gate_family_trained
 from .sections.gates import _gates_table, _gates_text, _highway_analysis_table
 from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
                                _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
@@ -78,6 +78,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gates-table": _gates_table,
     "gate-family-init-table": _gate_family_init_table,
     "gate-family-trained": _gate_family_trained,
+    "gate-family-findings": _gate_family_findings,
     "gates-text": _gates_text,
     "highway-analysis-table": _highway_analysis_table,
     "sdi-table": _sdi_table,

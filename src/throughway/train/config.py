@@ -37,7 +37,6 @@ class RunExistsError(RuntimeError):
     """The output directory already holds a run and --resume was not given."""
 
 
-
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines one training run (written to results.json as `config`)."""
@@ -64,7 +63,6 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as a JSON-able dict (results.json's `config`)."""
         return dataclasses.asdict(self)
-
 
 
 def check_config(config: RunConfig) -> Recipe:
@@ -101,7 +99,6 @@ def check_config(config: RunConfig) -> Recipe:
     return recipe
 
 
-
 def resolve_recipe(config: RunConfig) -> Recipe:
     """The recipe `run_training` trains `config` with: the named recipe, its overrides, then `epochs`.
 
@@ -122,7 +119,6 @@ def resolve_recipe(config: RunConfig) -> Recipe:
     if config.epochs is not None:
         recipe = recipe.replace(epochs=config.epochs)
     return recipe
-
 
 
 def check_device(device: str) -> torch.device:
@@ -147,10 +143,8 @@ def check_device(device: str) -> torch.device:
     return parsed
 
 
-
 # Training runs in float32: a larger number (an lr of 1e308, say) overflows when it becomes a tensor.
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
 
 
 def _finite(where: str, values: dict[str, Any]) -> None:
@@ -158,7 +152,6 @@ def _finite(where: str, values: dict[str, Any]) -> None:
         if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
             raise ValueError(f"{where}.{key}={value!r}: must be a finite number within float32's range "
                              f"(|x| ≤ {_FLOAT32_MAX:.3g})")
-
 
 
 def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes: int) -> dict[str, Any]:
@@ -189,7 +182,6 @@ def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes:
     return kwargs
 
 
-
 def build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
     """The model of `config`, initialised as every run does: torch.manual_seed(config.seed), then
     create_model with the data's input size and classes, on config.device (shared with the batched trainer).
@@ -197,7 +189,6 @@ def build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
     kwargs = model_kwargs_for(config, data.input_shape, data.num_classes)
     torch.manual_seed(config.seed)  # the initialisation is a function of the seed
     return create_model(config.model, **kwargs).to(config.device)
-
 
 
 def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:

@@ -81,7 +81,6 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
                       main_process=main_process, tensorboard=tensorboard)
 
 
-
 def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
            callbacks: Sequence[Any], main_process: bool, tensorboard: bool = False) -> dict[str, Any]:
     if data is None:
@@ -99,7 +98,6 @@ def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, pr
         train_transform=transform, amp=config.amp, channels_last=config.channels_last, compile_model=config.compile,
         eval_batch_size=config.eval_batch_size or DEFAULT_EVAL_BATCH)
     return results
-
 
 
 def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe) -> dict[str, Any] | None:
@@ -144,7 +142,6 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe
     return None
 
 
-
 def check_finished_model(run: RunDir, results: dict[str, Any]) -> None:
     """Make sure a finished run (`results`' final is set) still has its model.safetensors before it is
     skipped as finished (issue 25, finding 5): a missing, truncated or damaged file, or one that is
@@ -184,7 +181,6 @@ def check_finished_model(run: RunDir, results: dict[str, Any]) -> None:
                      f"another --out to train the run again")
 
 
-
 def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read `run_dir`/results.json, with an error naming the file when it is missing."""
     path = Path(run_dir) / RESULTS_FILE
@@ -210,7 +206,6 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return results
 
 
-
 def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, data: DataSplits) -> dict[str, Any]:
     """The results.json fields known before training (format, config, environment, recipe, model, data).
     The environment holds the data set's checksums (`DataSplits.checksums`) where the data has them."""
@@ -229,7 +224,6 @@ def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, da
     }
 
 
-
 def final_summary(history: History) -> dict[str, Any]:
     """results.json's `final` field for a run that ended with `history`."""
     last = history.last()
@@ -242,7 +236,6 @@ def final_summary(history: History) -> dict[str, Any]:
         "k_mean": last.get("k_mean") if last else None,
         "k": last.get("k") if last else None,
     }
-
 
 
 class ResultsFiles:
@@ -280,12 +273,10 @@ class ResultsFiles:
         self._write(state, final=True)
 
 
-
 def _own_optimizer(state: TrainState) -> torch.optim.Optimizer:
     if not isinstance(state.optimizer, torch.optim.Optimizer) or isinstance(state.optimizer, BatchedOptimizer):
         raise TypeError("a run's own checkpoint needs the run's own optimiser; a batched run checkpoints the batch")
     return state.optimizer
-
 
 
 class _RunFiles(ResultsFiles):

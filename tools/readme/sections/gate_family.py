@@ -8,6 +8,7 @@ and the page says "pending" until then.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from throughway.experiments import gate_family, gate_family_init
 
@@ -17,6 +18,49 @@ from .common import _json
 def _gate_family_init_table(root: Path) -> str:
     """The distance-to-identity and Hessian tables at initialisation, by family and depth."""
     return gate_family_init.table_markdown(_json(root, "gate-family-init/results.json"))
+
+
+def _finished_depths(summary: dict[str, Any]) -> list[int]:
+    """The depths at which every family finished all its seeds."""
+    seeds = summary["config"]["seeds"]
+    return [d for d in summary["config"]["depths"]
+            if all(c["test_error_pct"]["n"] == seeds for c in summary["cells"] if c["depth"] == d)]
+
+
+def _gate_family_findings(root: Path) -> str:
+    """One line per finished depth: the family with the lowest mean test error, and what the paired
+    tests of gated against each family say (the significant ones named with p; the rest counted with
+    their range of p); the depths still training named last. Pending while results/gate-family is not
+    committed."""
+    if not (Path(root) / "gate-family" / "results.json").is_file():
+        return "Pending: no trained cell is committed yet."
+    summary = _json(root, "gate-family/results.json")
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    done = _finished_depths(summary)
+    lines = []
+    for depth in done:
+        means = {f: by[(f, depth)]["test_error_pct"] for f in summary["config"]["families"]}
+        best = min(means, key=lambda f: means[f]["mean"])
+        worst = max(means, key=lambda f: means[f]["mean"])
+        rows = [r for r in summary["comparisons"] if r["depth"] == depth and len(r["seeds"]) >= 3]
+        significant = [r for r in rows if r["verdict"] not in ("no significant difference", "too few")]
+        quiet = [r["test"]["p_value"] for r in rows if r["verdict"] == "no significant difference"
+                 and r["test"]["p_value"] is not None]
+        tests = "; ".join(f"{r['verdict']} than {r['b'] if r['verdict'].startswith('gated') else 'gated'} "
+                          f"(gated − {r['b']} {r['test']['mean_difference']:+.2f} points, p = {r['test']['p_value']:.2g})"
+                          for r in significant)
+        rest = (f"no significant difference from {len(quiet)} famil{'y' if len(quiet) == 1 else 'ies'} "
+                f"(p = {min(quiet):.2g} to {max(quiet):.2g})" if quiet else "")
+        lines.append(f"- **d = {depth}**: lowest mean test error {best} {means[best]['mean']:.2f} ± "
+                     f"{means[best]['std']:.2f}, highest {worst} {means[worst]['mean']:.2f} ± {means[worst]['std']:.2f}; "
+                     f"gated (paired, n = {len(rows[0]['seeds']) if rows else 0}): "
+                     + "; ".join(part for part in (tests, rest) if part) + ".")
+    pending = [d for d in summary["config"]["depths"] if d not in done]
+    if not done:
+        lines.append("- No depth has finished every family and seed yet.")
+    if pending:
+        lines.append(f"- Pending (not every family and seed finished): d = {', '.join(map(str, pending))}.")
+    return "\n".join(lines)
 
 
 def _gate_family_trained(root: Path) -> str:

@@ -125,16 +125,32 @@ def _selection_row(root: Path) -> str:
 
 
 def _gate_family_row(root: Path) -> str:
-    # Beyond the papers: the gate families at initialisation, distance to identity at the deepest depth.
+    # Beyond the papers: the gate families at initialisation (distance to identity at the deepest depth)
+    # and, once results/gate-family holds trained cells, the paired tests of gated against each family
+    # at the depths where every family finished all its seeds.
     summary = _json(root, "gate-family-init/results.json")
     deepest = max(summary["config"]["depths"])
     by = {p["family"]: p for p in summary["points"] if p["depth"] == deepest}
-    trained = "trained study: pending" if not (Path(root) / "gate-family" / "results.json").is_file() else \
-        "trained study: on the page"
-    return (f"| [Beyond the papers: ReZero, SkipInit, LayerScale](docs/reproductions/gate-family.md): squared "
-            f"distance to identity at init, d = {deepest} | — | ReZero {by['rezero']['distance_to_identity']['mean']:.3g}, "
-            f"gated {by['gated']['distance_to_identity']['mean']:.3g}, residual "
-            f"{by['residual']['distance_to_identity']['mean']:.3g} | measured at init ({trained}) |")
+    init = (f"at init, squared distance to identity at d = {deepest}: ReZero "
+            f"{by['rezero']['distance_to_identity']['mean']:.3g}, gated {by['gated']['distance_to_identity']['mean']:.3g}, "
+            f"residual {by['residual']['distance_to_identity']['mean']:.3g}")
+    trained, verdict = "trained: pending", "measured at init; trained study pending"
+    if (Path(root) / "gate-family" / "results.json").is_file():
+        study = _json(root, "gate-family/results.json")
+        seeds = study["config"]["seeds"]
+        done = [d for d in study["config"]["depths"]
+                if all(c["test_error_pct"]["n"] == seeds for c in study["cells"] if c["depth"] == d)]
+        tests = [r for r in study["comparisons"] if r["depth"] in done]
+        counts: dict[str, int] = {}
+        for r in tests:
+            counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        outcome = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        pending = [d for d in study["config"]["depths"] if d not in done]
+        trained = (f"trained, d = {', '.join(map(str, done))} ({seeds} seeds): {len(tests)} paired tests of gated "
+                   f"against each family, {outcome}") if done else "trained: no depth finished yet"
+        verdict = "measured" + (f"; d = {', '.join(map(str, pending))} pending" if pending else "")
+    return (f"| [Beyond the papers: ReZero, SkipInit, LayerScale](docs/reproductions/gate-family.md): the 2017 "
+            f"gate against its successors on the MNIST protocol | — | {init}; {trained} | {verdict} |")
 
 
 def _reproductions_table(root: Path) -> str:
