@@ -90,3 +90,42 @@ def test_figures56_contrary_pairs_counts_pairs_at_equal_loss():
                           trace("xavier", [(1.0, None)])]}
     result = readme.figures56_contrary_pairs(summary)
     assert result["pairs"] == 2 and result["contrary"] == 1  # (1.0 vs 1.02): fine; (0.5 vs 0.51): contrary
+
+
+def _gate_family_summary(done_depths, pending_depth, p_values):
+    # A gate-family results.json in the shape `gate_family.summarize` writes: two families, 3 seeds.
+    cells, comparisons = [], []
+    for depth in [*done_depths, pending_depth]:
+        for family, base in (("gated", 2.0), ("rezero", 2.5)):
+            n = 3 if depth in done_depths else 0
+            values = [base + 0.1 * s for s in range(n)]
+            cells.append({"family": family, "depth": depth, "test_error_pct": {
+                "mean": sum(values) / n if n else None, "std": 0.1 if n else None, "n": n, "values": values}})
+        p = p_values.get(depth)
+        comparisons.append({"depth": depth, "a": "gated", "b": "rezero", "seeds": [0, 1, 2] if p else [],
+                            "test": {"mean_difference": -0.5 if p else None, "p_value": p, "n": 3 if p else 0},
+                            "verdict": ("gated better" if p < 0.05 else "no significant difference") if p else "too few"})
+    return {"config": {"depths": [*done_depths, pending_depth], "families": ["gated", "rezero"], "seeds": 3},
+            "cells": cells, "comparisons": comparisons}
+
+
+def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
+    from tools.readme.sections.gate_family import _gate_family_findings
+    from tools.readme.sections.overview import _gate_family_row
+
+    (tmp_path / "gate-family-init").mkdir()
+    (tmp_path / "gate-family-init" / "results.json").write_text(json.dumps({"config": {"depths": [2]}, "points": [
+        {"family": f, "depth": 2, "distance_to_identity": {"mean": v}} for f, v in
+        (("rezero", 0.0), ("gated", 1.0), ("residual", 99.0))]}))
+    assert _gate_family_findings(tmp_path) == "Pending: no trained cell is committed yet."
+    assert "trained study pending" in _gate_family_row(tmp_path)
+    (tmp_path / "gate-family").mkdir()
+    summary = _gate_family_summary([2, 10], 20, {2: 0.4, 10: 0.01})
+    (tmp_path / "gate-family" / "results.json").write_text(json.dumps(summary))
+    text = _gate_family_findings(tmp_path)
+    assert "- **d = 2**: lowest mean test error gated 2.10" in text
+    assert "no significant difference from 1 family (p = 0.4 to 0.4)" in text
+    assert "gated better than rezero (gated − rezero -0.50 points, p = 0.01)" in text
+    assert "d = 20" in text.splitlines()[-1] and "Pending" in text.splitlines()[-1]
+    row = _gate_family_row(tmp_path)
+    assert "d = 2, 10 (3 seeds): 2 paired tests" in row and "1 gated better" in row and "d = 20 pending" in row
