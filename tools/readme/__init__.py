@@ -36,7 +36,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from .sections.batched import _batched_benchmark, _batched_step, _highway_depth_table, _highway_depth_text
+from .sections.batched import (_batched_benchmark, _batched_step, _highway_depth_table, _highway_depth_text,
+                               _paper_scale_estimate)
 from .sections.cli_reference import cli_reference
 from .sections.common import _json, _match, _text
 from .sections.conv import _conv_table
@@ -78,6 +79,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gates-table": _gates_table,
     "gate-family-init-table": _gate_family_init_table,
     "gate-family-trained": _gate_family_trained,
+    "highway-paper-scale-estimate": _paper_scale_estimate,
     "gate-family-findings": _gate_family_findings,
     "gates-text": _gates_text,
     "highway-analysis-table": _highway_analysis_table,

@@ -110,3 +110,24 @@ def _highway_depth_text(root: Path) -> str:
         f"{statistics.median(x['lr'] for x in finished):.2g} for the trials that finished. The learning-rate range "
         f"is ours.",
     ])
+
+
+def _paper_scale_estimate(root: Path) -> str:
+    """Highway figure 1 at the paper's scale, never run here: the projection of `--estimate` measured under
+    load (estimate.md) beside the one measured on a quiet machine (estimate-quiet.md), both eager."""
+    rows = []
+    for name, what in (("estimate.md", "measured while the cores were shared"),
+                       ("estimate-quiet.md", "measured on a quiet machine")):
+        relative = f"highway-depth-paper-scale/{name}"
+        text = _text(root, relative)
+        load = float(_match(r"measured with load average ([0-9.]+)", text, relative).group(1))
+        total = _match(r"serial sum ([0-9.]+) h; projected wall time with (\d+) worker\(s\): ([0-9.]+) h", text, relative)
+        rows.append((what, load, float(total.group(1)), int(total.group(2)), float(total.group(3)), relative))
+    (_, load_busy, _, _, busy, _), (_, load_quiet, serial, workers, quiet, _) = rows
+    return (f"`--estimate` projects {quiet:.0f} hours on this machine's {workers} cores ({serial:.0f} hours serial), "
+            f"measured on a quiet machine (load average {load_quiet:.2f}; `results/highway-depth-paper-scale/"
+            f"estimate-quiet.md`). The same projection measured while the cores were shared (load average "
+            f"{load_busy:.1f}) came to {busy:.0f} hours, {busy / quiet:.1f}× more: wall-clock step times under "
+            f"contention say little about a quiet machine, and neither figure is a bound (diverged trials leave "
+            f"their batch and shorten it). Both time eager steps; the full run would compile its steps (the "
+            f"default for batches of at least 10,000 steps), which was not timed here.")

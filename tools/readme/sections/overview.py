@@ -114,11 +114,15 @@ def _selection_row(root: Path) -> str:
                f"not reached even at the best test epoch of the best seed ({best['best']:.2f})")
     val = "validation-selected: pending"
     if (Path(root) / "mnist-depth-val" / "runs").is_dir():
-        honest = mnist_depth_report.selection_findings(
-            mnist_depth_report.epoch_selection(Path(root) / "mnist-depth-val"), "best-val")
-        val = "validation-selected epoch, d ≤ 50: " + ", ".join(
+        selection = mnist_depth_report.epoch_selection(Path(root) / "mnist-depth-val")
+        honest = mnist_depth_report.selection_findings(selection, "best-val")
+        depths = sorted({c["depth"] for c in selection["cells"]})
+        val = f"validation-selected epoch, d = {', '.join(map(str, depths))}: " + ", ".join(
             f"{arch} {len(v['within'])} of {len(v['within']) + len(v['below']) + len(v['above'])} cells reproduced"
             for arch, v in honest.items())
+        deep = next((c for c in selection["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
+        if deep is not None:
+            val += f"; d = 100 gated {deep['best-val']['mean']:.2f} ± {deep['best-val']['std']:.2f}"
     return (f"| [MNIST depth study](docs/reproductions/mnist-depth.md#which-epoch-table-1-reports): Table 1, d = 100 "
             f"gated, test error (%) at the best test epoch (optimistic) | {cell['paper']:.2f} | {best['mean']:.2f} ± "
             f"{best['std']:.2f} ({best['n']} seeds; {val}) | {verdict} |")
