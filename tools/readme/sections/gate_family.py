@@ -55,6 +55,14 @@ def _gate_family_findings(root: Path) -> str:
                      f"{means[best]['std']:.2f}, highest {worst} {means[worst]['mean']:.2f} ± {means[worst]['std']:.2f}; "
                      f"gated (paired, n = {len(rows[0]['seeds']) if rows else 0}): "
                      + "; ".join(part for part in (tests, rest) if part) + ".")
+    tested = [r for r in summary["comparisons"] if r["depth"] in done and len(r["seeds"]) >= 3
+              and r["test"]["p_value"] is not None]
+    if tested:
+        threshold = 0.05 / len(tested)
+        passing = sum(1 for r in tested if r["test"]["p_value"] < threshold)
+        lines.append(f"- The p values are not corrected for multiple comparisons: {len(tested)} paired tests at the "
+                     f"finished depths give a Bonferroni threshold of 0.05 / {len(tested)} = {threshold:.2g}; {passing} of "
+                     f"the {len(tested)} pass it" + (" (no difference above is then significant)." if not passing else "."))
     pending = [d for d in summary["config"]["depths"] if d not in done]
     if not done:
         lines.append("- No depth has finished every family and seed yet.")
