@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import _json
+from .gate_family import _finished_depths
 from .gates import _gates_numbers
 
 
@@ -142,8 +143,7 @@ def _gate_family_row(root: Path) -> str:
     if (Path(root) / "gate-family" / "results.json").is_file():
         study = _json(root, "gate-family/results.json")
         seeds = study["config"]["seeds"]
-        done = [d for d in study["config"]["depths"]
-                if all(c["test_error_pct"]["n"] == seeds for c in study["cells"] if c["depth"] == d)]
+        done = _finished_depths(study)
         tests = [r for r in study["comparisons"] if r["depth"] in done]
         counts: dict[str, int] = {}
         for r in tests:
