@@ -341,3 +341,28 @@ def test_reproduce_gate_family_init_from_the_command_line(tmp_path, fake_mnist_r
                  "--quiet"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["depths"] == [2, 6] and len(results["cells"]) == 2 * 2 * 2
+
+
+def test_removal_orders_are_compared_by_a_paired_test_over_seeds():
+    from throughway.experiments.gate_family_report import removal_comparisons, removal_markdown
+
+    def record(seed, greedy, random):
+        return {"seed": seed, "half_share_greedy": greedy, "half_share_random": random}
+
+    summary = {"config": {"depths": [2, 10, 20], "families": ["residual", "gated", "rezero"]}, "cells": [
+        {"family": "gated", "depth": 10, "removal": [record(0, 0.99, 0.95), record(1, 0.98, 0.95), record(2, 0.99, 0.94)]},
+        {"family": "rezero", "depth": 10, "removal": [record(0, 0.95, 0.96), record(1, 0.97, 0.96), record(2, 0.96, 0.96)]},
+        {"family": "gated", "depth": 20, "removal": [record(0, 0.99, 0.95), record(1, 0.98, 0.95)]},
+        {"family": "rezero", "depth": 20, "removal": []},
+        *({"family": f, "depth": 2, "removal": [record(0, 1.0, 0.5)]} for f in ("gated", "rezero"))]}
+    rows = removal_comparisons(summary)
+    # d = 2 has one block (no half to remove), the residual net no gate, rezero at d = 20 no finished seed
+    assert [(r["depth"], r["family"]) for r in rows] == [(10, "gated"), (10, "rezero"), (20, "gated")]
+    gated, rezero, few = rows
+    assert gated["kept_difference"] == pytest.approx(100 * (0.99 + 0.98 + 0.99 - 0.95 - 0.95 - 0.94) / 3)
+    assert gated["verdict"] == "gate order better" and gated["test"]["p_value"] < 0.05
+    assert rezero["verdict"] == "no significant difference" and rezero["kept_difference"] == pytest.approx(0.0, abs=1e-9)
+    assert few["verdict"] == "too few seeds" and few["seeds"] == [0, 1]
+    text = removal_markdown(summary)
+    assert f"| 10 | gated | 3 | +{gated['kept_difference']:.2f} | {gated['test']['p_value']:.2g} | gate order better |" in text
+    assert "| 20 | gated | 2 | +3.50 | — | too few seeds |" in text  # no p is read below 3 seeds

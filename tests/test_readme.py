@@ -130,3 +130,19 @@ def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
     assert "Bonferroni threshold of 0.05 / 2 = 0.025; 1 of the 2 pass it." in text
     row = _gate_family_row(tmp_path)
     assert "d = 2, 10 (3 seeds): 2 paired tests" in row and "1 gated better" in row and "d = 20 pending" in row
+
+
+def test_gate_family_findings_name_the_removal_orders_that_a_paired_test_separates(tmp_path):
+    from tools.readme.sections.gate_family import _gate_family_findings
+
+    summary = _gate_family_summary([2, 10], 20, {2: 0.4, 10: 0.01})
+    shares = {10: [(0.99, 0.95), (0.98, 0.95), (0.99, 0.94)], 20: [(0.99, 0.95)] * 3}
+    for cell in summary["cells"]:
+        if cell["family"] == "gated" and cell["depth"] in shares:  # d = 20 is unfinished: not a finding
+            cell["removal"] = [{"seed": s, "half_share_greedy": g, "half_share_random": r}
+                               for s, (g, r) in enumerate(shares[cell["depth"]])]
+    (tmp_path / "gate-family").mkdir()
+    (tmp_path / "gate-family" / "results.json").write_text(json.dumps(summary))
+    line = next(x for x in _gate_family_findings(tmp_path).splitlines() if x.startswith("- **Removal**"))
+    assert "gated: d = 10 gate order +4.0 points (p = " in line and "d = 20" not in line
+    assert "Bonferroni over this test: threshold 0.05, 1 passes it." in line

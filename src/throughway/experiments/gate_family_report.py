@@ -8,7 +8,8 @@ table is one markdown function that returns text, so the docs page can take them
 * `comparisons_markdown`: paired t-tests of gated against every other family, seed by seed;
 * `gate_values_markdown`: the gates at the end by depth (mean k, mean α, mean |λ|; dead and negative);
 * `removal_markdown`: the share of test accuracy kept after removing half the blocks, smallest |gate|
-  first and in random orders (gated-residual-v2 §3.1's experiment, for every gated kind).
+  first and in random orders (gated-residual-v2 §3.1's experiment, for every gated kind), and the
+  paired t-test of the two orders over seeds (`removal_comparisons`).
 
 Gate values are read with `block.gate.k` (the raw parameter: k, α or the vector λ) and `block.gate.value()`
 (what scales the branch: relu(k), α, λ), so LayerScale's vector gate is handled like the scalar ones.
@@ -27,17 +28,16 @@ from torch import nn
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import removal_curve, removal_order
 from ..data import load_dataset
-from ..report.stats import paired_t_test
+from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, paired_t_test, paired_verdict
 from ..study.runs import mean_std
 from ..train import load_model
 from ..train.loop import evaluate
 
 __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "gated_comparisons", "comparisons_markdown",
            "block_gates", "gate_record", "gate_values_markdown", "removal_record",
-           "update_removal", "removal_markdown"]
+           "update_removal", "removal_comparisons", "removal_markdown"]
 
-SIGNIFICANCE = 0.05
-MIN_SEEDS = 3  # fewer paired seeds than this: "too few", no verdict (issue 24)
+MIN_SEEDS = MIN_PAIRS_FOR_VERDICT  # fewer paired seeds than this: "too few", no verdict (issue 24)
 # What the report calls each family's gate at the end: the raw parameter of its blocks.
 GATE_SYMBOL = {"gated": "k", "gated-nf": "k", "rezero": "α", "rezero-nf": "α", "layerscale": "|λ|"}
 REMOVAL_FILE = "removal.json"
@@ -216,10 +216,37 @@ def update_removal(out: str | os.PathLike[str], runs: Sequence[tuple[str, dict[s
     return records
 
 
+def removal_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per depth with at least two blocks to halve and per gated family, the paired t-test
+    (report.stats.paired_t_test, two-sided) over seeds of the accuracy share LOST with ⌊blocks/2⌋ blocks
+    removed, smallest |gate| first − random order (each net's mean over its random orders), so that a
+    negative mean difference means the gate order keeps more. `kept_difference` is the gate order's share
+    kept minus the random orders', in points (×100). Verdict (report.stats.paired_verdict): "gate order
+    better", "random order better", "no significant difference", or "too few seeds" below
+    MIN_PAIRS_FOR_VERDICT seeds. Cells without a finished seed are left out."""
+    families = [f for f in summary["config"]["families"] if f in GATE_SYMBOL]
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    rows = []
+    for depth in summary["config"]["depths"]:
+        if depth // 2 < 2:
+            continue
+        for family in families:
+            pairs = [(r["seed"], r["half_share_greedy"], r["half_share_random"]) for r in by[(family, depth)].get("removal") or []
+                     if r["half_share_greedy"] is not None and r["half_share_random"] is not None]
+            if not pairs:
+                continue
+            test = paired_t_test([1.0 - greedy for _, greedy, _ in pairs], [1.0 - random for _, _, random in pairs])
+            rows.append({"depth": depth, "family": family, "seeds": [seed for seed, _, _ in pairs], "test": test.to_dict(),
+                         "kept_difference": None if test.mean_difference is None else -100.0 * test.mean_difference,
+                         "verdict": paired_verdict(test, "gate order", "random order")})
+    return rows
+
+
 def removal_markdown(summary: dict[str, Any]) -> str:
     """The share of test accuracy kept with half the blocks removed, by depth and gated family: mean ±
     std over seeds, smallest |gate| first ("gate order") and in random orders (mean of each net's random
-    orders); "pending" where no seed's model is there. d = 2 has a single block: half of it is none."""
+    orders); "pending" where no seed's model is there. d = 2 has a single block: half of it is none.
+    Then the paired tests of the two orders (`removal_comparisons`), one row per depth and family."""
     families = [f for f in summary["config"]["families"] if f in GATE_SYMBOL]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Share of test accuracy kept with ⌊blocks/2⌋ blocks removed (accuracy after / full accuracy), mean "
@@ -238,6 +265,17 @@ def removal_markdown(summary: dict[str, Any]) -> str:
             random = mean_std([r["half_share_random"] for r in removal if r["half_share_random"] is not None])
             cells.append(f"{_share(greedy)} / {_share(random)} (n={len(removal)})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+    tests = removal_comparisons(summary)
+    if tests:
+        lines += ["", "Paired t-test (two-sided) over seeds of the share kept, smallest |gate| first − random order "
+                  f"(points of test accuracy share, n seeds); a verdict only at p < {SIGNIFICANCE} with n ≥ "
+                  f"{MIN_PAIRS_FOR_VERDICT}", "", "| d | family | n | gate order − random (pp) | p | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for row in tests:
+            test, few = row["test"], len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT
+            diff = "—" if row["kept_difference"] is None else f"{row['kept_difference']:+.2f}"
+            p = "—" if test["p_value"] is None or few else f"{test['p_value']:.2g}"
+            lines.append(f"| {row['depth']} | {row['family']} | {len(row['seeds'])} | {diff} | {p} | {row['verdict']} |")
     return "\n".join(lines) + "\n"
 
 

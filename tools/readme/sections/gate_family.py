@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from throughway.experiments import gate_family, gate_family_init
+from throughway.experiments.gate_family_report import removal_comparisons
 
 from .common import _json
 
@@ -63,12 +64,39 @@ def _gate_family_findings(root: Path) -> str:
         lines.append(f"- The p values are not corrected for multiple comparisons: {len(tested)} paired tests at the "
                      f"finished depths give a Bonferroni threshold of 0.05 / {len(tested)} = {threshold:.2g}; {passing} of "
                      f"the {len(tested)} pass it" + (" (no difference above is then significant)." if not passing else "."))
+    lines += _removal_findings(summary, done)
     pending = [d for d in summary["config"]["depths"] if d not in done]
     if not done:
         lines.append("- No depth has finished every family and seed yet.")
     if pending:
         lines.append(f"- Pending (not every family and seed finished): d = {', '.join(map(str, pending))}.")
     return "\n".join(lines)
+
+
+def _removal_findings(summary: dict[str, Any], done: list[int]) -> list[str]:
+    """One line on the paired tests of removal orders at the finished depths (gate_family_report.
+    removal_comparisons): per gated family, the depths where removing the smallest |gate| first keeps
+    significantly more (or less) accuracy than random orders, with the difference and p; then the
+    Bonferroni count over those tests. Nothing when no depth with two or more blocks has finished."""
+    rows = [r for r in removal_comparisons(summary) if r["depth"] in done and r["test"]["p_value"] is not None
+            and r["verdict"] != "too few seeds"]
+    if not rows:
+        return []
+    parts = []
+    for family in dict.fromkeys(r["family"] for r in rows):
+        mine = [r for r in rows if r["family"] == family]
+        significant = [r for r in mine if r["verdict"] != "no significant difference"]
+        parts.append(f"{family}: " + (", ".join(
+            f"d = {r['depth']} {r['verdict'].replace(' better', '')} {r['kept_difference']:+.1f} points (p = "
+            f"{r['test']['p_value']:.2g})" for r in significant) if significant else "no significant difference")
+            + (f" (no difference at d = {', '.join(str(r['depth']) for r in mine if r not in significant)})"
+               if significant and len(significant) < len(mine) else ""))
+    threshold = 0.05 / len(rows)
+    passing = sum(1 for r in rows if r["test"]["p_value"] < threshold)
+    return [f"- **Removal** (half the blocks, paired over seeds: share of accuracy kept with the smallest |gate| "
+            f"removed first − in random orders, where significant): {'; '.join(parts)}. Bonferroni over "
+            f"{'this test' if len(rows) == 1 else f'these {len(rows)} tests'}: threshold {threshold:.2g}, {passing} "
+            f"pass{'es' if passing == 1 else ''} it."]
 
 
 def _gate_family_trained(root: Path) -> str:
