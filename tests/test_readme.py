@@ -127,7 +127,7 @@ def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
     assert "no significant difference from 1 family (p = 0.4 to 0.4)" in text
     assert "gated better than rezero (gated − rezero -0.50 points, p = 0.01)" in text
     assert "d = 20" in text.splitlines()[-1] and "Pending" in text.splitlines()[-1]
-    assert "Bonferroni threshold of 0.05 / 2 = 0.025; 1 of the 2 pass it." in text
+    assert "Bonferroni threshold of 0.05 / 2 = 0.025; 1 of the 2 pass it (gated better than rezero at d = 10)." in text
     row = _gate_family_row(tmp_path)
     assert "d = 2, 10 (3 seeds): 2 paired tests" in row and "1 gated better" in row and "d = 20 pending" in row
 

@@ -60,10 +60,13 @@ def _gate_family_findings(root: Path) -> str:
               and r["test"]["p_value"] is not None]
     if tested:
         threshold = 0.05 / len(tested)
-        passing = sum(1 for r in tested if r["test"]["p_value"] < threshold)
+        passing = [r for r in tested if r["test"]["p_value"] < threshold]
+        named = "; ".join(f"{r['verdict']} than {r['b'] if r['verdict'].startswith('gated') else 'gated'} at d = "
+                          f"{r['depth']}" for r in passing)
         lines.append(f"- The p values are not corrected for multiple comparisons: {len(tested)} paired tests at the "
-                     f"finished depths give a Bonferroni threshold of 0.05 / {len(tested)} = {threshold:.2g}; {passing} of "
-                     f"the {len(tested)} pass it" + (" (no difference above is then significant)." if not passing else "."))
+                     f"finished depths give a Bonferroni threshold of 0.05 / {len(tested)} = {threshold:.2g}; {len(passing)} of "
+                     f"the {len(tested)} pass it" + (f" ({named})." if passing else
+                                                     " (no difference above is then significant)."))
     lines += _removal_findings(summary, done)
     pending = [d for d in summary["config"]["depths"] if d not in done]
     if not done:
