@@ -12,6 +12,7 @@ from typing import Any
 
 from throughway.experiments import gate_family, gate_family_init
 from throughway.experiments.gate_family_report import removal_comparisons
+from throughway.report.stats import SIGNIFICANCE
 
 from .common import _json
 
@@ -26,6 +27,12 @@ def _finished_depths(summary: dict[str, Any]) -> list[int]:
     seeds = summary["config"]["seeds"]
     return [d for d in summary["config"]["depths"]
             if all(c["test_error_pct"]["n"] == seeds for c in summary["cells"] if c["depth"] == d)]
+
+
+def _verdict_phrase(row: dict[str, Any]) -> str:
+    """A significant paired test of gated against row["b"] in words: "gated better than rezero" or
+    "rezero better than gated"."""
+    return f"{row['verdict']} than {row['b'] if row['verdict'].startswith('gated') else 'gated'}"
 
 
 def _gate_family_findings(root: Path) -> str:
@@ -47,7 +54,7 @@ def _gate_family_findings(root: Path) -> str:
         significant = [r for r in rows if r["verdict"] not in ("no significant difference", "too few")]
         quiet = [r["test"]["p_value"] for r in rows if r["verdict"] == "no significant difference"
                  and r["test"]["p_value"] is not None]
-        tests = "; ".join(f"{r['verdict']} than {r['b'] if r['verdict'].startswith('gated') else 'gated'} "
+        tests = "; ".join(f"{_verdict_phrase(r)} "
                           f"(gated − {r['b']} {r['test']['mean_difference']:+.2f} points, p = {r['test']['p_value']:.2g})"
                           for r in significant)
         rest = (f"no significant difference from {len(quiet)} famil{'y' if len(quiet) == 1 else 'ies'} "
@@ -59,12 +66,11 @@ def _gate_family_findings(root: Path) -> str:
     tested = [r for r in summary["comparisons"] if r["depth"] in done and len(r["seeds"]) >= 3
               and r["test"]["p_value"] is not None]
     if tested:
-        threshold = 0.05 / len(tested)
+        threshold = SIGNIFICANCE / len(tested)
         passing = [r for r in tested if r["test"]["p_value"] < threshold]
-        named = "; ".join(f"{r['verdict']} than {r['b'] if r['verdict'].startswith('gated') else 'gated'} at d = "
-                          f"{r['depth']}" for r in passing)
+        named = "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']}" for r in passing)
         lines.append(f"- The p values are not corrected for multiple comparisons: {len(tested)} paired tests at the "
-                     f"finished depths give a Bonferroni threshold of 0.05 / {len(tested)} = {threshold:.2g}; {len(passing)} of "
+                     f"finished depths give a Bonferroni threshold of {SIGNIFICANCE} / {len(tested)} = {threshold:.2g}; {len(passing)} of "
                      f"the {len(tested)} pass it" + (f" ({named})." if passing else
                                                      " (no difference above is then significant)."))
     lines += _removal_findings(summary, done)
@@ -94,7 +100,7 @@ def _removal_findings(summary: dict[str, Any], done: list[int]) -> list[str]:
             f"{r['test']['p_value']:.2g})" for r in significant) if significant else "no significant difference")
             + (f" (no difference at d = {', '.join(str(r['depth']) for r in mine if r not in significant)})"
                if significant and len(significant) < len(mine) else ""))
-    threshold = 0.05 / len(rows)
+    threshold = SIGNIFICANCE / len(rows)
     passing = sum(1 for r in rows if r["test"]["p_value"] < threshold)
     return [f"- **Removal** (half the blocks, paired over seeds: share of accuracy kept with the smallest |gate| "
             f"removed first − in random orders, where significant): {'; '.join(parts)}. Bonferroni over "
