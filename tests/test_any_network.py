@@ -493,3 +493,27 @@ def test_add_gates_keeps_device_dtype_and_deepcopy_and_state_dict_work():
     clone = copy.deepcopy(net)
     assert clone.state_dict().keys() == net.state_dict().keys()
     assert "encoder.layers.0.dropout1.gate.k" in net.state_dict()
+
+
+# ---- distances and callbacks on any model ---------------------------------------------------------
+
+def test_identity_distance_callback_reads_the_blocks_of_a_users_transformer():
+    from throughway.analysis.distance import IdentityDistance
+    from throughway.train import fit
+
+    torch.manual_seed(0)
+    net = add_gates(TokenNet(True, layers=2), "relu")
+    x, y = torch.randn(32, 4, 8), torch.randint(0, 3, (32,))
+    callback = IdentityDistance()
+    fit(net, (x, y), get_recipe("gresnet-mnist", epochs=2, batch_size=16), callbacks=[callback])
+    assert len(callback.records) == 3 and callback.kinds == ["gated", "gated"]
+    # relu gates at k ≈ 1 on both branches: the paper's target is Σ max(k, 0)² ≈ 2 per layer
+    assert callback.records[0]["identity_sq"] == pytest.approx(4.0)
+    assert callback.records[-1]["travelled_sq"] > 0
+
+
+def test_sdi_takes_a_layer_type_and_says_so_briefly():
+    from throughway.analysis.sdi import sdi
+    with pytest.raises(TypeError) as info:
+        sdi(TokenNet(True), 16)  # type: ignore[arg-type]
+    assert "layer type" in str(info.value) and len(str(info.value)) < 400

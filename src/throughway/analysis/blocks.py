@@ -33,7 +33,7 @@ from ..layers import HighwayLayer, PlainBlock
 from ..layers.adapters import NATIVE_BLOCK_TYPES, BranchRef, block_branches, block_spec, is_block, iter_blocks
 from ..layers.gated import AugmentedLayer
 
-__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "find_branches", "block_kind", "block_gate", "gate_value",
+__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate", "gate_value",
            "gate_magnitude", "resolve_block", "resolve_blocks", "resolve_branches", "identity_shortcut"]
 
 # The package's block types; a user's own block is found when it follows the block contract or its
@@ -63,7 +63,9 @@ def find_branches(model: nn.Module) -> dict[str, BranchRef]:
     return {ref.name: ref for name, block in iter_blocks(model) for ref in block_branches(name, block)}
 
 
-def _no_blocks_error(model: nn.Module) -> ValueError:
+def no_blocks_error(model: nn.Module) -> ValueError:
+    """The error every analysis raises for a model without blocks, naming the model and how to register
+    its block type."""
     return ValueError(f"{type(model).__name__} has no blocks (none of the toolkit's block types, no module with the "
                       f"attributes branch, shortcut and gate, and no registered block type): nothing to analyse; "
                       f"register its block type with throughway.layers.register_block (docs/guide.md, 'Your own "
@@ -141,7 +143,7 @@ def resolve_block(model: nn.Module, block: int | str, *, negative: bool = False)
     ValueError when the model has no blocks or the name is a module that is not a block."""
     blocks = find_blocks(model)
     if not blocks:
-        raise _no_blocks_error(model)
+        raise no_blocks_error(model)
     if isinstance(block, str):
         if block in blocks:
             return block, blocks[block]
@@ -182,7 +184,7 @@ def resolve_branches(model: nn.Module, which: int | str) -> list[BranchRef]:
     ValueError when the model has no blocks."""
     branches = find_branches(model)
     if not branches:
-        raise _no_blocks_error(model)
+        raise no_blocks_error(model)
     if isinstance(which, str):
         if which in branches:
             return [branches[which]]

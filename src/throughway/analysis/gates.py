@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate, TransformGate
-from .blocks import FAMILIES, _no_blocks_error, block_kind, find_blocks, find_branches, gate_value, identity_shortcut
+from .blocks import FAMILIES, no_blocks_error, block_kind, find_blocks, find_branches, gate_value, identity_shortcut
 
 __all__ = [
     "FAMILIES",
@@ -46,7 +46,7 @@ __all__ = [
 def _blocks(model: nn.Module) -> dict[str, nn.Module]:
     blocks = find_blocks(model)
     if not blocks:
-        raise _no_blocks_error(model)
+        raise no_blocks_error(model)
     return blocks
 
 

@@ -32,7 +32,7 @@ from torch import nn
 from ..layers import ScalarGate, TransformGate
 from ..models import create_model
 from ..layers.adapters import BranchRef, block_spec
-from .blocks import (_no_blocks_error, block_kind, find_blocks, find_branches, gate_magnitude, gate_value,
+from .blocks import (no_blocks_error, block_kind, find_blocks, find_branches, gate_magnitude, gate_value,
                      identity_shortcut, resolve_blocks, resolve_branches)
 
 __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
@@ -371,7 +371,7 @@ def unremovable_blocks(model: nn.Module) -> dict[str, str]:
     registry's prunable MLPs (PRUNABLE_MODELS), whose blocks all keep the width."""
     blocks = find_blocks(model)
     if not blocks:
-        raise _no_blocks_error(model)
+        raise no_blocks_error(model)
     if _registry_name(model) is not None:
         return {}
     reasons = {}

@@ -37,6 +37,7 @@ import torch
 
 from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
 from ..analysis.gates import block_gates
+from ..models import create_model
 from ..analysis.blocks import gate_value
 from ..report.stats import SIGNIFICANCE, bonferroni
 from ..study.options import add_options, check_known, option, quick_config
@@ -313,7 +314,6 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
 
 def _step_seconds(depth: int, width: int, steps: int) -> float:
-    from .. import create_model
     model = create_model("vit_patch", depth=depth, width=width, gate="relu")
     optimizer = torch.optim.NAdam(model.parameters(), lr=0.002)
     x, y = torch.rand(128, 784), torch.randint(0, 10, (128,))
