@@ -1,0 +1,204 @@
+"""The stacked trainer's CUDA path (issue 35): its device-independent parts on the CPU, the captured
+epoch on a GPU (skipped without one)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from throughway.data import to_splits
+from throughway.models import create_model
+from throughway.train import RunConfig, get_recipe, read_results
+from throughway.train.batched import order_generator, train_batched
+from throughway.train.graphed import GraphedStep, update_rows_on_device
+from throughway.train.optim import BatchedOptimizer, update_rows
+from throughway.train.stacked import BatchedStep, StackedModels, train_epoch
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _stack(device: str = "cpu", depth: int = 4, recipe: str = "gresnet-mnist", **overrides):
+    """A mixed stack (plain, residual, gated; two seeds each) of width-8 MLPs and its optimiser."""
+    models = []
+    for name in ("mlp_plain", "mlp_residual", "mlp_gated_residual"):
+        for seed in range(2):
+            torch.manual_seed(seed)
+            models.append(create_model(name, depth=depth, width=8, in_features=20, num_classes=4))
+    stack = StackedModels(models, device=device)
+    recipes = [get_recipe(recipe, **overrides).replace(lr=0.002 * (1 + i % 3)) for i in range(len(models))]
+    optimizer = BatchedOptimizer(stack, recipes)
+    optimizer.param_groups[0]["lr"] = torch.tensor([r.lr for r in recipes], device=device).view(-1, 1)
+    return stack, optimizer
+
+
+def _data(n: int = 70, device: str = "cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 20, generator=g).to(device)
+    y = torch.randint(0, 4, (n,), generator=g).to(device)
+    orders = torch.stack([torch.randperm(n, generator=g) for _ in range(6)]).to(device)
+    return x, y, orders
+
+
+def _state(stack: StackedModels, optimizer: BatchedOptimizer) -> dict[str, torch.Tensor]:
+    out = {"flat": stack.flat.clone(), "steps": stack.steps.clone()}
+    out.update({f"running.{k}": v.clone() for k, v in stack.running.items()})
+    out.update({f"optim.{k}": v.clone() for k, v in optimizer.state_tensors().items()})
+    out["optim.step"] = torch.tensor(float(optimizer.step_count))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# On the CPU: the parts that do not need a GPU
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "nadam"])
+def test_the_device_side_update_is_update_rows_bit_for_bit_on_the_cpu(kind):
+    g = torch.Generator().manual_seed(1)
+    p0 = torch.randn(3, 50, generator=g)
+    lr = torch.tensor([[0.01], [0.002], [0.1]])
+    momentum = torch.tensor([[0.9], [0.5], [0.0]])
+    decay = torch.rand(3, 50, generator=g) * 1e-3
+    host_p, device_p = p0.clone(), p0.clone()
+    host_state: dict = {}
+    device_state: dict = {"step": torch.zeros(()), "mu_product": torch.ones(()), "momentum_buffer": torch.zeros(3, 50),
+                          "exp_avg": torch.zeros(3, 50), "exp_avg_sq": torch.zeros(3, 50)}
+    for _ in range(25):
+        grad = torch.randn(3, 50, generator=g)
+        options = dict(lr=lr, momentum=momentum if kind == "sgd" else None, weight_decay=decay, nesterov=kind == "sgd")
+        update_rows(kind, host_p, grad, host_state, **options)
+        update_rows_on_device(kind, device_p, grad, device_state, **options)
+    assert torch.equal(host_p, device_p)
+    assert float(device_state["step"]) == float(host_state["step"]) == 25.0
+    if kind == "nadam":
+        assert torch.equal(device_state["mu_product"], host_state["mu_product"])
+
+
+@pytest.mark.parametrize("recipe", ["gresnet-mnist", "highway-mnist"])  # NAdam; SGD with momentum
+def test_the_static_epoch_equals_train_epoch_on_the_cpu(recipe):
+    """GraphedStep's body (batch gathered from a device-side offset, device-side optimiser scalars and
+    totals) trains the steps `train_epoch` trains: same weights, statistics, totals, optimiser state,
+    over two epochs with a short last batch (70 = 4·16 + 6)."""
+    x, y, orders = _data()
+    eager_stack, eager_opt = _stack(recipe=recipe)
+    static_stack, static_opt = _stack(recipe=recipe)
+    eager = BatchedStep(eager_stack, eager_opt)
+    static = GraphedStep(static_stack, static_opt)
+    assert not static.capture  # the CPU runs the body eagerly
+    for epoch in range(2):
+        a = train_epoch(eager, x, y, orders.roll(epoch, 1), 16)
+        b = static.epoch(x, y, orders.roll(epoch, 1), 16)
+        assert a.seen == b.seen == 70
+        for name in ("loss_sum", "wrong", "bad_step", "bad_loss"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    want, have = _state(eager_stack, eager_opt), _state(static_stack, static_opt)
+    assert want.keys() == have.keys()
+    for name in want:
+        assert torch.equal(want[name], have[name]), name
+
+
+def test_a_diverging_member_is_reported_at_the_same_step_and_the_stack_can_shrink():
+    x, y, orders = _data()
+    x = x * 1e3
+    stacks = [_stack(), _stack()]
+    for stack, opt in stacks:  # member 1 diverges: an enormous rate
+        opt.param_groups[0]["lr"][1] = 1e12
+    eager = BatchedStep(*stacks[0])
+    static = GraphedStep(*stacks[1])
+    a = train_epoch(eager, x, y, orders, 16)
+    b = static.epoch(x, y, orders, 16)
+    assert torch.equal(a.bad_step, b.bad_step) and int(b.bad_step[1]) >= 0
+    torch.testing.assert_close(a.bad_loss, b.bad_loss, rtol=0, atol=0, equal_nan=True)
+    # The loop drops the member; the static buffers follow the smaller stack.
+    for stack, opt in stacks:
+        keep = [0, 2, 3, 4, 5]
+        stack.select(keep)
+        opt.select(keep)
+    a = train_epoch(eager, x, y, orders[:5], 16)
+    b = static.epoch(x, y, orders[:5], 16)
+    assert b.loss_sum.shape == (5,) and torch.equal(a.loss_sum, b.loss_sum)
+    assert torch.equal(stacks[0][0].flat, stacks[1][0].flat)
+
+
+def test_capture_needs_a_cuda_device():
+    stack, opt = _stack()
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        GraphedStep(stack, opt, capture=True)
+
+
+def test_order_generators_stay_on_the_cpu_off_a_gpu():
+    assert order_generator(torch.device("cpu")).device == torch.device("cpu")
+    g = order_generator(torch.device("cpu")).manual_seed(3)
+    assert torch.equal(torch.randperm(50, generator=g, device=g.device),
+                       torch.randperm(50, generator=torch.Generator().manual_seed(3)))
+
+
+def test_uint8_data_is_normalised_on_the_device_to_the_same_numbers(fake_arrays):
+    data = to_splits(fake_arrays, limit=50)
+    want = torch.from_numpy(np.ascontiguousarray(fake_arrays.train_x[:50])).to(torch.float32) / 255.0
+    assert data.train.x.dtype == torch.float32 and data.train.y.dtype == torch.int64
+    assert torch.equal(data.train.x, want)
+    assert torch.equal(data.test.y, torch.from_numpy(fake_arrays.test_y[:50].astype(np.int64)))
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("recipe", ["gresnet-mnist", "highway-mnist"])
+def test_the_captured_epoch_equals_the_eager_one_on_the_gpu(recipe):
+    x, y, orders = _data(n=300, device="cuda")
+    eager_stack, eager_opt = _stack("cuda", recipe=recipe)
+    graph_stack, graph_opt = _stack("cuda", recipe=recipe)
+    eager = BatchedStep(eager_stack, eager_opt)
+    graphed = GraphedStep(graph_stack, graph_opt)
+    assert graphed.capture
+    for epoch in range(3):
+        a = train_epoch(eager, x, y, orders.roll(epoch, 1), 64)  # 300 = 4·64 + 44: two graphs
+        b = graphed.epoch(x, y, orders.roll(epoch, 1), 64)
+        torch.testing.assert_close(a.loss_sum, b.loss_sum, rtol=1e-5, atol=1e-6)
+        assert torch.equal(a.bad_step, b.bad_step)
+    assert graphed.captures == 2  # captured once per batch size, then replayed
+    want, have = _state(eager_stack, eager_opt), _state(graph_stack, graph_opt)
+    for name in want:
+        torch.testing.assert_close(have[name].cpu(), want[name].cpu(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_captured_epoch_does_not_synchronise_per_step():
+    """The host waits for the device a fixed number of times per epoch, whatever its length."""
+    def synchronisations(n: int) -> int:
+        x, y, orders = _data(n=n, device="cuda")
+        stack, opt = _stack("cuda")
+        graphed = GraphedStep(stack, opt)
+        graphed.epoch(x, y, orders, 32)  # captures
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                graphed.epoch(x, y, orders, 32)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return len(caught)
+
+    assert synchronisations(32 * 40) == synchronisations(32 * 4)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_train_batched_on_a_gpu_uses_graphs_and_rolls_back_a_diverged_member(tmp_path, fake_mnist_root):
+    configs = [RunConfig(model="mlp_gated_residual", depth=4, recipe="gresnet-mnist", epochs=2, seed=s,
+                         device="cuda", data_dir=str(fake_mnist_root), model_kwargs={"width": 8},
+                         recipe_overrides={"lr": 1e9 if s == 1 else 0.002}) for s in range(3)]
+    dirs = [tmp_path / f"s{s}" for s in range(3)]
+    results = train_batched(configs, dirs, progress=False)
+    assert [r["diverged"] for r in results] == [False, True, False]
+    assert read_results(dirs[0])["final"] is not None
+    assert len(read_results(dirs[0])["history"]) == 2
+    assert read_results(dirs[0])["environment"]["device"].startswith("cuda")
