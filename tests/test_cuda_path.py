@@ -103,7 +103,7 @@ def test_a_diverging_member_is_reported_at_the_same_step_and_the_stack_can_shrin
     x, y, orders = _data()
     x = x * 1e3
     stacks = [_stack(), _stack()]
-    for stack, opt in stacks:  # member 1 diverges: an enormous rate
+    for _, opt in stacks:  # member 1 diverges: an enormous rate
         opt.param_groups[0]["lr"][1] = 1e12
     eager = BatchedStep(*stacks[0])
     static = GraphedStep(*stacks[1])
