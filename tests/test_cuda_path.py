@@ -192,13 +192,24 @@ def test_a_captured_epoch_does_not_synchronise_per_step():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_train_batched_on_a_gpu_uses_graphs_and_rolls_back_a_diverged_member(tmp_path, fake_mnist_root):
-    configs = [RunConfig(model="mlp_gated_residual", depth=4, recipe="gresnet-mnist", epochs=2, seed=s,
-                         device="cuda", data_dir=str(fake_mnist_root), model_kwargs={"width": 8},
-                         recipe_overrides={"lr": 1e9 if s == 1 else 0.002}) for s in range(3)]
-    dirs = [tmp_path / f"s{s}" for s in range(3)]
-    results = train_batched(configs, dirs, progress=False)
-    assert [r["diverged"] for r in results] == [False, True, False]
-    assert read_results(dirs[0])["final"] is not None
-    assert len(read_results(dirs[0])["history"]) == 2
-    assert read_results(dirs[0])["environment"]["device"].startswith("cuda")
+def test_train_batched_on_a_gpu_captures_and_rolls_back_a_diverged_member_as_the_eager_step_does(tmp_path,
+                                                                                                   fake_mnist_root):
+    """The whole trainer on a GPU, with and without graphs: the same member diverges in the same epoch,
+    the others end with the same numbers (the same on-device data orders)."""
+    configs = [RunConfig(model="mlp_plain", depth=2, recipe="highway-mnist", epochs=3, seed=s, device="cuda",
+                         model_kwargs={"width": 8, "norm": "none"},
+                         recipe_overrides={"lr": 1e12 if s == 1 else 0.05, "momentum": 0.9, "batch_size": 64})
+               for s in range(3)]
+    runs = {}
+    for graphs in (True, False):
+        dirs = [tmp_path / f"{graphs}-{s}" for s in range(3)]
+        train_batched(configs, dirs, progress=False, cuda_graph=graphs)
+        runs[graphs] = [read_results(d) for d in dirs]
+    assert [r["diverged"] for r in runs[True]] == [False, True, False]
+    assert runs[True][1]["diverged_at"]["epoch"] == runs[False][1]["diverged_at"]["epoch"]
+    assert runs[True][0]["environment"]["device"].startswith("cuda")
+    for s in (0, 2):
+        assert len(runs[True][s]["history"]) == 3
+        for key in ("train_loss", "test_loss", "test_error_pct"):
+            want = runs[False][s]["history"][-1][key]
+            assert runs[True][s]["history"][-1][key] == pytest.approx(want, rel=1e-4, abs=1e-5), key
