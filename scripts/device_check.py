@@ -454,7 +454,9 @@ def highway(args: argparse.Namespace) -> dict[str, Any]:
             command += ["--data-dir", args.data_dir]
         if args.limit:
             command += ["--limit", str(args.limit)]
-        children.append((name, subprocess.Popen(command)))
+        # The GPU does the work; the runs' CPU threads share the machine's cores instead of each taking all.
+        threads = str(max(1, (os.cpu_count() or 1) // len(shard)))
+        children.append((name, subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": threads})))
     codes = {}
     for name, child in children:
         try:

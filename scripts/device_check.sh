@@ -57,6 +57,7 @@ part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn 
 HIGHWAY_S=$(( $(left) - 25 ))
 DATA_ARG=()
 [ -z "$DRY" ] && DATA_ARG=(--data-dir "$DATA_DIR")
+(( HIGHWAY_S < 30 )) && HIGHWAY_S=-15  # under half a minute left: skipped (no run could finish an epoch)
 part highway "$(( HIGHWAY_S + 15 ))" "$PY" scripts/device_check.py highway --out "$OUT" --budget-s "$HIGHWAY_S" \
   "${DATA_ARG[@]}" $DRY
 part summary 15 "$PY" scripts/device_check.py summary --out "$OUT"
