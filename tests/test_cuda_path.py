@@ -213,3 +213,20 @@ def test_train_batched_on_a_gpu_captures_and_rolls_back_a_diverged_member_as_the
         for key in ("train_loss", "test_loss", "test_error_pct"):
             want = runs[False][s]["history"][-1][key]
             assert runs[True][s]["history"][-1][key] == pytest.approx(want, rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_compiled_step_is_captured_too():
+    """compile=True (the studies' default for long batches): torch.compile's kernels inside the graph.
+    Last in the file: its compilation takes the longest."""
+    x, y, orders = _data(n=200, device="cuda")
+    eager_stack, eager_opt = _stack("cuda", depth=2)
+    graph_stack, graph_opt = _stack("cuda", depth=2)
+    eager = BatchedStep(eager_stack, eager_opt)
+    graphed = GraphedStep(graph_stack, graph_opt, compile=True)
+    for epoch in range(2):
+        a = train_epoch(eager, x, y, orders.roll(epoch, 1), 64)
+        b = graphed.epoch(x, y, orders.roll(epoch, 1), 64)
+        torch.testing.assert_close(a.loss_sum, b.loss_sum, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(graph_stack.flat, eager_stack.flat, rtol=1e-3, atol=1e-4)
