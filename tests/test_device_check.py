@@ -3,18 +3,26 @@ the protocol's projection, the conv highway table's shard bookkeeping and time g
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from scripts import device_check as dc
-
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "scripts" / "device_check.sh"
+
+# scripts/ is no package: the helper is loaded from its file (an installed package called `scripts`
+# cannot shadow it).
+_spec = importlib.util.spec_from_file_location("device_check", REPOSITORY / "scripts" / "device_check.py")
+assert _spec is not None and _spec.loader is not None
+dc = importlib.util.module_from_spec(_spec)
+sys.modules["device_check"] = dc
+_spec.loader.exec_module(dc)
 
 
 def _finished(run_dir: Path, epochs: int = 300, diverged: bool = False) -> None:
@@ -92,6 +100,7 @@ def test_the_deadline_stops_at_an_epoch_end_only_when_another_epoch_would_not_fi
     guard.on_epoch_end(state, {})
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_the_deadline_resumes_to_the_end(tmp_path, fake_mnist_root):
     args = SimpleNamespace(width=4, seed=0, run_dir=str(tmp_path / "w4-s0"), deadline=0.0, device="cpu",
                            data_dir=str(fake_mnist_root), epochs=2, limit=64)
@@ -103,6 +112,7 @@ def test_a_run_stopped_by_the_deadline_resumes_to_the_end(tmp_path, fake_mnist_r
     assert status["status"] == "finished" and status["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_the_highway_part_resumes_a_committed_run_and_archives_the_shard(tmp_path, fake_mnist_root):
     results = tmp_path / "results"
     first = SimpleNamespace(width=16, seed=0, run_dir=str(results / "w16-s0"), deadline=0.0, device="cpu",
