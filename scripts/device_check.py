@@ -473,8 +473,9 @@ def highway(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
     report["outcome"] = "ran"
     report["seconds"] = time.time() - started
-    report["commit"] = (f"tar -xzf highway_runs.tar.gz -C {results_dir} (each run folder replaces the committed "
-                        f"one of its name)")
+    names = " ".join(name for name, _ in children)
+    report["commit"] = (f"cd {HIGHWAY_RESULTS} && rm -rf {names} && tar -xzf $OUT/highway_runs.tar.gz "
+                        f"(each run folder replaces the committed one of its name, older checkpoints included)")
     return report
 
 
