@@ -12,6 +12,7 @@ import torch
 from throughway.data import to_splits
 from throughway.models import create_model
 from throughway.train import RunConfig, get_recipe, read_results
+from throughway.train import batched as batched_module
 from throughway.train.batched import order_generator, train_batched
 from throughway.train.graphed import GraphedStep, update_rows_on_device
 from throughway.train.optim import BatchedOptimizer, update_rows
@@ -120,6 +121,39 @@ def test_a_diverging_member_is_reported_at_the_same_step_and_the_stack_can_shrin
     b = static.epoch(x, y, orders[:5], 16)
     assert b.loss_sum.shape == (5,) and torch.equal(a.loss_sum, b.loss_sum)
     assert torch.equal(stacks[0][0].flat, stacks[1][0].flat)
+
+
+def test_the_trainer_through_the_static_body_writes_the_eager_trainers_files(tmp_path, fake_mnist_root, monkeypatch):
+    """train_batched with the GPU's engine (GraphedStep, run eagerly on the CPU), interrupted and
+    resumed, gives the eager trainer's numbers exactly (the optimiser's step count and NAdam's product
+    go back to the host at each epoch's end, so the batch checkpoint holds them)."""
+    configs = [RunConfig(model="mlp_gated_residual", depth=2, recipe="gresnet-mnist", epochs=3, seed=s,
+                         model_kwargs={"width": 8}, recipe_overrides={"lr": 0.002 * (s + 1), "batch_size": 64})
+               for s in range(3)]
+    eager_dirs = [tmp_path / f"eager-{s}" for s in range(3)]
+    train_batched(configs, eager_dirs, progress=False)
+
+    monkeypatch.setattr(batched_module, "_use_graphs", lambda device, cuda_graph: cuda_graph)
+    epochs_seen = []
+    real_epoch = GraphedStep.epoch
+
+    def epoch(self, *args):
+        epochs_seen.append(self.stack.n)
+        if len(epochs_seen) == 2:
+            raise KeyboardInterrupt  # in the second epoch, after the first was checkpointed
+        return real_epoch(self, *args)
+
+    monkeypatch.setattr(GraphedStep, "epoch", epoch)
+    dirs = [tmp_path / f"static-{s}" for s in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        train_batched(configs, dirs, progress=False)
+    assert len(read_results(dirs[0])["history"]) == 1
+    train_batched(configs, dirs, progress=False, resume=True)
+    assert len(epochs_seen) == 4  # 1, the interrupted 2, then 2 and 3 after the resume
+    for a, b in zip(dirs, eager_dirs):
+        ra, rb = read_results(a), read_results(b)
+        for key in ("train_loss", "train_error_pct", "test_loss", "val_loss", "k"):
+            assert [r[key] for r in ra["history"]] == [r[key] for r in rb["history"]], key
 
 
 def test_capture_needs_a_cuda_device():

@@ -309,6 +309,12 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     return [r for r in results if r is not None]
 
 
+def _use_graphs(device: torch.device, cuda_graph: bool) -> bool:
+    """Whether a stack on `device` trains through `GraphedStep` (a module global: the CPU tests run the
+    trainer through its static-buffer body by replacing it)."""
+    return device.type == "cuda" and cuda_graph
+
+
 def order_generator(device: torch.device) -> torch.Generator:
     """A member's data-order generator: on the stack's device when that is a GPU (the epoch's
     `randperm` is drawn there, never copied from the host), else on the CPU (the CPU path's orders,
@@ -345,8 +351,7 @@ class _StackEngine:
         self.eval_chunk = eval_chunk
         self.step = BatchedStep(stack, optimizer, compile=compile)
         # On a GPU the epoch is replays of one captured step (issue 35); the CPU keeps the eager step.
-        self.graphed = (GraphedStep(stack, optimizer, compile=compile)
-                        if stack.device.type == "cuda" and cuda_graph else None)
+        self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
         self.snap: dict[str, torch.Tensor] = {}
 
