@@ -544,7 +544,8 @@ DRY_RUN = {  # tiny sizes on the CPU: every part in seconds
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description="The parts of one GPU window (issue 35); scripts/device_check.sh runs "
+                                            "them, each under its own time limit.")
     sub = p.add_subparsers(dest="part", required=True)
 
     def part(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -577,7 +578,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", default=None, help="the data root holding mnist/ (default: $THROUGHWAY_DATA, ~/.cache/throughway)")
     s.add_argument("--epochs", type=int, default=HIGHWAY_EPOCHS)
     s.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
-    s = part("_run", argparse.SUPPRESS)
+    s = part("_run", "one run of a highway shard (started by the highway part)")
     for flag in ("--width", "--seed"):
         s.add_argument(flag, type=int, required=True)
     s.add_argument("--run-dir", required=True)
