@@ -146,10 +146,6 @@ class HessianOperator:
     def _loss_tuple(self, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return self._loss_of(dict(zip(self._names, params)))
 
-    def loss_at(self, flat: torch.Tensor) -> torch.Tensor:
-        """The loss at parameter vector `flat` (differentiable; used by torch.func)."""
-        return self._loss_tuple(self._split(flat))
-
     def loss(self) -> float:
         """The loss at the operator's point."""
         with torch.no_grad():
