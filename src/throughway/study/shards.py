@@ -209,8 +209,7 @@ def study_lock(out: str | os.PathLike[str], shard: str | None = None, merge: boo
         return
     assert shard is not None
     i, n = parse_shard(shard)
-    with study_folder_lock(out):  # not held by an unsharded study; released at once
-        pass
+    _check_no_unsharded(out)
     others = _other_counts(out, n)
     if others:
         raise ValueError(f"--shard {shard}: {out / SHARDS_FOLDER} holds shards of another split ({', '.join(others)}); "
@@ -220,6 +219,28 @@ def study_lock(out: str | os.PathLike[str], shard: str | None = None, merge: boo
 
     with RunDir(shard_folder(out, shard), "--shard").locked():
         yield
+
+
+def _check_no_unsharded(out: Path, wait_s: float = 30.0) -> None:
+    """RunLockedError naming the holder when an unsharded study holds `out`'s study lock. Another
+    shard may hold it for an instant (a shard starting alongside this one, before this check
+    existed): the lock is waited for up to `wait_s`, then released at once."""
+    import filelock
+
+    from ..train.rundir import LOCK_TARGET, RunDir, RunLockedError
+
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / LOCK_TARGET
+    if target.is_symlink():
+        raise ValueError(f"--out {out}: {LOCK_TARGET} is a symbolic link; a study's lock must be a plain file "
+                         f"(remove the link)")
+    lock = filelock.FileLock(target, timeout=wait_s)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise RunLockedError(f"{out} is in use by an unsharded study ({RunDir(out).holder()}); shards of a folder "
+                             f"run only beside other shards: wait for it to end, or choose another --out") from None
+    lock.release()
 
 
 def _live_shards(out: Path) -> list[Path]:
