@@ -207,3 +207,26 @@ def test_the_slurm_array_script_runs_each_task_as_its_shard(tmp_path, fake_mnist
     again = subprocess.run(["bash", script], env={**env, "SLURM_ARRAY_TASK_ID": "2", "SHARD": "2/2"},
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+# -- a study computed piece by piece (study.resumable) -------------------------------------------------
+
+def test_gate_family_init_shards_compute_every_cell_once_into_one_folder(tmp_path, fake_mnist_root):
+    study = get_experiment("gate-family-init")
+    config = dataclasses.replace(study.Config(), depths=(2,), families=("gated", "rezero", "residual"), seeds=1,
+                                 hessian_width=3, samples=16, width=8)
+    whole = study.run(config, tmp_path / "whole", progress=False)
+    out = tmp_path / "shared"
+    first = study.run(dataclasses.replace(config, shard="1/2"), out, progress=False)
+    assert sorted(first["cells"]) == ["gated-d2-s0", "residual-d2-s0"]  # cells 1 and 3 of the study's order
+    second = study.run(dataclasses.replace(config, shard="2/2"), out, progress=False)  # no --resume needed
+    merged = study.run(dataclasses.replace(config, merge=True), out, progress=False)
+
+    def numbers(summary: dict) -> dict:  # every cell's numbers but its timings
+        return {key: {**cell, "hessian": {k: v for k, v in cell["hessian"].items() if "seconds" not in k}}
+                for key, cell in summary["cells"].items()}
+
+    for summary in (second, merged):
+        assert numbers(summary) == numbers(whole)
+    assert json.loads((out / "shards" / "2-of-2" / "cells.json").read_text()).keys() >= {"rezero-d2-s0"}
+    assert (out / "table.md").read_text() == (tmp_path / "whole" / "table.md").read_text()
