@@ -55,7 +55,7 @@ def test_shards_are_whole_batches_dealt_in_turn_and_cover_the_study_once(fake_mn
 def test_every_study_of_many_runs_declares_shard_and_merge(capsys):
     # An experiment with `specs` (its runs) trains many runs: it must offer --shard and --merge. A new
     # study gets both by declaring `shard: str = shard_option()` and `merge: bool = merge_option()`.
-    studies = [name for name, module in EXPERIMENTS.items() if hasattr(module, "specs")]
+    studies = [name for name, module in EXPERIMENTS.items() if hasattr(module, "specs")] + ["gate-family-init"]
     assert {"mnist-depth", "gate-family", "highway-depth", "cifar-gated"} <= set(studies)
     for name in studies:
         with pytest.raises(SystemExit):
