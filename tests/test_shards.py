@@ -53,10 +53,12 @@ def test_shards_are_whole_batches_dealt_in_turn_and_cover_the_study_once(fake_mn
 
 
 def test_every_study_of_many_runs_declares_shard_and_merge(capsys):
-    # An experiment with `specs` (its runs) trains many runs: it must offer --shard and --merge. A new
-    # study gets both by declaring `shard: str = shard_option()` and `merge: bool = merge_option()`.
-    studies = [name for name, module in EXPERIMENTS.items() if hasattr(module, "specs")] + ["gate-family-init"]
-    assert {"mnist-depth", "gate-family", "highway-depth", "cifar-gated"} <= set(studies)
+    # Every experiment trains or computes many runs or pieces but sdi-table (one table of closed forms and
+    # Monte Carlo draws, seconds): each must offer --shard and --merge. A new study gets both by declaring
+    # `shard: str = shard_option()` and `merge: bool = merge_option()` (study.shards).
+    studies = [name for name in EXPERIMENTS if name != "sdi-table"]
+    assert {"mnist-depth", "gate-family", "gate-family-init", "highway-depth", "cifar-gated", "hessian-init",
+            "hessian-dynamics", "shortcut-lr", "weight-norms", "identity-distance"} <= set(studies)
     for name in studies:
         with pytest.raises(SystemExit):
             build_parser().parse_args(["reproduce", name, "--help"])
@@ -230,3 +232,20 @@ def test_gate_family_init_shards_compute_every_cell_once_into_one_folder(tmp_pat
         assert numbers(summary) == numbers(whole)
     assert json.loads((out / "shards" / "2-of-2" / "cells.json").read_text()).keys() >= {"rezero-d2-s0"}
     assert (out / "table.md").read_text() == (tmp_path / "whole" / "table.md").read_text()
+
+
+def test_a_demystifying_study_in_two_shards_equals_the_whole(tmp_path, fake_mnist_root):
+    # The studies computed piece by piece share ResumableStudy's sharding: weight-norms' curves here.
+    study = get_experiment("weight-norms")
+    config = dataclasses.replace(study.Config(), depths=(2, 4), activations=("linear",), epochs=3, relu_epochs=2)
+    whole = study.run(config, tmp_path / "whole", progress=False)
+    out = tmp_path / "shared"
+    first = study.run(dataclasses.replace(config, shard="1/2"), out, progress=False)
+    assert sorted(first["curves"]) == ["linear-L2"]
+    study.run(dataclasses.replace(config, shard="2/2"), out, progress=False)
+    merged = study.run(dataclasses.replace(config, merge=True), out, progress=False)
+
+    def numbers(summary: dict) -> dict:
+        return {k: {f: v for f, v in c.items() if f != "seconds"} for k, c in summary["curves"].items()}
+
+    assert numbers(merged) == numbers(whole) and len(merged["curves"]) == 2

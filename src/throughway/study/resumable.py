@@ -71,19 +71,19 @@ class ResumableStudy:
         i, n = parse_shard(self.shard)
         return position % n == i - 1
 
-    def save_shared(self, key: str, own: dict[str, Any], parts: Callable[[dict[str, Any]], dict[str, Any]]
-                    ) -> dict[str, Any]:
+    def save_shared(self, key: str, own: dict[str, Any], parts: Callable[[dict[str, Any]], dict[str, Any]],
+                    stored_as: Callable[[Any], dict[str, Any]] = dict) -> dict[str, Any]:
         """Save the study with its part `key` merged over every shard, under the summary lock: `own` (this
         process's pieces, recorded in its shard's folder when sharded) over what results.json and every
-        shard's `key`.json hold; `parts(merged)` gives the parts `save` writes. Returns the summary."""
+        shard's `key`.json hold (`stored_as` makes results.json's `key` such a dict: a list of records,
+        say); `parts(merged)` gives the parts `save` writes. Returns the summary."""
         with summary_lock(self.out):
             if is_sharded(self.shard):
                 assert self.shard is not None
                 atomic_write_json(shard_folder(self.out, self.shard) / f"{key}.json", own)
             merged: dict[str, Any] = {}
             if self.path.is_file():
-                stored = read_json_object(self.path, f"a {self.name} study's summary").get(key, {})
-                merged.update(stored if isinstance(stored, dict) else {})
+                merged.update(stored_as(read_json_object(self.path, f"a {self.name} study's summary").get(key) or {}))
             for path in sorted((self.out / SHARDS_FOLDER).glob(f"*/{key}.json")):
                 merged.update(read_json_object(path, f"a {self.name} shard's {key}"))
             merged.update(own)
