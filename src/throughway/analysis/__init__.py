@@ -10,9 +10,10 @@ The most used functions are importable from here, the context manager included:
 (The function `sdi` shares its submodule's name: `from throughway.analysis.sdi import sdi`.)
 """
 
-from .blocks import find_blocks
+from .blocks import find_blocks, find_branches
 from .gates import gate_statistics, k_statistics, model_family
-from .removal import check_prunable, lesion, prune, removal_curve, removal_order
+from .removal import (check_prunable, lesion, prune, removable_blocks, removal_curve, removal_order,
+                      unremovable_blocks)
 
-__all__ = ["check_prunable", "find_blocks", "gate_statistics", "k_statistics", "lesion", "model_family", "prune",
-           "removal_curve", "removal_order"]
+__all__ = ["check_prunable", "find_blocks", "find_branches", "gate_statistics", "k_statistics", "lesion",
+           "model_family", "prune", "removable_blocks", "removal_curve", "removal_order", "unremovable_blocks"]

@@ -6,68 +6,82 @@ The analyses (gate statistics, lesioning, pruning, removal curves) work on a res
 hooks, they walk `model.named_modules()` and pick out the modules that are blocks, so the blocks may
 sit in a `blocks` ModuleList, an `nn.Sequential`, several stages, or plain attributes.
 
-A block is a module of one of `BLOCK_TYPES`, or any module that follows the block contract of
+A block is a module of one of `BLOCK_TYPES`, any module that follows the block contract of
 docs/design.md (attributes `branch`, `shortcut` and `gate`, with `shortcut` None for a plain
-layer). The search does not descend into a block: a block inside another block's branch belongs to
+layer), or a module of a registered type (`layers.adapters.register_block`: torch's and Hugging
+Face transformer layers, torchvision's and timm's ResNet, ViT and ConvNeXt blocks are built in).
+A block has one residual branch or several (a transformer layer's attention and feed-forward
+branches); `find_branches` lists them, named "encoder.layers.3.ff". The search does not descend into a block: a block inside another block's branch belongs to
 that block. Blocks are reported by their qualified name (`model.get_submodule(name)` returns the
 block; for the registry's models, "blocks.3" is `model.blocks[3]`), in module order.
 
 **Naming a block.** Every function that takes a block accepts either its qualified name (a str)
-or its position in `find_blocks(model)` counted from 0, as Python indexes (an int; negative
-positions count from the end for `lesion`). The command line prints qualified names.
+or its position in `find_blocks(model)` counted from 0, as Python indexes (an int). `lesion` and
+the gate statistics work per branch: a branch name, a block name (all its branches) or a position
+in `find_branches(model)` (negative from the end); for the toolkit's models, whose blocks have one
+branch each, the two orders coincide. The command line prints qualified names.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from torch import nn
 
-from ..layers import HighwayLayer, PlainBlock, PreActBlock, PreActUnit, ResidualBlock
+from ..layers import HighwayLayer, PlainBlock
+from ..layers.adapters import NATIVE_BLOCK_TYPES, BranchRef, block_branches, block_spec, is_block, iter_blocks
 from ..layers.gated import AugmentedLayer
 
-__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "block_kind", "block_gate", "gate_value", "gate_magnitude",
-           "resolve_block", "resolve_blocks"]
+__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate", "gate_value",
+           "gate_magnitude", "resolve_block", "resolve_blocks", "resolve_branches", "identity_shortcut"]
 
-# The package's block types; a user's own block is found when it follows the block contract.
-BLOCK_TYPES: tuple[type[nn.Module], ...] = (HighwayLayer, AugmentedLayer, ResidualBlock, PreActBlock, PreActUnit,
-                                            PlainBlock)
+# The package's block types; a user's own block is found when it follows the block contract or its
+# type is registered (layers.adapters.register_block).
+BLOCK_TYPES: tuple[type[nn.Module], ...] = NATIVE_BLOCK_TYPES
 # What `block_kind` and `gates.model_family` answer.
 FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
 
 
-def _follows_contract(module: nn.Module) -> bool:
-    gate = getattr(module, "gate", None)
-    return (isinstance(gate, nn.Module) and isinstance(getattr(module, "branch", None), nn.Module)
-            and hasattr(module, "shortcut"))
-
-
-def _is_block(module: nn.Module) -> bool:
-    return isinstance(module, BLOCK_TYPES) or _follows_contract(module)
-
-
 def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
-    """Every block of `model`, in module order, keyed by qualified name ("blocks.0", "stages.1.2", ...).
+    """Every block of `model`, in module order, keyed by qualified name ("blocks.0", "stages.1.2",
+    "encoder.layers.3", ...): the toolkit's block types, modules following the block contract, and
+    every registered block type of other libraries (torch's and Hugging Face transformer layers,
+    torchvision's and timm's ResNet, ViT and ConvNeXt blocks: `layers.adapters`).
 
     `model` itself counts as a block when it is one (its name is then ""). Empty when the model has
-    no block; the functions that need blocks raise ValueError then."""
-    found: dict[str, nn.Module] = {}
-    inside: str | None = None  # the name of the block whose submodules are being skipped
-    for name, module in model.named_modules():
-        if inside is not None and (inside == "" or name.startswith(inside + ".")):
-            continue
-        inside = None
-        if _is_block(module):
-            found[name] = module
-            inside = name
-    return found
+    no block; the functions that need blocks raise ValueError then. ValueError naming both names
+    when one block module is reachable under two names (weight sharing)."""
+    return dict(iter_blocks(model))
 
 
-def block_gate(block: nn.Module) -> nn.Module | None:
+def find_branches(model: nn.Module) -> dict[str, BranchRef]:
+    """Every residual branch of `model`, in module order, keyed by name: a single-branch block's
+    branch has the block's name ("blocks.3", "layer1.0"), a transformer layer's two are named by the
+    layer's qualified name plus "attn" / "ff" ("encoder.layers.3.ff"). Each `BranchRef` says which
+    block holds it, which module ends it and its gate (None when ungated)."""
+    return {ref.name: ref for name, block in iter_blocks(model) for ref in block_branches(name, block)}
+
+
+def no_blocks_error(model: nn.Module) -> ValueError:
+    """The error every analysis raises for a model without blocks, naming the model and how to register
+    its block type."""
+    return ValueError(f"{type(model).__name__} has no blocks (none of the toolkit's block types, no module with the "
+                      f"attributes branch, shortcut and gate, and no registered block type): nothing to analyse; "
+                      f"register its block type with throughway.layers.register_block (docs/guide.md, 'Your own "
+                      f"architecture')")
+
+
+def block_gate(block: nn.Module) -> Any:
     """The gate of `block` whose `value()` gives g: a `ScalarGate` (0-d g), a vector gate (g of
-    shape (C,), LayerScale's diag(λ)) or any module with a `value()` method; None for an ungated
-    block (`gate` is `nn.Identity`) and for highway layers, whose transform gate T(x) depends on x."""
+    shape (C,), LayerScale's diag(λ)), any module with a `value()` method, or the gate of a
+    registered block's only branch (timm's LayerScale γ, a gate `add_gates` inserted); None for an
+    ungated block and for highway layers, whose transform gate T(x) depends on x. For a registered
+    block with several branches: the first branch's gate when every branch has one, else None
+    (use `find_branches` for each branch's own)."""
+    if block_spec(block) is not None:
+        gates = [ref.gate for ref in block_branches("", block)]
+        return gates[0] if gates and all(g is not None for g in gates) else None
     gate = getattr(block, "gate", None)
     return gate if isinstance(gate, nn.Module) and callable(getattr(gate, "value", None)) else None
 
@@ -75,28 +89,43 @@ def block_gate(block: nn.Module) -> nn.Module | None:
 def block_kind(block: nn.Module) -> str:
     """The family of one block (one of FAMILIES): "highway" (HighwayLayer), "augmented"
     (AugmentedLayer, u = g·f(x) + (1 − g)·x), "gated" (a residual block whose gate has a value:
-    u = g·f_r(x) + shortcut(x), scalar or vector g), "residual" (the same ungated) or "plain" (no
-    shortcut). ValueError naming the type for a module that is not a block."""
+    u = g·f_r(x) + shortcut(x), scalar or vector g; a registered block whose every branch is gated),
+    "residual" (the same ungated) or "plain" (no shortcut). ValueError naming the type for a module
+    that is not a block."""
     if isinstance(block, HighwayLayer):
         return "highway"
     if isinstance(block, AugmentedLayer):
         return "augmented"
-    if not _is_block(block):
-        raise ValueError(f"a {type(block).__name__} is not a block: known are {[t.__name__ for t in BLOCK_TYPES]} "
-                         f"and modules with the attributes branch, shortcut and gate (docs/design.md)")
-    if isinstance(block, PlainBlock) or getattr(block, "shortcut", None) is None:
+    if not is_block(block):
+        raise ValueError(f"a {type(block).__name__} is not a block: known are {[t.__name__ for t in BLOCK_TYPES]}, "
+                         f"registered block types and modules with the attributes branch, shortcut and gate "
+                         f"(docs/design.md)")
+    if block_spec(block) is None and (isinstance(block, PlainBlock) or getattr(block, "shortcut", None) is None):
         return "plain"
     return "gated" if block_gate(block) is not None else "residual"
 
 
-def gate_value(gate: nn.Module) -> torch.Tensor:
+def identity_shortcut(block: nn.Module) -> bool:
+    """True when the block's shortcut is the identity, so that removing the block keeps the shapes:
+    an `nn.Identity` shortcut of a contract block; a registered block whose projection attribute
+    (`BlockSpec.shortcut`, e.g. torchvision's `downsample`) is None or nn.Identity."""
+    spec = block_spec(block)
+    if spec is None:
+        return isinstance(getattr(block, "shortcut", None), nn.Identity)
+    if spec.shortcut is None:
+        return True
+    projection = getattr(block, spec.shortcut, None)
+    return projection is None or isinstance(projection, nn.Identity)
+
+
+def gate_value(gate: Any) -> torch.Tensor:
     """g of a gate with a `value()` method (see `block_gate`), detached, on the CPU, in float64: a 0-d
     tensor for a scalar gate, (C,) for a vector gate."""
     value = cast(Callable[[], torch.Tensor], gate.value)
     return value().detach().double().cpu()
 
 
-def gate_magnitude(gate: nn.Module) -> float:
+def gate_magnitude(gate: Any) -> float:
     """|g| of a gate, the size by which removal orders blocks: |g(k)| for a scalar gate, the mean
     |λ| over channels for a vector gate (issue 24: ReZero's α may be negative, LayerScale's λ a vector)."""
     return float(gate_value(gate).abs().mean())
@@ -114,8 +143,7 @@ def resolve_block(model: nn.Module, block: int | str, *, negative: bool = False)
     ValueError when the model has no blocks or the name is a module that is not a block."""
     blocks = find_blocks(model)
     if not blocks:
-        raise ValueError(f"{type(model).__name__} has no blocks (none of {[t.__name__ for t in BLOCK_TYPES]}, and no "
-                         f"module with the attributes branch, shortcut and gate): nothing to analyse")
+        raise no_blocks_error(model)
     if isinstance(block, str):
         if block in blocks:
             return block, blocks[block]
@@ -146,3 +174,34 @@ def resolve_blocks(model: nn.Module, blocks: Sequence[int | str]) -> list[str]:
             raise ValueError(f"block {name!r} is listed twice in the blocks to remove")
         names.append(name)
     return names
+
+
+def resolve_branches(model: nn.Module, which: int | str) -> list[BranchRef]:
+    """The branches `which` names: a branch's name ("encoder.layers.3.ff"), a block's qualified name
+    (all of its branches: both of a transformer layer's), or a position in `find_branches(model)`
+    from 0 (negative from the end). For the toolkit's models, whose blocks have one branch each,
+    positions and names are those of `find_blocks`. IndexError naming the accepted values,
+    ValueError when the model has no blocks."""
+    branches = find_branches(model)
+    if not branches:
+        raise no_blocks_error(model)
+    if isinstance(which, str):
+        if which in branches:
+            return [branches[which]]
+        of_block = [ref for ref in branches.values() if ref.block == which]
+        if of_block:
+            return of_block
+        try:
+            module: nn.Module | None = model.get_submodule(which)
+        except AttributeError:
+            module = None
+        if module is not None:
+            raise ValueError(f"module {which!r} ({type(module).__name__}) is not a block; the branches are "
+                             f"{list(branches)[:8]}")
+        shown = list(branches)[:4] + (["..."] if len(branches) > 4 else [])
+        raise IndexError(f"block={which!r} is neither a branch nor a block of this model; accepted values are "
+                         f"branch or block names {shown} or positions 0 .. {len(branches) - 1}")
+    if isinstance(which, bool) or not isinstance(which, int) or not -len(branches) <= which < len(branches):
+        raise IndexError(f"block={which!r}: accepted values are positions 0 .. {len(branches) - 1} (from 0 in "
+                         f"find_branches order; {-len(branches)} .. -1 from the end) or branch or block names")
+    return [list(branches.values())[which]]

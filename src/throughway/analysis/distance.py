@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate
+from ..layers.adapters import block_branches, block_spec
+from .blocks import find_blocks
 
 __all__ = ["block_identity_distance", "nearest_identity_distance", "IdentityDistance"]
 
@@ -44,10 +46,38 @@ def _linear_layers(module: nn.Module) -> list[_Weighted]:
     return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
 
 
+_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+
+
+def _registered_identity_distance(block: nn.Module) -> tuple[str, float]:
+    """A registered block (a transformer layer, a torchvision or timm ResNet block): "gated" when
+    every branch has a relu ScalarGate (Σ max(k, 0)² over branches: only k has to move), otherwise
+    "residual": the squared norm of every parameter of the block outside its normalisation layers
+    and its projection shortcut (Ŵ = 0, b̂ = 0 for every layer of the branches, section 2.3)."""
+    gates = [ref.gate for ref in block_branches("", block)]
+    with torch.no_grad():
+        if gates and all(isinstance(g, ScalarGate) and g.function == "relu" for g in gates):
+            return "gated", sum(float(torch.clamp(g.k, min=0.0) ** 2) for g in gates)
+        spec = block_spec(block)
+        skip: set[int] = set()
+        projection = getattr(block, spec.shortcut, None) if spec is not None and spec.shortcut else None
+        for module in block.modules():
+            if isinstance(module, _NORMS) or "norm" in type(module).__name__.lower() or \
+                    isinstance(module, (ScalarGate,)) or (projection is not None and module is projection):
+                skip.update(id(p) for p in module.parameters())
+        if isinstance(projection, nn.Module):
+            skip.update(id(p) for p in projection.parameters())
+        total = sum(float(p.detach().double().pow(2).sum()) for p in block.parameters() if id(p) not in skip)
+        return "residual", total
+
+
 def block_identity_distance(block: nn.Module) -> tuple[str, float]:
     """(kind, squared distance to the paper's identity configuration) of one block: the distance the
     paper's SDI measures at initialisation (gated-residual-v1 sections 2.1, 2.3, 3; see the module
-    docstring)."""
+    docstring). A registered block of another library is measured as `_registered_identity_distance`
+    says."""
+    if block_spec(block) is not None:
+        return _registered_identity_distance(block)
     gate = getattr(block, "gate", None)
     shortcut = getattr(block, "shortcut", None)
     branch = getattr(block, "branch", block)
@@ -111,6 +141,9 @@ def nearest_identity_distance(block: nn.Module) -> float | None:
     """Squared distance to the nearest identity configuration that silences the block's residual
     branch unit by unit or closes its gate (see the module docstring); None for a block without a
     shortcut, or whose branch ending is not `Linear/Conv [BatchNorm] [ReLU]`."""
+    if block_spec(block) is not None:
+        kind, distance = _registered_identity_distance(block)
+        return distance if kind == "gated" else None
     gate = getattr(block, "gate", None)
     shortcut = getattr(block, "shortcut", None)
     if shortcut is None:
@@ -130,11 +163,21 @@ def nearest_identity_distance(block: nn.Module) -> float | None:
 def _block_vectors(model: nn.Module) -> list[torch.Tensor]:
     return [torch.cat([p.detach().double().reshape(-1) for p in block.parameters()])
             if any(True for _ in block.parameters()) else torch.zeros(0, dtype=torch.float64)
-            for block in cast(nn.ModuleList, model.blocks)]
+            for block in _blocks_of(model)]
+
+
+def _blocks_of(model: nn.Module) -> list[nn.Module]:
+    blocks = list(find_blocks(model).values())
+    if not blocks:
+        raise ValueError(f"IdentityDistance: {type(model).__name__} has no blocks (the toolkit's blocks, modules with "
+                         f"branch/shortcut/gate attributes, or registered block types: register_block)")
+    return blocks
 
 
 class IdentityDistance:
-    """Training callback: per-epoch travelled distance and distance to identity of `model.blocks`.
+    """Training callback: per-epoch travelled distance and distance to identity of every block of the
+    model, found wherever it sits (`analysis.blocks.find_blocks`: the toolkit's blocks and every
+    registered block type, so a user's transformer or torchvision ResNet too).
 
     After `fit`, `records` holds one dict per epoch (epoch 0 = initialisation) with the totals over
     blocks (`travelled_sq`, `path_length`, `identity_sq`, `nearest_identity_sq`, None when a block
@@ -157,7 +200,7 @@ class IdentityDistance:
         travelled = [float((c - s).pow(2).sum()) for c, s in zip(current, self._start)]
         self._path += sum(float((c - p).pow(2).sum()) for c, p in zip(current, self._previous)) ** 0.5
         self._previous = [v.clone() for v in current]
-        blocks = cast(nn.ModuleList, model.blocks)
+        blocks = _blocks_of(model)
         identity = [block_identity_distance(b) for b in blocks]
         nearest = [nearest_identity_distance(b) for b in blocks]
         self.kinds = [k for k, _ in identity]

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate, TransformGate
-from .blocks import FAMILIES, block_gate, block_kind, find_blocks, gate_value
+from .blocks import FAMILIES, no_blocks_error, block_kind, find_blocks, find_branches, gate_value, identity_shortcut
 
 __all__ = [
     "FAMILIES",
@@ -46,8 +46,7 @@ __all__ = [
 def _blocks(model: nn.Module) -> dict[str, nn.Module]:
     blocks = find_blocks(model)
     if not blocks:
-        raise ValueError(f"{type(model).__name__} has no blocks (gated, residual, augmented, highway or plain: "
-                         f"analysis.blocks.find_blocks): nothing to analyse")
+        raise no_blocks_error(model)
     return blocks
 
 
@@ -68,31 +67,35 @@ def model_family(model: nn.Module) -> str:
     return next(iter(kinds))
 
 
-def block_gates(model: nn.Module) -> dict[str, nn.Module]:
-    """The gate of every block, keyed by the block's qualified name, in block order: any gate with a
-    `value()` (scalar k, ReZero's α, LayerScale's vector λ). ValueError naming the first block that
-    has none (an ungated residual, plain or highway block)."""
+def block_gates(model: nn.Module) -> dict[str, Any]:
+    """The gate of every residual branch, keyed by the branch's name (a block's qualified name for
+    the toolkit's one-branch blocks, "encoder.layers.3.ff" for a transformer layer's), in order: any
+    gate with a `value()` (scalar k, ReZero's α, LayerScale's vector λ, timm's LayerScale γ, the
+    gates `add_gates` inserted). ValueError naming the first branch that has none (an ungated
+    residual, plain or highway block)."""
+    _blocks(model)
     gates = {}
-    for name, block in _blocks(model).items():
-        gate = block_gate(block)
-        if gate is None:
-            raise ValueError(f"block {name!r} ({type(block).__name__}) has no gate with a value; gate "
-                             f"statistics need gated residual or augmented blocks")
-        gates[name] = gate
+    for name, ref in find_branches(model).items():
+        if ref.gate is None:
+            block = model.get_submodule(ref.block)
+            raise ValueError(f"branch {name!r} ({type(block).__name__}) has no gate with a value; gate statistics "
+                             f"need gated branches (throughway.add_gates puts one in every residual branch)")
+        gates[name] = ref.gate
     return gates
 
 
 def block_scalar_gates(model: nn.Module) -> list[ScalarGate]:
-    """The scalar gate of every block, in block order. Raises ValueError naming the first block
+    """The scalar gate of every residual branch, in order. Raises ValueError naming the first branch
     that has none (an ungated residual, plain or highway block, or a vector gate: see `block_gates`)."""
+    _blocks(model)
     gates = []
-    for name, block in _blocks(model).items():
-        gate = getattr(block, "gate", None)
-        if not isinstance(gate, ScalarGate):
+    for name, ref in find_branches(model).items():
+        if not isinstance(ref.gate, ScalarGate):
+            block = model.get_submodule(ref.block)
             raise ValueError(f"block {name!r} ({type(block).__name__}) has no scalar gate k; "
                              f"k statistics need a gated residual or augmented model"
-                             + (" (its gate is a vector: use gate_statistics)" if block_gate(block) is not None else ""))
-        gates.append(gate)
+                             + (" (its gate is a vector: use gate_statistics)" if ref.gate is not None else ""))
+        gates.append(ref.gate)
     return gates
 
 
@@ -119,8 +122,8 @@ def k_statistics(model: nn.Module) -> dict[str, Any]:
     gated-residual-v2 Table 2 reports the mean k (0.67 at d = 100) and figure 5 left the k of each
     block (indexed from 1 there, from 0 here).
     """
-    names = list(_blocks(model))
     gates = block_scalar_gates(model)
+    names = list(find_branches(model))
     ks = [float(g.k.detach().cpu()) for g in gates]
     values = [g.value().detach().cpu() for g in gates]
     functions = sorted({g.function for g in gates})
@@ -177,7 +180,7 @@ def projection_blocks(model: nn.Module) -> list[int]:
     of a CIFAR ResNet). In gated-residual-v2 figure 7 (Wide Gated ResNet on CIFAR) the lowest k sit at
     exactly these blocks. Empty for the fully connected families."""
     return [i for i, block in enumerate(_blocks(model).values())
-            if not isinstance(getattr(block, "shortcut", None), (nn.Identity, type(None)))]
+            if block_kind(block) != "plain" and not identity_shortcut(block)]
 
 
 def _highway_gates(model: nn.Module) -> list[TransformGate]:

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 from torch import nn
 
 from ..layers import ScalarGate, TransformGate
 from ..models import create_model
-from .blocks import block_kind, find_blocks, gate_magnitude, resolve_block, resolve_blocks
-from .gates import block_gates
+from ..layers.adapters import BranchRef, block_spec
+from .blocks import (no_blocks_error, block_kind, find_blocks, find_branches, gate_magnitude, gate_value,
+                     identity_shortcut, resolve_blocks, resolve_branches)
 
 __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
-           "STRATEGIES", "PRUNABLE_MODELS"]
+           "removable_blocks", "unremovable_blocks", "STRATEGIES", "PRUNABLE_MODELS"]
 
 STRATEGIES = ("greedy", "random")
 # Registry names whose blocks are interchangeable (every block maps width to width) and whose
@@ -55,52 +56,131 @@ class ClosedGate(nn.Module):
     def __init__(self, closed: nn.Module) -> None:
         super().__init__()
         object.__setattr__(self, "closed", closed)
+        self.used = False  # set by forward() and value(): lesion checks that the block really read its gate
 
     def value(self) -> torch.Tensor:
         """g = 0: the closed gate's value, as a 0-d tensor."""
+        self.used = True
         reference = next(iter(cast(nn.Module, self.closed).parameters()), None)
         if reference is None:
             return torch.zeros(())
         return torch.zeros((), dtype=reference.dtype, device=reference.device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        self.used = True
         return torch.zeros_like(h)
 
 
-def _lesionable(model: nn.Module, block: int | str) -> nn.Module:
-    name, module = resolve_block(model, block, negative=True)
-    kind = block_kind(module)
+def _check_lesionable(model: nn.Module, ref: BranchRef) -> nn.Module:
+    block = model.get_submodule(ref.block)
+    kind = block_kind(block)
     if kind == "plain":
-        raise ValueError(f"block {name!r} is a {type(module).__name__} without a shortcut; only highway layers, "
-                         f"residual blocks (gated or not, dense or convolutional) and augmented layers have a "
-                         f"shortcut to fall back on when lesioned")
-    if isinstance(module.gate, ClosedGate) or (kind == "highway" and not isinstance(module.gate, TransformGate)):
-        raise ValueError(f"block {name!r} is already lesioned (its gate is {type(module.gate).__name__})")
-    return module
+        raise ValueError(f"block {ref.name!r} is a {type(block).__name__} without a shortcut; only highway layers, "
+                         f"residual blocks (gated or not, dense or convolutional), augmented layers and registered "
+                         f"residual blocks have a shortcut to fall back on when lesioned")
+    if ref.end is None:
+        if isinstance(block.gate, ClosedGate) or (kind == "highway" and not isinstance(block.gate, TransformGate)):
+            raise ValueError(f"block {ref.name!r} is already lesioned (its gate is {type(block.gate).__name__})")
+    return block
+
+
+def _zero_output(_module: nn.Module, _args: tuple, out: Any) -> Any:
+    # A forward hook that returns a value replaces the module's output: the branch contributes 0.
+    if isinstance(out, tuple):
+        return (torch.zeros_like(out[0]), *out[1:])
+    return torch.zeros_like(out)
+
+
+class _Closed:
+    """What lesion put in place for one branch, and whether the last forward pass used it."""
+
+    def __init__(self, ref: BranchRef) -> None:
+        self.ref = ref
+        self.gate: ClosedGate | None = None
+        self.called = False
+
+    def used(self) -> bool:
+        return self.gate.used if self.gate is not None else self.called
+
+    def reset(self) -> None:
+        self.called = False
+        if self.gate is not None:
+            self.gate.used = False
 
 
 @contextlib.contextmanager
 def lesion(model: nn.Module, block: int | str) -> Iterator[nn.Module]:
-    """Within the `with` block, one block of `model` copies its input (see the module docstring).
+    """Within the `with` block, one residual branch of `model` (or every branch of one block)
+    contributes nothing, so its block copies its input (see the module docstring).
 
-    `block`: the block's qualified name ("blocks.3") or its position in `find_blocks(model)`, from 0
-    (negative from the end). Highway layer: T(x) = 0, so y = H(x)·0 + x·1 = x exactly (highway paper
-    §4.2: "manually setting all the transform gates of a layer to 0 forcing it to simply copy its
-    inputs"). Gated residual block, scalar or vector gate: g = 0, so u = 0·f_r(x) + shortcut(x), which
-    is x for an identity shortcut (a CIFAR stage's first block keeps its projection). Yields the
-    model. On exit, also after an exception, the original gate module is put back; outputs before
-    and after are bit-identical because lesioning writes no tensor of the model. (Forward passes
-    made inside the `with` block in training mode update BatchNorm running statistics, as any
-    forward pass would: evaluate in eval mode.) IndexError / ValueError naming the block when it
-    does not exist, has no shortcut (a plain layer) or is already lesioned.
+    `block`: a branch's name ("encoder.layers.3.ff"), a block's qualified name ("blocks.3"; every
+    branch of it) or a position in `find_branches(model)` from 0 (negative from the end); for the
+    toolkit's models these are the blocks of `find_blocks`. Highway layer: T(x) = 0, so
+    y = H(x)·0 + x·1 = x exactly (highway paper §4.2: "manually setting all the transform gates of
+    a layer to 0 forcing it to simply copy its inputs"). Gated residual block, scalar or vector gate:
+    g = 0, so u = 0·f_r(x) + shortcut(x), which is x for an identity shortcut (a CIFAR stage's first
+    block keeps its projection). A registered block (a transformer layer, a torchvision or timm
+    block): the module that ends the branch outputs zeros, through a forward hook (a post-norm layer
+    such as BERT's then gives LayerNorm(x), not x). Yields the model. On exit, also after an
+    exception, the original gate module is put back and the hooks removed; outputs before and after
+    are bit-identical because lesioning writes no tensor of the model. (Forward passes made inside
+    the `with` block in training mode update BatchNorm running statistics, as any forward pass
+    would: evaluate in eval mode.)
+
+    A lesion never passes silently: every forward pass of `model` inside the `with` block checks
+    that each closed branch was actually used, and raises RuntimeError naming the branch when it was
+    not (a block whose forward never calls the `gate` attribute it carries, or a fused inference
+    path that skips the branch's modules), since the output would then be unchanged. IndexError /
+    ValueError naming the block when it does not exist, has no shortcut (a plain layer) or is
+    already lesioned.
     """
-    module = _lesionable(model, block)
-    original = module.gate
-    module.gate = ClosedGate(cast(nn.Module, original))
+    refs = resolve_branches(model, block)
+    closed = [_Closed(ref) for ref in refs]
+    for item in closed:
+        _check_lesionable(model, item.ref)
+    handles: list[Any] = []
+    swapped: list[tuple[nn.Module, nn.Module]] = []
+
+    def called(item: _Closed) -> Callable[[nn.Module, tuple, Any], Any]:
+        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
+            item.called = True
+            return _zero_output(module, args, out)
+        return hook
+
+    def before(_module: nn.Module, _args: tuple) -> None:
+        for item in closed:
+            item.reset()
+
+    def after(_module: nn.Module, _args: tuple, _out: Any) -> None:
+        unused = [item.ref.name for item in closed if not item.used()]
+        if unused:
+            raise RuntimeError(f"lesion of {unused[0]!r} changed nothing: the forward pass never used the branch's "
+                               f"{'gate attribute' if closed[0].ref.end is None else 'last module'}, so the output "
+                               f"equals the intact model's. Register the block type with register_block (naming the "
+                               f"module that ends the branch) instead of giving it branch/shortcut/gate attributes "
+                               f"its forward does not call")
+
     try:
+        for item in closed:
+            host = model.get_submodule(item.ref.block)
+            if item.ref.end is None:
+                original = cast(nn.Module, host.gate)
+                item.gate = ClosedGate(original)
+                host.gate = item.gate
+                swapped.append((host, original))
+            else:
+                spec = block_spec(host)
+                if spec is not None and spec.prepare is not None:
+                    spec.prepare(host)
+                handles.append(model.get_submodule(item.ref.end).register_forward_hook(called(item)))
+        handles.append(model.register_forward_pre_hook(before))
+        handles.append(model.register_forward_hook(after))
         yield model
     finally:
-        module.gate = original
+        for handle in handles:
+            handle.remove()
+        for host, original in swapped:
+            host.gate = original
 
 
 def layers_per_block(model: nn.Module) -> int:
@@ -150,7 +230,7 @@ def check_prunable(model: nn.Module) -> str:
 def _check_shapes(model: nn.Module, names: Sequence[str], example_input: torch.Tensor | None) -> None:
     """ValueError naming the first block of `names` whose output may not have its input's shape."""
     blocks = find_blocks(model)
-    unsure = [name for name in names if not isinstance(getattr(blocks[name], "shortcut", None), nn.Identity)]
+    unsure = [name for name in names if not identity_shortcut(blocks[name])]
     if not unsure:
         return  # u = ... + x: an identity shortcut makes the output x's shape
     if example_input is None:
@@ -283,33 +363,105 @@ def _prune_checked(model: nn.Module, names: Sequence[str], registry_name: str | 
     return _remove_from_copy(model, names)
 
 
-def _greedy_key(gate: nn.Module) -> tuple[float, float]:
-    # Among gates of equal |g| (closed ReLU gates: g = 0), the smaller k first, as the paper orders by k.
-    return gate_magnitude(gate), float(gate.k.detach().cpu()) if isinstance(gate, ScalarGate) else 0.0
+def unremovable_blocks(model: nn.Module) -> dict[str, str]:
+    """The blocks whose removal would not keep the shapes, keyed by qualified name, each with the
+    reason: a projection or padding shortcut (a stride-2 or widening block: torchvision's and timm's
+    `downsample`, ConvNeXt's `shortcut`, the toolkit's ZeroPadShortcut) changes the feature map;
+    a plain layer has no shortcut, so only `prune(..., example_input=...)` can tell. Empty for the
+    registry's prunable MLPs (PRUNABLE_MODELS), whose blocks all keep the width."""
+    blocks = find_blocks(model)
+    if not blocks:
+        raise no_blocks_error(model)
+    if _registry_name(model) is not None:
+        return {}
+    reasons = {}
+    for name, block in blocks.items():
+        if block_kind(block) == "plain":
+            reasons[name] = (f"{type(block).__name__} has no shortcut; whether its output keeps its input's shape is "
+                             f"checked by prune(..., example_input=...)")
+        elif not identity_shortcut(block):
+            spec = block_spec(block)
+            where = spec.shortcut if spec is not None and spec.shortcut else "shortcut"
+            reasons[name] = (f"its {where} is a {type(getattr(block, where, None)).__name__}, not the identity: the "
+                             f"block changes the feature map's shape (a stride-2 or projection block)")
+    return reasons
+
+
+def removable_blocks(model: nn.Module) -> list[str]:
+    """The qualified names of the blocks that can be removed with the shapes kept, in block order:
+    every block with an identity shortcut (all blocks of the registry's prunable MLPs, the
+    non-projection blocks of a CIFAR or torchvision ResNet, every layer of a transformer).
+    `unremovable_blocks` says why each other block is not. The orders of `removal_order` are drawn
+    from these."""
+    excluded = unremovable_blocks(model)
+    return [name for name in find_blocks(model) if name not in excluded]
+
+
+def _block_key(model: nn.Module, name: str, refs: list[BranchRef]) -> tuple[float, float]:
+    # A block's size is its largest branch gate |g| (ours: a transformer layer stays while either of
+    # its branches is open); among equal sizes (closed ReLU gates: g = 0) the smaller k first, as the
+    # paper orders by k.
+    if not refs or any(ref.gate is None for ref in refs):
+        ungated = next((ref.name for ref in refs if ref.gate is None), name)
+        raise ValueError(f"block {ungated!r} has no gate with a value; the greedy order needs a gated branch in every "
+                         f"removable block (throughway.add_gates puts one in)")
+    sizes = []
+    for ref in refs:
+        value = gate_value(ref.gate)
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"the gate of {ref.name!r} is {value.flatten()[:4].tolist()} (not finite): the greedy "
+                             f"order cannot rank it; the model diverged")
+        sizes.append(gate_magnitude(ref.gate))
+    ks = [float(ref.gate.k.detach().cpu()) for ref in refs if isinstance(ref.gate, ScalarGate)]
+    return max(sizes), (max(ks) if len(ks) == len(refs) else 0.0)
 
 
 def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | None = None) -> list[int]:
-    """The order in which blocks are removed, as positions in `find_blocks(model)` from 0: "greedy" =
-    ascending |g| (|g(k)| of a scalar gate, the mean |λ| of a vector gate), ties by k for scalar
-    gates, then by position (gated-residual-v2 §3.1: "blocks with the smallest k are removed first";
-    for ReLU gates, where every k ≤ 0 gives g = 0, this is ascending k); "random" = a random
-    permutation drawn from `generator`. Greedy needs a gate with a value in every block (ValueError
-    naming the first block without one)."""
+    """The order in which blocks are removed, as positions in `find_blocks(model)` from 0, drawn from
+    `removable_blocks(model)` (a projection block is never in it): "greedy" = ascending |g| (|g(k)| of
+    a scalar gate, the mean |λ| of a vector gate; for a block with several branches, such as a
+    transformer layer, its largest branch |g|, our choice), ties by k for scalar gates, then by
+    position (gated-residual-v2 §3.1: "blocks with the smallest k are removed first"; for ReLU
+    gates, where every k ≤ 0 gives g = 0, this is ascending k); "random" = a random permutation of
+    the removable blocks drawn from `generator`. Greedy needs a finite gate in every removable
+    block (ValueError naming the first branch without one, or with a NaN gate)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; accepted values: {list(STRATEGIES)}")
+    positions = {name: i for i, name in enumerate(find_blocks(model))}
+    removable = [positions[name] for name in removable_blocks(model)]
     if strategy == "greedy":
-        keys = [_greedy_key(gate) for gate in block_gates(model).values()]
-        return sorted(range(len(keys)), key=lambda i: (*keys[i], i))
-    count = len(find_blocks(model))
-    return torch.randperm(count, generator=generator).tolist()
+        branches = list(find_branches(model).values())
+        names = list(positions)
+        keys = {i: _block_key(model, names[i], [r for r in branches if r.block == names[i]]) for i in removable}
+        return sorted(removable, key=lambda i: (*keys[i], i))
+    return [removable[i] for i in torch.randperm(len(removable), generator=generator).tolist()]
+
+
+def _metric_value(metric: Callable[[nn.Module], float], model: nn.Module) -> float:
+    value = metric(model)
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"metric returned a tensor of shape {tuple(value.shape)}; removal_curve needs one number "
+                            f"per model (a float or a one-element tensor), e.g. the test accuracy")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"metric returned {type(value).__name__} {value!r:.60}; removal_curve needs one number per "
+                        f"model (a float or a one-element tensor)")
+    return float(value)
 
 
 def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable[[nn.Module], float],
                   max_removed: int | None = None, example_input: torch.Tensor | None = None) -> list[float]:
     """`metric` of the model with the first r blocks of `order` physically removed (via `prune`,
     `example_input` passed on), for r = 0, 1, ..., max_removed (default: all of `order`). Element r
-    is the value after r removals. The whole order is checked (names, duplicates, shapes) before the
-    first metric is computed."""
+    is the value after r removals. The whole order is checked (names, duplicates, shapes,
+    max_removed ≥ 0) before the first metric is computed; TypeError naming `metric` when it returns
+    anything but one number."""
+    if not callable(metric):
+        raise TypeError(f"metric={metric!r}: expected a callable model -> number")
+    if max_removed is not None and (isinstance(max_removed, bool) or not isinstance(max_removed, int)
+                                    or max_removed < 0):
+        raise ValueError(f"max_removed={max_removed!r}: expected None (all of the order) or an integer >= 0")
     names = resolve_blocks(model, order)
     registry_name = _registry_name(model)
     if registry_name is None:
@@ -317,5 +469,5 @@ def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable
     limit = len(names) if max_removed is None else min(max_removed, len(names))
     values = []
     for removed in range(limit + 1):
-        values.append(float(metric(_prune_checked(model, names[:removed], registry_name) if removed else model)))
+        values.append(_metric_value(metric, _prune_checked(model, names[:removed], registry_name) if removed else model))
     return values

@@ -137,9 +137,21 @@ def _identity_weight(layer: str, n: int, kernel_size: int | None) -> torch.Tenso
     return target
 
 
+def _check_layer(layer: object) -> None:
+    """ValueError / TypeError naming the accepted layer types, short whatever `layer` is (a model's
+    repr would run to thousands of characters)."""
+    if not isinstance(layer, str):
+        raise TypeError(f"layer: expected a layer type, one of {list(LAYERS)}, not a {type(layer).__name__}: SDI is "
+                        f"the paper's formula for a layer type at initialisation; for a model's blocks use "
+                        f"analysis.distance.block_identity_distance or the IdentityDistance callback")
+    if layer not in LAYERS:
+        raise ValueError(f"layer={layer[:40]!r} is not known; accepted values: {list(LAYERS)}")
+
+
 def sdi(layer: str, width: int, init: InitMoments | str = "he_normal", *, kernel_size: int | None = None,
         target: float = -4.0, gate_bias: float | None = None, k_init: float = 1.0, k_var: float = 0.0) -> SDIResult:
-    """Analytic M, B and TSDI of a `layer` (one of LAYERS) of `width` units (channels).
+    """Analytic M, B and TSDI of a layer type `layer` (one of LAYERS, a string: the paper's formula for
+    a kind of layer, not a measurement of a model) of `width` units (channels).
 
     `init`: InitMoments, or a name from NAMED_INITS (fans from width and kernel size). For
     "highway", `init` describes the transform gate's W_t and b_t, `gate_bias` fixes the mean of b_t
@@ -147,8 +159,7 @@ def sdi(layer: str, width: int, init: InitMoments | str = "he_normal", *, kernel
     variance 0 except under "paper_he", see `named_init`), and `target` is c. For
     "gated", M is the scalar SDI(k) = Var k + (E k)² with k = `k_init` ± `k_var`, and B is empty.
     """
-    if layer not in LAYERS:
-        raise ValueError(f"layer={layer!r} is not known; accepted values: {list(LAYERS)}")
+    _check_layer(layer)
     if not isinstance(width, int) or width < 1:
         raise ValueError(f"width={width!r}: must be a positive integer")
     if kernel_size is not None and kernel_size < 1:
@@ -187,7 +198,8 @@ def paper_tsdi(layer: str, n: int, c: float = -4.0) -> float:
         return 2 * n + 2
     if layer == "gated":
         return 1.0
-    raise ValueError(f"layer={layer!r} is not known; accepted values: {list(LAYERS)}")
+    _check_layer(layer)
+    raise AssertionError("unreachable: every layer type is handled above")
 
 
 def sigmoid(c: float) -> float:
@@ -224,8 +236,7 @@ def monte_carlo_sdi(layer: str, width: int, scheme: str = "he_normal", *, sample
     per-draw totals, "tsdi_stderr": its standard error}; compare with `sdi(layer, width, scheme,
     gate_bias=...)`, which should agree within a few standard errors.
     """
-    if layer not in LAYERS:
-        raise ValueError(f"layer={layer!r} is not known; accepted values: {list(LAYERS)}")
+    _check_layer(layer)
     if scheme not in INIT_SCHEMES:
         raise ValueError(f"scheme={scheme!r} is not known; accepted values: {list(INIT_SCHEMES)}")
     if samples < 2:

@@ -33,6 +33,8 @@ from . import gate_family  # noqa: E402  (issue 24)
 EXPERIMENTS[gate_family.NAME] = gate_family
 from . import gate_family_init  # noqa: E402  (issue 24)
 EXPERIMENTS[gate_family_init.NAME] = gate_family_init
+from . import transformer_gates  # noqa: E402  (ours: the 2017 gate in a transformer)
+EXPERIMENTS[transformer_gates.NAME] = transformer_gates
 
 
 __all__ = ["EXPERIMENTS", "get_experiment"]

@@ -1,9 +1,12 @@
-"""Layers and blocks: gates, the augmentation, plain / residual / gated residual and highway blocks.
+"""Layers and blocks: gates, the augmentation, plain / residual / gated residual and highway blocks, and
+the registry of other libraries' block types with `add_gates` (adapters).
 
 Imports only torch (docs/design.md: layers know nothing of models).
 """
 
 from .gated import AugmentedLayer, augment
+from .adapters import (GATE_KINDS, BlockSpec, GatedOutput, add_gates, block_spec, gate_parameters, register_block,
+                       registered_blocks)
 from .conv import PreActBlock, PreActUnit, WideBlock, ZeroPadShortcut, conv_highway_layer
 from .dense import ACTIVATIONS, NORMS, PlainBlock, ResidualBlock, dense_unit, make_activation
 from .gates import (GATE_FUNCTIONS, ScalarGate, TransformGate, VectorGate, cait_layerscale_init, scalar_gate_values,
@@ -12,6 +15,14 @@ from .highway import HighwayLayer, dense_highway_layer
 from .init import INIT_SCHEMES, init_weights_
 
 __all__ = [
+    "GATE_KINDS",
+    "BlockSpec",
+    "GatedOutput",
+    "add_gates",
+    "block_spec",
+    "gate_parameters",
+    "register_block",
+    "registered_blocks",
     "PreActBlock",
     "PreActUnit",
     "WideBlock",

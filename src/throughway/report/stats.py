@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-__all__ = ["PairedTest", "paired_t_test", "paired_verdict", "student_t_sf", "regularized_incomplete_beta",
+__all__ = ["PairedTest", "bonferroni", "paired_t_test", "paired_verdict", "student_t_sf", "regularized_incomplete_beta",
            "SIGNIFICANCE", "MIN_PAIRS_FOR_VERDICT"]
 
 # The level at which a difference is called significant in the reports.
@@ -116,3 +116,10 @@ def paired_verdict(test: PairedTest, a: str, b: str) -> str:
     if test.p_value < SIGNIFICANCE and test.mean_difference:
         return f"{a} better" if test.mean_difference < 0 else f"{b} better"
     return "no significant difference"
+
+
+def bonferroni(p_values: Sequence[float]) -> list[float]:
+    """Bonferroni-corrected p values of a family of m tests: min(1, m·p) each, in the order given.
+    A corrected p below SIGNIFICANCE is the uncorrected p below SIGNIFICANCE / m."""
+    m = len(p_values)
+    return [min(1.0, m * float(p)) for p in p_values]

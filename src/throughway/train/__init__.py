@@ -5,7 +5,7 @@ from .callbacks import METRICS_FILE, EarlyStopping, MetricsCSV, ModelCheckpoint,
 from .checkpoint import load_model, save_model
 from .loop import Callback, History, TrainState, evaluate, fit
 from .optim import FlatOptimizer, build_optimizer
-from .recipes import RECIPES, Recipe, get_recipe, learning_rate_at, list_recipes, parameter_groups
+from .recipes import RECIPES, Recipe, get_recipe, learning_rate_at, list_recipes, param_groups, parameter_groups
 from .config import RunConfig, RunExistsError
 from .run import RESULTS_FILE, read_results, run_training
 
@@ -32,6 +32,7 @@ __all__ = [
     "learning_rate_at",
     "list_recipes",
     "load_model",
+    "param_groups",
     "parameter_groups",
     "read_metrics_csv",
     "read_results",

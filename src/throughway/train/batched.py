@@ -70,6 +70,7 @@ from .rundir import BATCH_FILE, RunDir
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
+from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
 
 __all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
@@ -137,7 +138,8 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
                   resume: bool = False, progress: bool = True, data: DataSplits | None = None,
                   state_dir: str | os.PathLike[str] | None = None, checkpoint: bool = True,
                   eval_chunk: int = _EVAL_CHUNK, compile: bool = False,
-                  label: str | None = None, callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
+                  label: str | None = None, callbacks: Sequence[Any] = (),
+                  cuda_graph: bool = True) -> list[dict[str, Any]]:
     """Train the models of `configs` together, model i writing its run directory `out_dirs[i]`;
     return their results dicts (those of `run_training`).
 
@@ -152,6 +154,9 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     benchmarks/batched_throughput.py --compile).
     `label` starts every progress line of the batch as `[label]` (default: the first and last run
     directories' names, `first..last`), so that batches trained in parallel can be told apart.
+    On a CUDA device each epoch runs as replays of the step captured as a CUDA graph
+    (`graphed.GraphedStep`: data orders drawn on the device, no host synchronisation inside an epoch);
+    `cuda_graph=False` keeps the eager step there. Elsewhere `cuda_graph` changes nothing.
     """
     if len(configs) != len(out_dirs) or not configs:
         raise ValueError(f"configs ({len(configs)}) and out_dirs ({len(out_dirs)}) must be equally long and non-empty")
@@ -184,12 +189,12 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
             label = dirs[0].name if len(dirs) == 1 else f"{dirs[0].name}..{dirs[-1].name}"
         return _train_locked(configs, dirs, recipes, state_path, resume=resume, progress=progress, data=data,
                              checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile, label=label,
-                             callbacks=callbacks)
+                             callbacks=callbacks, cuda_graph=cuda_graph)
 
 
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
                   resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
-                  compile: bool, label: str, callbacks: Sequence[Any]) -> list[dict[str, Any]]:
+                  compile: bool, label: str, callbacks: Sequence[Any], cuda_graph: bool) -> list[dict[str, Any]]:
     saved = load_batch_state(state_path) if (resume and checkpoint) else None
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
@@ -228,7 +233,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             "note": "trained by throughway.train.batched with the other models of its batch; epoch_time_s "
                     "and elapsed_s are the whole batch's wall time"}
         writers.append(ResultsFiles(d, header))
-        state = TrainState(model, optimizer, r, data, torch.Generator(device="cpu").manual_seed(c.seed), History(),
+        state = TrainState(model, optimizer, r, data, order_generator(stack.device).manual_seed(c.seed), History(),
                            steps_per_epoch=len(epoch_starts(len(data.train), r.batch_size)))
         notes = [_DivergenceNote(f"[{label}] {d.name}")] if progress else []
         members.append(Member(state, [writers[-1], *notes, *callbacks], ended=i not in todo))
@@ -284,7 +289,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                   f"{min(losses):.4g}..{max(losses):.4g} (best {dirs[members.index(running[best])].name}) "
                   f"({running[0].state.history.epochs[-1]['epoch_time_s']:.1f}s)", file=sys.stderr, flush=True)
 
-    engine = _StackEngine(stack, optimizer, [recipes[i] for i in active], data, eval_chunk, compile)
+    engine = _StackEngine(stack, optimizer, [recipes[i] for i in active], data, eval_chunk, compile, cuda_graph)
     run_loop(engine, members, recipes[0].epochs, after_epoch=after_epoch)
     if checkpoint and state_path.is_dir():
         # Only the files this module writes are deleted, and the folders only when that empties them.
@@ -302,6 +307,19 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             # A model that ended in an earlier process (diverged before an interruption) is read back.
             results[i] = writers[i].results if "history" in writers[i].results else read_json(d / RESULTS_FILE)
     return [r for r in results if r is not None]
+
+
+def _use_graphs(device: torch.device, cuda_graph: bool) -> bool:
+    """Whether a stack on `device` trains through `GraphedStep` (a module global: the CPU tests run the
+    trainer through its static-buffer body by replacing it)."""
+    return device.type == "cuda" and cuda_graph
+
+
+def order_generator(device: torch.device) -> torch.Generator:
+    """A member's data-order generator: on the stack's device when that is a GPU (the epoch's
+    `randperm` is drawn there, never copied from the host), else on the CPU (the CPU path's orders,
+    which tests/test_bit_for_bit.py pins). Seeded by the caller with the member's seed."""
+    return torch.Generator(device=device) if device.type == "cuda" else torch.Generator(device="cpu")
 
 
 class _DivergenceNote:
@@ -328,10 +346,12 @@ class _StackEngine:
     `state.model` of each member holds its weights from the end of every epoch (`sync`)."""
 
     def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, recipes: list[Recipe], data: DataSplits,
-                 eval_chunk: int, compile: bool) -> None:
+                 eval_chunk: int, compile: bool, cuda_graph: bool = True) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk
         self.step = BatchedStep(stack, optimizer, compile=compile)
+        # On a GPU the epoch is replays of one captured step (issue 35); the CPU keeps the eager step.
+        self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
         self.snap: dict[str, torch.Tensor] = {}
 
@@ -347,10 +367,16 @@ class _StackEngine:
         return lrs
 
     def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
-        """`train_epoch` over every member, each in its own generator's order."""
+        """`train_epoch` over every member, each in its own generator's order (drawn on the generator's
+        device: the stack's on a GPU, `order_generator`); on a GPU the epoch is `GraphedStep.epoch`, and
+        the totals are read from the device here, once, at the epoch's end."""
         n = len(self.train_x)
-        orders = torch.stack([torch.randperm(n, generator=s.generator) for s in states]).to(self.stack.device)
-        totals = train_epoch(self.step, self.train_x, self.train_y, orders, self.recipes[0].batch_size)
+        orders = torch.stack([torch.randperm(n, generator=s.generator, device=s.generator.device)
+                              for s in states]).to(self.stack.device)
+        if self.graphed is not None:
+            totals = self.graphed.epoch(self.train_x, self.train_y, orders, self.recipes[0].batch_size)
+        else:
+            totals = train_epoch(self.step, self.train_x, self.train_y, orders, self.recipes[0].batch_size)
         steps = len(epoch_starts(n, self.recipes[0].batch_size))
         for s in states:
             s.step += steps

@@ -253,7 +253,7 @@ def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
     model = getattr(model, "_orig_mod", model)
     config = getattr(model, "config", None)
     metadata = {"format": MODEL_FORMAT, "class": f"{type(model).__module__}.{type(model).__qualname__}"}
-    if config is not None:
+    if isinstance(config, dict):  # the registry's config; another library's (a Hugging Face config) is not ours
         metadata["config"] = json.dumps(config)
     return atomic_write_bytes(path, save(_contiguous(model.state_dict()), metadata=metadata))
 

@@ -351,7 +351,7 @@ def build_optimizer(model: nn.Module, recipe: Recipe) -> FlatOptimizer:
     """The recipe's optimiser (NAdam, Adam or SGD) over `parameter_groups(model, recipe)`, as a
     `FlatOptimizer`: torch's update rule, without torch's per-tensor overhead, which dominated the
     step of the deep MLPs."""
-    groups = parameter_groups(model, recipe)
+    groups = [{**group, "lr": recipe.lr * group["lr_mult"]} for group in parameter_groups(model, recipe)]
     return FlatOptimizer(recipe.optimizer, groups, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.nesterov,
                          betas=recipe.betas, eps=recipe.eps, momentum_decay=recipe.momentum_decay)
 

@@ -34,9 +34,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..data.augment import AUGMENTATIONS as _AUGMENT_PADDING
+from ..layers.adapters import gate_parameters
 from ..data.augment import NORMALIZATIONS
 
 __all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups",
@@ -272,6 +274,40 @@ def _is_gate_k(name: str) -> bool:
     return name == "k" or name.endswith(".k")
 
 
+def _gate_ids(model: nn.Module) -> set[int]:
+    # Gates by type (ScalarGate / VectorGate, those add_gates inserted, the registered blocks' gates
+    # such as timm's LayerScale γ), plus any parameter named k (the toolkit's naming contract).
+    ids = {id(p) for p in gate_parameters(model)}
+    ids.update(id(p) for name, p in model.named_parameters() if _is_gate_k(name))
+    return ids
+
+
+def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: bool = False) -> list[dict[str, Any]]:
+    """Two parameter groups for any torch optimiser, without a recipe: {"params", "weight_decay",
+    "group": "decay"} for the weights (dim ≥ 2) and "no_decay" for biases, norms and every gate,
+    found by type (the toolkit's k and λ, the gates `add_gates` inserted, timm's LayerScale γ,
+    ConvNeXt's γ: `layers.adapters.gate_parameters`), so the paper's rule "no weight decay on k"
+    holds on any network (gate_decay=True decays the gates too: gated-residual-v2's "k decay").
+    Never sets "lr": the optimiser's own lr applies, e.g.
+    `torch.optim.SGD(param_groups(model, weight_decay=5e-4), lr=0.1, momentum=0.9)`. Empty groups
+    are dropped; parameters that do not require grad are left out. ValueError for a negative or
+    non-finite weight_decay."""
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay) \
+            or weight_decay < 0:
+        raise ValueError(f"weight_decay={weight_decay!r}: expected a finite number >= 0")
+    gates = _gate_ids(model)
+    decay: list[torch.Tensor] = []
+    no_decay: list[torch.Tensor] = []
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        is_gate = id(param) in gates
+        (decay if (gate_decay if is_gate else param.dim() >= 2) else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": float(weight_decay), "group": "decay"},
+              {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"}]
+    return [g for g in groups if g["params"]]
+
+
 def _rule_for(name: str, rules: tuple[tuple[str, float, float], ...]) -> tuple[float, float] | None:
     for pattern, lr_mult, decay_mult in rules:
         if fnmatch.fnmatchcase(name, pattern):
@@ -287,14 +323,17 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     each (pattern, lr_mult, decay_mult) matches parameter names with shell-style wildcards
     (fnmatch), the first match wins, and a matched parameter gets learning rate lr·lr_mult and
     weight decay weight_decay·decay_mult. Unmatched parameters, and k always (the k_decay contract),
-    follow the rule above with lr_mult 1. Each group carries "lr_mult" (the training loop sets its
-    lr to the schedule's lr × lr_mult), "weight_decay", and a "group" name: "decay", "no_decay", or
-    "lr×a decay×b" for a rule's multipliers."""
+    follow the rule above with lr_mult 1. Gates are found by type as in `param_groups`. Each group
+    carries "lr_mult" (the training loop sets its lr to the schedule's lr × lr_mult),
+    "weight_decay", and a "group" name: "decay", "no_decay", or "lr×a decay×b" for a rule's
+    multipliers. No group sets "lr", so a torch optimiser built over these groups trains at the lr
+    it is given (`build_optimizer` sets the recipe's)."""
     buckets: dict[tuple[float, float], list[nn.Parameter]] = {}
+    gates = _gate_ids(model)
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if _is_gate_k(name):
+        if id(param) in gates:
             key = (1.0, 1.0 if recipe.k_decay else 0.0)
         else:
             key = _rule_for(name, recipe.param_rules) or (1.0, 1.0 if param.dim() >= 2 else 0.0)
@@ -307,8 +346,8 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
             label = "no_decay"
         else:
             label = f"lr×{lr_mult:g} decay×{decay_mult:g}"
-        groups.append({"params": params, "weight_decay": recipe.weight_decay * decay_mult, "lr": recipe.lr * lr_mult,
-                       "lr_mult": lr_mult, "group": label})
+        groups.append({"params": params, "weight_decay": recipe.weight_decay * decay_mult, "lr_mult": lr_mult,
+                       "group": label})
     return groups
 
 

@@ -10,6 +10,8 @@ Plain, residual and gated residual MLPs of one depth share the gated residual la
 (`canonical_name`) with a per-model shortcut and gate mask, so the gated residual paper's three
 architectures of one depth train as one stack (issue 16). ReZero (a scalar identity gate α) and
 LayerScale (a per-channel gate λ, held (N, C)) MLPs train in stacks of their own (issue 24).
+On a GPU, `train.graphed.GraphedStep` runs `train_epoch`'s steps as replays of one captured CUDA
+graph, with the same totals (issue 35).
 """
 
 from __future__ import annotations

@@ -1,0 +1,636 @@
+"""The parts of one GPU window (issue 35), each a sub-command writing its file under OUT; run by
+scripts/device_check.sh, which gives each part its own time limit.
+
+    python scripts/device_check.py device   --out OUT              # OUT/device.json
+    python scripts/device_check.py protocol --out OUT [--epochs 3] # OUT/protocol.json
+    python scripts/device_check.py wrn      --out OUT [--steps 50] # OUT/wrn.json
+    python scripts/device_check.py highway  --out OUT --budget-s S # OUT/highway_shard.json, OUT/highway_runs.tar.gz
+    python scripts/device_check.py summary  --out OUT              # OUT/summary.md
+
+* protocol: the gated residual paper's Table 1 protocol (plain, residual and gated MLPs, width 50,
+  d in {2, 10, 20, 50, 100}, 5 seeds, 100 epochs of 60,000 MNIST images, batch 128, NAdam, one
+  evaluation of the 10,000 test images per epoch) timed per depth through the stacked CUDA path
+  (`train.graphed.GraphedStep`, one stack of 3 × seeds models per depth, on random data of MNIST's
+  shape), a few epochs each, projected to the whole protocol (`project_protocol`).
+* wrn: a WRN-28-10 gated training step (bf16 autocast, channels_last, the wrn-cifar recipe's SGD) by
+  the toolkit's `fit` against a hand-written loop over the same resident data and augmentation; the
+  ratio of their images per second and the share of the GPU's dense bf16 peak (`PEAK_BF16`) each
+  reaches, FLOPs counted by torch's FlopCounterMode.
+* highway: the next unfinished shard of the highway paper's Table 1 conv nets (the authors' net
+  `highway_conv` d = 10 and solver `highway-conv-mnist`, widths 16 and 32, 5 runs each, 300 epochs;
+  `TABLE`): `next_shard` reads which runs are committed under results/highway-conv-table1 (finished,
+  or resumable from a committed checkpoint) and picks the first `--parallel` unfinished ones, trained
+  at once, one process each, resumed where a window stopped them; each stops at an epoch's end
+  before its deadline (`Deadline`), its checkpoint written, so the next window resumes it.
+
+`--dry-run` runs every part with tiny sizes on the CPU in seconds (fake MNIST, small nets): what
+tests/test_device_check.py checks. At most 8 files come back from a device window, so OUT holds
+exactly `OUTPUT_FILES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+if str(REPOSITORY / "src") not in sys.path:
+    sys.path.insert(0, str(REPOSITORY / "src"))
+
+from throughway.data import DataSplits, Split  # noqa: E402
+
+# What a device window brings back (at most 8 files, no sub-folders): the device, the GPU tests'
+# output, the three measurements, the highway shard's bookkeeping and runs, and a summary.
+OUTPUT_FILES = ("device.json", "device_check.log", "protocol.json", "wrn.json", "highway_shard.json",
+                "highway_runs.tar.gz", "summary.md")
+
+# Dense bf16 peak FLOP/s by device name (the vendors' datasheets, without sparsity); the first key
+# contained in torch.cuda.get_device_name() wins, so the specific names come first.
+PEAK_BF16: dict[str, float] = {
+    "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12,
+    "B200": 2250e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12, "A10": 125e12,
+    "RTX 4090": 165e12, "RTX 3090": 71e12,
+}
+
+# The Table 1 protocol (gated-residual-v2 §3.1): depths, architectures, its data and epochs.
+PROTOCOL_DEPTHS = (2, 10, 20, 50, 100)
+PROTOCOL_ARCHS = ("mlp_plain", "mlp_residual", "mlp_gated_residual")
+PROTOCOL_TRAIN, PROTOCOL_TEST, PROTOCOL_EPOCHS, PROTOCOL_SEEDS = 60_000, 10_000, 100, 5
+
+# The highway paper's Table 1 conv nets: (width, seed) in the order the shards take them.
+TABLE = tuple((width, seed) for width in (16, 32) for seed in range(5))
+HIGHWAY_RESULTS = Path("results") / "highway-conv-table1"
+HIGHWAY_EPOCHS = 300
+
+
+def peak_bf16(name: str) -> float | None:
+    """The dense bf16 peak FLOP/s of the device called `name` (`PEAK_BF16`), None when unknown."""
+    for key, peak in PEAK_BF16.items():
+        if key.lower() in name.lower():
+            return peak
+    return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# device.json
+# ----------------------------------------------------------------------------------------------
+
+def _command(args: Sequence[str]) -> str | None:
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def device_info() -> dict[str, Any]:
+    """The machine a window ran on: GPU model, driver, torch, CUDA, cuDNN, Python, the git revision."""
+    info: dict[str, Any] = {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "cuda_available": torch.cuda.is_available(),
+        "git_revision": _command(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"]),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update({"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
+                     "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
+                     "memory_gib": round(props.total_memory / 2 ** 30, 1),
+                     "cudnn": torch.backends.cudnn.version(), "peak_bf16_flops": peak_bf16(torch.cuda.get_device_name(0))})
+        info["driver"] = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return info
+
+
+# ----------------------------------------------------------------------------------------------
+# protocol: Table 1 through the stacked CUDA path, projected
+# ----------------------------------------------------------------------------------------------
+
+def project_protocol(per_depth: dict[int, dict[str, float]], epochs: int = PROTOCOL_EPOCHS) -> dict[str, Any]:
+    """The whole protocol's seconds from each depth's measured stack: `first_epoch_s` (the first
+    training epoch, capture included), `epoch_s` (a later training epoch) and `eval_s` (one
+    evaluation of the test images), all at the protocol's sizes. A depth's stack trains `epochs`
+    epochs with an evaluation after each: first_epoch_s + (epochs − 1)·epoch_s + epochs·eval_s; the
+    depths' stacks run one after another on one GPU."""
+    if epochs < 1:
+        raise ValueError(f"epochs={epochs}: must be at least 1")
+    seconds = {d: m["first_epoch_s"] + (epochs - 1) * m["epoch_s"] + epochs * m["eval_s"]
+               for d, m in sorted(per_depth.items())}
+    total = sum(seconds.values())
+    return {"epochs": epochs, "per_depth_s": {str(d): s for d, s in seconds.items()}, "total_s": total,
+            "total_min": total / 60}
+
+
+def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, batch_size: int,
+                        device: torch.device, width: int = 50) -> dict[str, float]:
+    """Seconds of the first and later training epochs and of one evaluation of a stack of 3·seeds
+    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device`."""
+    from throughway.models import create_model
+    from throughway.train import get_recipe
+    from throughway.train.batched import order_generator
+    from throughway.train.graphed import GraphedStep
+    from throughway.train.optim import BatchedOptimizer
+    from throughway.train.stacked import StackedModels, evaluate_stack
+
+    recipe = get_recipe("gresnet-mnist", batch_size=batch_size)
+    models = []
+    for name in PROTOCOL_ARCHS:
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            models.append(create_model(name, depth=depth, width=width))
+    stack = StackedModels(models, device=device)
+    optimizer = BatchedOptimizer(stack, [recipe] * len(models))
+    optimizer.param_groups[0]["lr"] = torch.full((len(models), 1), recipe.lr, device=device)
+    step = GraphedStep(stack, optimizer)
+    x, y = data.train.x.flatten(1), data.train.y
+    generators = [order_generator(device).manual_seed(i) for i in range(len(models))]
+    times = []
+    for _ in range(epochs):
+        _sync(device)
+        start = time.perf_counter()
+        orders = torch.stack([torch.randperm(len(x), generator=g, device=g.device) for g in generators])
+        totals = step.epoch(x, y, orders, batch_size)
+        totals.loss_sum.tolist()  # the epoch's one read, as the trainer does
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    evaluate_stack(stack, data.test)  # warm-up
+    _sync(device)
+    start = time.perf_counter()
+    evaluate_stack(stack, data.test)
+    _sync(device)
+    eval_s = time.perf_counter() - start
+    later = times[1:] or times
+    return {"first_epoch_s": times[0], "epoch_s": statistics.median(later), "eval_s": eval_s,
+            "models": len(models), "captures": step.captures, "epochs_timed": len(times)}
+
+
+def random_mnist(train: int, test: int, device: torch.device) -> DataSplits:
+    """Random images of MNIST's shape on `device` (a step's speed does not depend on the values)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (train + test, 1, 28, 28), generator=g, dtype=torch.uint8).to(device)
+    labels = torch.randint(0, 10, (train + test,), generator=g).to(device)
+    images = x.float().div_(255.0)  # resident uint8 normalised once, on the device
+    return DataSplits("random", 10, Split(images[:train], labels[:train]), None, Split(images[train:], labels[train:]))
+
+
+def protocol(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    data = random_mnist(args.samples, args.test, device)
+    per_depth, scaled = {}, {}
+    for depth in args.depths:
+        measured = time_protocol_depth(depth, args.seeds, data, args.epochs, args.batch_size, device, args.width)
+        per_depth[depth] = measured
+        # at the protocol's sizes: the epoch scales with the training images, evaluation with the test images
+        train_scale, test_scale = PROTOCOL_TRAIN / args.samples, PROTOCOL_TEST / args.test
+        scaled[depth] = {"first_epoch_s": measured["first_epoch_s"] - measured["epoch_s"]
+                         + measured["epoch_s"] * train_scale,
+                         "epoch_s": measured["epoch_s"] * train_scale, "eval_s": measured["eval_s"] * test_scale}
+        print(f"protocol d = {depth}: {measured['models']} models, first epoch {measured['first_epoch_s']:.2f} s, "
+              f"epoch {measured['epoch_s']:.3f} s, evaluation {measured['eval_s']:.3f} s "
+              f"({args.samples} / {args.test} images)", flush=True)
+    projection = project_protocol(scaled, PROTOCOL_EPOCHS)
+    result = {"device": str(device), "seeds": args.seeds, "models": 3 * args.seeds * len(args.depths),
+              "samples_timed": args.samples, "test_timed": args.test, "batch_size": args.batch_size,
+              "width": args.width, "measured": {str(d): m for d, m in per_depth.items()},
+              "at_protocol_size": {str(d): m for d, m in scaled.items()}, "projection": projection,
+              "goal_min": 5.0}
+    print(f"projected protocol ({result['models']} models x {PROTOCOL_EPOCHS} epochs): "
+          f"{projection['total_min']:.2f} min", flush=True)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# wrn: the toolkit's WRN-28-10 gated step against a hand-written loop
+# ----------------------------------------------------------------------------------------------
+
+def _wrn(depth: int, widen: int, device: torch.device) -> torch.nn.Module:
+    from throughway.models import create_model
+    torch.manual_seed(0)
+    return create_model("wide_resnet", depth=depth, widen_factor=widen, dropout=0.3, gated=True,
+                        num_classes=10).to(device)
+
+
+def step_flops(model: torch.nn.Module, batch: int, device: torch.device, amp: bool) -> float:
+    """FLOPs of one training step's forward and backward (torch's FlopCounterMode; the optimiser's
+    elementwise update is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    x = torch.rand(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    with counter:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def time_toolkit(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, device: torch.device) -> float:
+    """Images per second of the toolkit's `fit` (resident data, on-device RandomCropFlip, bf16 autocast,
+    channels_last) over `args.steps` steps, after a warm-up fit of `args.warmup` steps."""
+    from throughway.data.augment import RandomCropFlip
+    from throughway.train import fit, get_recipe
+    amp = device.type == "cuda"
+    recipe = get_recipe("wrn-cifar", epochs=1, batch_size=args.batch)
+    tiny = Split(x[:2], y[:2])  # evaluation is not what is timed
+    net = _wrn(args.depth, args.widen, device)
+    warm = DataSplits("bench", 10, Split(x[:args.batch * args.warmup], y[:args.batch * args.warmup]), None, tiny)
+    fit(net, warm, recipe, progress=False, train_transform=RandomCropFlip(), amp=amp, channels_last=amp)
+    data = DataSplits("bench", 10, Split(x[:args.batch * args.steps], y[:args.batch * args.steps]), None, tiny)
+    history = fit(net, data, recipe, progress=False, train_transform=RandomCropFlip(), amp=amp, channels_last=amp)
+    return args.batch * args.steps / history.epochs[0]["epoch_time_s"]
+
+
+def time_hand_loop(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, device: torch.device) -> float:
+    """Images per second of a hand-written loop: the same model, data, augmentation and rule
+    (torch.optim.SGD, Nesterov 0.9, weight decay 5e-4 on the weights), bf16 autocast, channels_last,
+    no host synchronisation until the clock stops."""
+    from throughway.data.augment import RandomCropFlip
+    amp = device.type == "cuda"
+    net = _wrn(args.depth, args.widen, device).train()
+    if amp:
+        net = net.to(memory_format=torch.channels_last)
+    decay = [p for p in net.parameters() if p.dim() > 1]
+    rest = [p for p in net.parameters() if p.dim() <= 1]
+    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": 5e-4}, {"params": rest, "weight_decay": 0.0}],
+                                lr=0.1, momentum=0.9, nesterov=True)
+    augment = RandomCropFlip()
+    n = len(y)
+
+    def step() -> None:
+        index = torch.randint(0, n, (args.batch,), device=device)
+        images = augment(x[index])
+        if amp:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(net(images), y[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(args.warmup):
+        step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    _sync(device)
+    return args.batch * args.steps / (time.perf_counter() - start)
+
+
+def wrn(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(0)
+    n = args.batch * max(args.steps, args.warmup)
+    x = torch.rand(n, 3, 32, 32, generator=g).to(device)
+    y = torch.randint(0, 10, (n,), generator=g).to(device)
+    flops = step_flops(_wrn(args.depth, args.widen, device), args.batch, device, amp=device.type == "cuda")
+    toolkit = time_toolkit(x, y, args, device)
+    hand = time_hand_loop(x, y, args, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    peak = peak_bf16(name) if device.type == "cuda" else None
+    per_image = flops / args.batch
+    result: dict[str, Any] = {
+        "device": str(device), "device_name": name, "model": f"WRN-{args.depth}-{args.widen} gated, dropout 0.3",
+        "batch": args.batch, "steps": args.steps, "amp_bf16": device.type == "cuda",
+        "channels_last": device.type == "cuda", "flops_per_step": flops,
+        "toolkit_images_per_s": toolkit, "hand_loop_images_per_s": hand, "ratio": toolkit / hand,
+        "peak_bf16_flops": peak, "goal_ratio": 1.0,
+        "toolkit_share_of_peak": None if peak is None else toolkit * per_image / peak,
+        "hand_loop_share_of_peak": None if peak is None else hand * per_image / peak,
+    }
+    share = "" if peak is None else f", {100 * result['toolkit_share_of_peak']:.1f}% of the bf16 peak"
+    print(f"WRN step: toolkit {toolkit:.1f} images/s, hand loop {hand:.1f}: ratio {toolkit / hand:.3f}{share}", flush=True)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# highway: the next unfinished shard of the conv highway table
+# ----------------------------------------------------------------------------------------------
+
+def run_name(width: int, seed: int) -> str:
+    """A run's folder under results/highway-conv-table1."""
+    return f"w{width}-s{seed}"
+
+
+def run_status(run_dir: Path, epochs: int = HIGHWAY_EPOCHS) -> dict[str, Any]:
+    """What a committed run folder holds: "finished" (results.json final, or diverged), "resumable"
+    (a checkpoint.json after `epoch` epochs), "absent" (no run; a results.json without a checkpoint
+    counts as absent, since nothing can resume it)."""
+    results = run_dir / "results.json"
+    if results.is_file():
+        data = json.loads(results.read_text())
+        if data.get("final") is not None:
+            return {"status": "finished", "epoch": len(data.get("history", [])), "diverged": bool(data.get("diverged"))}
+    checkpoint = run_dir / "checkpoint.json"
+    if checkpoint.is_file():
+        meta = json.loads(checkpoint.read_text())
+        epoch = int(meta.get("epoch", len(meta.get("history", {}).get("epochs", []))))
+        return {"status": "resumable", "epoch": epoch, "of": epochs}
+    return {"status": "absent", "epoch": 0, "of": epochs}
+
+
+def next_shard(results_dir: Path, size: int, table: Sequence[tuple[int, int]] = TABLE) -> list[tuple[int, int]]:
+    """The first `size` runs of `table` not finished under `results_dir`, in table order (a run a
+    window stopped is resumed before a new one starts, since it comes first)."""
+    if size < 1:
+        raise ValueError(f"--parallel {size}: must be at least 1")
+    todo = [(w, s) for w, s in table if run_status(results_dir / run_name(w, s))["status"] != "finished"]
+    return todo[:size]
+
+
+class DeadlineReached(Exception):
+    """Raised at an epoch's end (after its checkpoint) when the next epoch would not end before the deadline."""
+
+
+class Deadline:
+    """Callback: stop a run at the end of an epoch, its checkpoint written, when another epoch would
+    not end before `deadline` (time.time() seconds) with a margin of a quarter of an epoch: the run
+    stays resumable (results.json final stays null), and the next window resumes it."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.started = time.time()
+        self.longest = 0.0
+
+    def on_epoch_start(self, state: Any) -> None:
+        self.started = time.time()
+
+    def on_epoch_end(self, state: Any, record: dict[str, Any]) -> None:
+        now = time.time()
+        self.longest = max(self.longest, now - self.started)
+        if now + 1.25 * self.longest > self.deadline and state.epoch < state.recipe.epochs:
+            raise DeadlineReached(f"stopped after epoch {state.epoch}: another epoch ({self.longest:.1f} s) would "
+                                  f"end after the deadline")
+
+
+def highway_config(width: int, seed: int, args: argparse.Namespace) -> Any:
+    """The run `throughway train --model highway_conv --depth 10 --width W --dataset mnist --recipe
+    highway-conv-mnist --train-on-full --seed S --device D --eval-batch-size 1000` trains
+    (results/highway-conv-authors/COMMAND.txt, step 3)."""
+    from throughway.train import RunConfig
+    return RunConfig(model="highway_conv", depth=10, dataset="mnist", recipe="highway-conv-mnist", seed=seed,
+                     train_on_full=True, device=args.device, data_dir=args.data_dir, model_kwargs={"width": width},
+                     epochs=args.epochs, limit=args.limit, eval_batch_size=1000)
+
+
+def highway_run(args: argparse.Namespace) -> int:
+    """One run of a shard (a child process of `highway`): resume or start it, stop at the deadline."""
+    from throughway.train import run_training
+    config = highway_config(args.width, args.seed, args)
+    try:
+        run_training(config, args.run_dir, resume=True, progress=True, callbacks=[Deadline(args.deadline)])
+    except DeadlineReached as stop:
+        print(f"[{Path(args.run_dir).name}] {stop}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+def _has_mnist(data_dir: str | None) -> bool:
+    from throughway.data.cache import data_root
+    folder = data_root(data_dir) / "mnist"
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _run_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """A run folder's files for the archive: not the lock (.lock, .lock.json) or unfinished writes (.tmp)."""
+    base = Path(info.name).name
+    return None if base.startswith(".lock") or base.endswith(".tmp") else info
+
+
+def highway(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.time()
+    results_dir = Path(args.results)
+    shard = next_shard(results_dir, args.parallel)
+    report: dict[str, Any] = {"results_dir": str(results_dir), "table": [run_name(w, s) for w, s in TABLE],
+                              "before": {run_name(w, s): run_status(results_dir / run_name(w, s), args.epochs)
+                                         for w, s in TABLE},
+                              "shard": [run_name(w, s) for w, s in shard], "budget_s": args.budget_s,
+                              "device": args.device, "epochs": args.epochs}
+    if not shard:
+        report["outcome"] = "the table is finished: nothing to run"
+        return report
+    if not _has_mnist(args.data_dir):
+        report["outcome"] = (f"skipped: no MNIST under {args.data_dir or '$THROUGHWAY_DATA or ~/.cache/throughway'}/mnist "
+                             f"(carry .throughway-data with mnist/mnist.pkl.gz, see docs/benchmarks.md)")
+        return report
+    work = Path(tempfile.mkdtemp(prefix="highway-shard-"))
+    deadline = started + args.budget_s - args.margin_s
+    children = []
+    for width, seed in shard:
+        name = run_name(width, seed)
+        committed, run_dir = results_dir / name, work / name
+        if run_status(committed, args.epochs)["status"] == "resumable":
+            shutil.copytree(committed, run_dir)
+        command = [sys.executable, str(Path(__file__).resolve()), "_run", "--width", str(width), "--seed", str(seed),
+                   "--run-dir", str(run_dir), "--deadline", str(deadline), "--device", args.device,
+                   "--epochs", str(args.epochs)]
+        if args.data_dir:
+            command += ["--data-dir", args.data_dir]
+        if args.limit:
+            command += ["--limit", str(args.limit)]
+        # The GPU does the work; the runs' CPU threads share the machine's cores instead of each taking all.
+        threads = str(max(1, (os.cpu_count() or 1) // len(shard)))
+        children.append((name, subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": threads})))
+    codes = {}
+    for name, child in children:
+        try:
+            codes[name] = child.wait(timeout=max(1.0, deadline + args.margin_s / 2 - time.time()))
+        except subprocess.TimeoutExpired:  # the hard guard: a run that missed its deadline is ended
+            child.terminate()
+            codes[name] = child.wait()
+    report["exit_codes"] = codes
+    report["after"] = {name: run_status(work / name, args.epochs) for name, _ in children}
+    with tarfile.open(Path(args.out) / "highway_runs.tar.gz", "w:gz") as archive:
+        for name, _ in children:
+            if (work / name).is_dir():
+                archive.add(work / name, arcname=name, filter=_run_files)
+    shutil.rmtree(work, ignore_errors=True)
+    report["outcome"] = "ran"
+    report["seconds"] = time.time() - started
+    names = " ".join(name for name, _ in children)
+    report["commit"] = (f"cd {HIGHWAY_RESULTS} && rm -rf {names} && tar -xzf $OUT/highway_runs.tar.gz "
+                        f"(each run folder replaces the committed one of its name, older checkpoints included)")
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
+# summary.md
+# ----------------------------------------------------------------------------------------------
+
+def _read(out: Path, name: str) -> Any:
+    path = out / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def summary(out: Path) -> str:
+    """summary.md: the window's device and each part's headline, or why it is missing."""
+    lines = ["# Device check", ""]
+    device = _read(out, "device.json")
+    if device:
+        lines.append(f"Device: {device.get('gpu', 'no GPU')} (driver {device.get('driver')}), torch {device['torch']}, "
+                     f"CUDA {device['cuda']}, git {device.get('git_revision')}.")
+    else:
+        lines.append("Device: device.json missing.")
+    lines.append("")
+    protocol_result = _read(out, "protocol.json")
+    if protocol_result:
+        p = protocol_result["projection"]
+        lines += [f"Table 1 protocol ({protocol_result['models']} models x {p['epochs']} epochs), projected: "
+                  f"**{p['total_min']:.2f} min** (goal {protocol_result['goal_min']:g} min).", "",
+                  "| d | first epoch (s) | epoch (s) | evaluation (s) | projected (min) |", "|---|---|---|---|---|"]
+        for d, m in protocol_result["at_protocol_size"].items():
+            lines.append(f"| {d} | {m['first_epoch_s']:.2f} | {m['epoch_s']:.3f} | {m['eval_s']:.3f} | "
+                         f"{p['per_depth_s'][d] / 60:.2f} |")
+    else:
+        lines.append("Table 1 protocol: protocol.json missing (the part failed or ran out of time; see device_check.log).")
+    lines.append("")
+    w = _read(out, "wrn.json")
+    if w:
+        share = ("" if w["toolkit_share_of_peak"] is None else
+                 f"; share of the bf16 peak: toolkit {100 * w['toolkit_share_of_peak']:.1f}%, hand loop "
+                 f"{100 * w['hand_loop_share_of_peak']:.1f}%")
+        lines.append(f"{w['model']} step, batch {w['batch']}: toolkit {w['toolkit_images_per_s']:.0f} images/s, hand "
+                     f"loop {w['hand_loop_images_per_s']:.0f}: **ratio {w['ratio']:.3f}** (goal ≥ 1.0){share}.")
+    else:
+        lines.append("WRN step: wrn.json missing (see device_check.log).")
+    lines.append("")
+    h = _read(out, "highway_shard.json")
+    if h:
+        lines.append(f"Conv highway table shard {', '.join(h['shard']) or '(none)'}: {h['outcome']}.")
+        for name, status in (h.get("after") or {}).items():
+            lines.append(f"- {name}: {status['status']} after epoch {status['epoch']}")
+    else:
+        lines.append("Conv highway shard: highway_shard.json missing (see device_check.log).")
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------------------
+
+DRY_RUN = {  # tiny sizes on the CPU: every part in seconds
+    "protocol": {"depths": [2, 4], "seeds": 1, "samples": 300, "test": 100, "epochs": 2, "width": 8},
+    "wrn": {"depth": 10, "widen": 1, "batch": 8, "steps": 2, "warmup": 1},
+    "highway": {"epochs": 2, "limit": 64, "parallel": 2},
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="The parts of one GPU window (issue 35); scripts/device_check.sh runs "
+                                            "them, each under its own time limit.")
+    sub = p.add_subparsers(dest="part", required=True)
+
+    def part(name: str, help_text: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("--out", required=name != "_run", help="the folder the part writes into ($OUT)")
+        s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+        s.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (the suite's check)")
+        return s
+
+    part("device", "write device.json")
+    s = part("protocol", "time the Table 1 protocol per depth, projected")
+    s.add_argument("--depths", type=int, nargs="+", default=list(PROTOCOL_DEPTHS))
+    s.add_argument("--seeds", type=int, default=PROTOCOL_SEEDS)
+    s.add_argument("--samples", type=int, default=PROTOCOL_TRAIN, help="training images per timed epoch")
+    s.add_argument("--test", type=int, default=PROTOCOL_TEST, help="test images per timed evaluation")
+    s.add_argument("--epochs", type=int, default=3, help="epochs timed per depth (the first includes the capture)")
+    s.add_argument("--batch-size", type=int, default=128)
+    s.add_argument("--width", type=int, default=50)
+    s = part("wrn", "time a WRN-28-10 gated step: toolkit against a hand-written loop")
+    s.add_argument("--depth", type=int, default=28)
+    s.add_argument("--widen", type=int, default=10)
+    s.add_argument("--batch", type=int, default=128)
+    s.add_argument("--steps", type=int, default=50)
+    s.add_argument("--warmup", type=int, default=5)
+    s = part("highway", "run the next unfinished shard of the conv highway table")
+    s.add_argument("--results", default=str(REPOSITORY / HIGHWAY_RESULTS), help="where the committed runs are")
+    s.add_argument("--parallel", type=int, default=5, help="runs of the shard, trained at once (one process each)")
+    s.add_argument("--budget-s", type=float, required=True, help="seconds this part may take in all")
+    s.add_argument("--margin-s", type=float, default=20.0, help="kept free before the budget's end")
+    s.add_argument("--data-dir", default=None, help="the data root holding mnist/ (default: $THROUGHWAY_DATA, ~/.cache/throughway)")
+    s.add_argument("--epochs", type=int, default=HIGHWAY_EPOCHS)
+    s.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
+    s = part("_run", "one run of a highway shard (started by the highway part)")
+    for flag in ("--width", "--seed"):
+        s.add_argument(flag, type=int, required=True)
+    s.add_argument("--run-dir", required=True)
+    s.add_argument("--deadline", type=float, required=True)
+    s.add_argument("--data-dir", default=None)
+    s.add_argument("--epochs", type=int, default=HIGHWAY_EPOCHS)
+    s.add_argument("--limit", type=int, default=None)
+    part("summary", "write summary.md from the parts' files")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.dry_run:
+        args.device = "cpu"
+        for key, value in DRY_RUN.get(args.part, {}).items():
+            setattr(args, key, value)
+    if args.part == "_run":
+        return highway_run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.part == "device":
+        _write_json(out / "device.json", device_info())
+    elif args.part == "protocol":
+        _write_json(out / "protocol.json", protocol(args))
+    elif args.part == "wrn":
+        _write_json(out / "wrn.json", wrn(args))
+    elif args.part == "highway":
+        if args.dry_run and args.data_dir is None:
+            args.data_dir = str(_fake_mnist(Path(tempfile.mkdtemp(prefix="device-check-data-"))))
+        report = highway(args)
+        _write_json(out / "highway_shard.json", report)
+        print(f"highway shard {report['shard']}: {report['outcome']}", flush=True)
+    elif args.part == "summary":
+        print(summary(out), end="")
+    return 0
+
+
+def _fake_mnist(root: Path) -> Path:
+    """A data root with a small fake MNIST cache (the dry run's highway shard)."""
+    import numpy as np
+    from throughway.data import ArraySplits
+    from throughway.data.sources import save_cache
+    rng = np.random.default_rng(0)
+
+    def split(n: int) -> tuple[Any, Any]:
+        return rng.integers(0, 256, (n, 1, 28, 28)).astype(np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+
+    (tx, ty), (vx, vy), (sx, sy) = split(64), split(32), split(32)
+    save_cache(root / "mnist", ArraySplits("mnist", 10, tx, ty, vx, vy, sx, sy), "device_check dry run")
+    return root
+
+
+if __name__ == "__main__":
+    sys.exit(main())

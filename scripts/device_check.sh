@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One GPU window of issue 35, every output under $OUT (docs/benchmarks.md, "On a GPU"):
+#   (a) the GPU-marked tests, (b) the Table 1 protocol timed per depth and projected, (c) a WRN-28-10
+#   gated step against a hand-written loop, (d) the next unfinished shard of the conv highway table,
+#   then summary.md. Each part runs under its own `timeout`, so one failure cannot eat the window;
+#   the highway shard gets what is left of the budget and stops its runs at an epoch's end before it.
+#
+#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--dry-run]
+#
+# --dry-run: every part with tiny sizes on the CPU in seconds (tests/test_device_check.py), no GPU tests.
+set -u
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder the outputs go to}"
+BUDGET_S=480
+DATA_DIR=${THROUGHWAY_DATA:-.throughway-data}
+DRY=""
+for arg in "$@"; do
+  case $arg in
+    --dry-run) DRY=--dry-run ;;
+    --budget-s=*) BUDGET_S=${arg#*=} ;;
+    --data-dir=*) DATA_DIR=${arg#*=} ;;
+    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --dry-run" >&2; exit 2 ;;
+  esac
+done
+case $BUDGET_S in ''|*[!0-9]*) echo "device_check.sh: --budget-s=$BUDGET_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+LOG="$OUT/device_check.log"
+: >"$LOG"
+START=$(date +%s)
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+smaller() { if (( $1 < $2 )); then echo "$1"; else echo "$2"; fi; }
+
+part() {  # part NAME LIMIT_S COMMAND...: run COMMAND under `timeout`, its output into the log
+  local name=$1 limit=$2 began
+  shift 2
+  if (( limit < 5 )); then
+    echo "== $name: skipped, $limit s of the budget left" >>"$LOG"
+    return
+  fi
+  echo "== $name: limit $limit s, started $(date -u +%H:%M:%S)" >>"$LOG"
+  began=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  local code=$?
+  echo "== $name: exit $code after $(( $(date +%s) - began )) s$([ $code = 124 ] && echo ' (time limit)')" >>"$LOG"
+}
+
+part device 30 "$PY" scripts/device_check.py device --out "$OUT" $DRY
+if [ -z "$DRY" ]; then
+  part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_path.py
+else
+  echo "== gpu-tests: not run in a dry run" >>"$LOG"
+fi
+part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $DRY
+part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
+HIGHWAY_S=$(( $(left) - 25 ))
+DATA_ARG=()
+[ -z "$DRY" ] && DATA_ARG=(--data-dir "$DATA_DIR")
+(( HIGHWAY_S < 30 )) && HIGHWAY_S=-15  # under half a minute left: skipped (no run could finish an epoch)
+part highway "$(( HIGHWAY_S + 15 ))" "$PY" scripts/device_check.py highway --out "$OUT" --budget-s "$HIGHWAY_S" \
+  "${DATA_ARG[@]}" $DRY
+part summary 15 "$PY" scripts/device_check.py summary --out "$OUT"
+echo "== done after $(( $(date +%s) - START )) s of a $BUDGET_S s budget" >>"$LOG"
+cat "$OUT/summary.md" 2>/dev/null

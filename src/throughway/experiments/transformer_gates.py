@@ -1,0 +1,409 @@
+"""The 2017 gate in a transformer (ours: none of the papers trains one): a small vision transformer over
+MNIST patches, ungated pre-norm against relu(k)-gated (gated-residual-v2's gate put into both branches
+of every layer by `add_gates`), ReZero's α and LayerScale's λ.
+
+The model is `vit_patch` (models.vit): 16 patches of 7 × 7 pixels, width 32, 4 heads, torch's
+`nn.TransformerEncoderLayer` (pre-norm, GELU, feed-forward width 64, no dropout), LayerNorm, mean
+over tokens, linear. The families differ only in the gate at the end of each residual branch:
+
+* prenorm: u = x + f(x) (no gate);
+* gated: u = x + relu(k)·f(x), k = 1 at first (gated-residual-v2 §2.2; the same function as prenorm
+  at initialisation);
+* rezero: u = x + α·f(x), α = 0 at first (ReZero's gate; the pre-norm LayerNorm is kept: ours);
+* layerscale: u = x + diag(λ)·f(x), λ = CaiT's ε for the number of layers (0.1 up to 18 layers).
+
+One recipe for all: `gresnet-mnist` (NAdam, lr 0.002, batch 128, no schedule, no weight decay), the
+gated residual paper's MNIST recipe, so that these nets train as the paper's MLPs did and as the
+gate-family study's; no warm-up (ours: a transformer recipe would usually warm up, which would hide
+what the gate does at the start). By default each run trains on the first 10,000 training images
+and evaluates on 10,000 validation and all 10,000 test images (`limit`), so that the whole study fits
+about 90 minutes on 2 CPU cores (`--estimate`).
+
+Writes, in the output folder: runs/<family>-L<layers>-s<seed>/ (one run directory each), results.json
+(the summary), removal.json (layer-removal curves of the gated families), table.md (error, paired
+tests, gates, removal), findings.md (the sentences the docs page shows, `findings_markdown`) and
+transformer_gates.png (error by depth, removal curves: report.transformer_gates_plots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from ..analysis.gates import block_gates
+from ..models import create_model
+from ..analysis.blocks import gate_value
+from ..report.stats import SIGNIFICANCE, bonferroni
+from ..study.options import add_options, check_known, option, quick_config
+from ..study.options import config_from_args as study_config_from_args
+from ..study.runs import RunSpec, StudySummary, check_study_folder, mean_std, read_runs, run_many
+from ..train import RESULTS_FILE, RunConfig, load_model
+from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
+from .mnist_depth import read_back
+
+__all__ = ["NAME", "DESCRIPTION", "FAMILIES", "Config", "QUICK", "run_name", "specs", "summarize", "table_markdown",
+           "findings_markdown", "report_markdown", "write_report", "run", "estimate", "estimate_text",
+           "add_arguments", "config_from_args"]
+
+NAME = "transformer-gates"
+DESCRIPTION = ("ours: the 2017 gate in a transformer: a small pre-norm ViT on MNIST patches, ungated, relu(k)-gated "
+               "(add_gates), ReZero and LayerScale, by depth")
+
+# family -> the `gate` argument of vit_patch
+FAMILIES: dict[str, str] = {"prenorm": "none", "gated": "relu", "rezero": "rezero", "layerscale": "layerscale"}
+GATE_SYMBOL = {"gated": "k", "rezero": "α", "layerscale": "|λ|"}
+REMOVAL_ORDERS = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    """The study's settings (ours; see the module docstring for why)."""
+
+    depths: tuple[int, ...] = option((1, 2, 4), "transformer layers (two gated branches each), shallowest first",
+                                     quick=(2, 4), minimum=1)
+    families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
+    epochs: int = option(6, "epochs per run", quick=1, minimum=1)
+    seeds: int = option(5, "seeds per cell: mean ± std and paired tests of gated against each family", quick=2,
+                        minimum=1)
+    width: int = option(32, "channels per token", minimum=1)
+    limit: int | None = option(10000, "keep only the first N images of each split (train, validation, test)",
+                               quick=500, minimum=2)
+    recipe: str = option("gresnet-mnist", "training recipe (NAdam, lr 0.002, batch 128)", cli=False)
+    device: str = "cpu"
+    data_dir: str | None = None
+    quick: bool = option(False, "made by --quick", quick=True, cli=False)
+
+    def __post_init__(self) -> None:
+        check_known("families", self.families, FAMILIES)
+        if not self.depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.depths):
+            raise ValueError(f"depths={self.depths!r}: expected one or more layer counts >= 1")
+
+
+QUICK = quick_config(Config)
+
+
+def run_name(family: str, depth: int, seed: int) -> str:
+    """The folder name of one run: <family>-L<layers>-s<seed>."""
+    return f"{family}-L{depth}-s{seed}"
+
+
+def specs(config: Config) -> list[RunSpec]:
+    """One RunSpec per (depth, family, seed), shallowest depth first, so that a study stopped early
+    leaves whole depths finished."""
+    return [RunSpec(run_name(family, depth, seed), RunConfig(
+        model="vit_patch", depth=depth, dataset="mnist", recipe=config.recipe, epochs=config.epochs, seed=seed,
+        device=config.device, limit=config.limit, data_dir=config.data_dir,
+        model_kwargs={"width": config.width, "gate": FAMILIES[family]}))
+        for depth in sorted(config.depths) for family in config.families for seed in range(config.seeds)]
+
+
+def _gate_record(model: torch.nn.Module, family: str) -> dict[str, Any]:
+    """One net's gates at the end, per branch (two per layer): the mean (k or α; |λ| over channels for
+    LayerScale), the dead branches (relu gate with k ≤ 0: an exact identity) and the negative ones
+    (identity gate below 0 in every entry: a sign flip, not a closed branch)."""
+    gates = block_gates(model)
+    values = [gate_value(g) for g in gates.values()]
+    raw = [float(torch.as_tensor(g.k).detach().double().mean()) if family != "layerscale"
+           else float(gate_value(g).abs().mean()) for g in gates.values()]
+    return {"branches": list(gates), "per_branch": raw, "mean": sum(raw) / len(raw),
+            "dead": sum(1 for v in values if bool((v == 0).all())) if family == "gated" else None,
+            "negative": sum(1 for v in values if bool((v < 0).all())) if family != "gated" else None,
+            "count": len(values)}
+
+
+def _selected(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The test error at the epoch of lowest validation error (the earliest of tied epochs), the
+    number this study compares: with a constant learning rate and 10,000 images the last epoch's
+    test error swings by several points from one epoch to the next."""
+    scored = [(h["val_error_pct"], i) for i, h in enumerate(history) if h.get("val_error_pct") is not None]
+    if not scored:
+        return {"test_error_pct": history[-1]["test_error_pct"], "selected_epoch": len(history), "val_error_pct": None}
+    val, index = min(scored)
+    return {"test_error_pct": history[index]["test_error_pct"], "selected_epoch": index + 1, "val_error_pct": val}
+
+
+def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Every run's results.json under `out`/runs collected into the summary: per cell (family, depth)
+    the test error at the epoch of lowest validation error (`_selected`; mean ± std over the finished
+    seeds, each seed's numbers) and the last epoch's, the gates
+    at the end (`_gate_record`, from each run's model.safetensors) and the removal records
+    (removal.json); `comparisons` holds per depth the paired t-test of gated − each other family
+    (gate_family_report.gated_comparisons, "too few" below 3 pairs), `removal_tests` the paired test
+    of smallest-|gate|-first against random removal orders, each with Bonferroni-corrected p."""
+    out = Path(out)
+    removal_path = out / REMOVAL_FILE
+    removal = read_json(removal_path) if removal_path.is_file() else {}
+    cells = []
+    for depth in sorted(config.depths):
+        for family in config.families:
+            per_seed, status, gates, removals = [], [], [], []
+            names = [run_name(family, depth, seed) for seed in range(config.seeds)]
+            for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                if result is None:
+                    status.append({"run": name, "state": "not started", "epochs": 0})
+                    continue
+                final = result.get("final")
+                state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
+                status.append({"run": name, "state": state, "epochs": len(result["history"])})
+                if final is None:
+                    continue
+                per_seed.append({"seed": seed, **_selected(result["history"]),
+                                 "last_epoch_test_error_pct": final["test_error_pct"]})
+                model_path = out / "runs" / name / "model.safetensors"
+                if family in GATE_SYMBOL and model_path.is_file():
+                    gates.append({"seed": seed, **_gate_record(load_model(model_path), family)})
+                if name in removal:
+                    removals.append({"seed": seed, **removal[name]})
+            cells.append({"family": family, "depth": depth, "gate": FAMILIES[family],
+                          "test_error_pct": mean_std([r["test_error_pct"] for r in per_seed]),
+                          "last_epoch_test_error_pct": mean_std([r["last_epoch_test_error_pct"] for r in per_seed]),
+                          "per_seed": per_seed, "runs": status, "gates": gates, "removal": removals})
+    summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": cells}
+    summary["config"]["depths"] = sorted(config.depths)
+    comparisons = [row for other in config.families if other != "gated" and "gated" in config.families
+                   for row in gated_comparisons(summary, other)]
+    removal_tests = [row for row in removal_comparisons(summary) if row["family"] in GATE_SYMBOL]
+    for rows in (comparisons, removal_tests):
+        tested = [row for row in rows if len(row["seeds"]) >= MIN_SEEDS and row["test"]["p_value"] is not None]
+        for row, corrected in zip(tested, bonferroni([row["test"]["p_value"] for row in tested])):
+            row["p_bonferroni"] = corrected
+    summary["comparisons"], summary["removal_tests"] = comparisons, removal_tests
+    return summary
+
+
+def _mean_std(stat: dict[str, Any], digits: int = 2) -> str:
+    if not stat["n"]:
+        return "pending"
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f} (n={stat['n']})"
+
+
+def _p(row: dict[str, Any]) -> str:
+    if "p_bonferroni" not in row:
+        return "—"
+    return f"{row['test']['p_value']:.3g} / {row['p_bonferroni']:.3g}"
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """The tables: test error by layers and family; the paired tests of gated against each family;
+    the gates at the end; the share of accuracy kept with half the layers removed, gate order against
+    random orders, with its paired tests. p values uncorrected / Bonferroni-corrected over the tests
+    of their table."""
+    families = summary["config"]["families"]
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    lines = ["Test error (%) at the epoch of lowest validation error (earliest of ties), mean ± std over seeds", "",
+             "| layers | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    for depth in summary["config"]["depths"]:
+        lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)]["test_error_pct"]) for f in families) + " |")
+    lines += ["", "Test error (%) at the last epoch, mean ± std over seeds (noisier: the learning rate is constant)", "",
+              "| layers | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    for depth in summary["config"]["depths"]:
+        lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)].get("last_epoch_test_error_pct", {"n": 0}))
+                                                  for f in families) + " |")
+    lines += ["", "Paired t-test (two-sided) over seeds, gated − other, validation-selected test error in points; p "
+              "uncorrected / "
+              f"Bonferroni over this table's tests; a verdict only with n ≥ {MIN_SEEDS} and uncorrected p < "
+              f"{SIGNIFICANCE}", "", "| layers | other | n | gated − other | p (uncorrected / Bonferroni) | verdict |",
+              "|---|---|---|---|---|---|"]
+    for row in summary.get("comparisons", []):
+        diff = row["test"]["mean_difference"]
+        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | "
+                     f"{'—' if diff is None else f'{diff:+.3f}'} | {_p(row)} | {row['verdict']} |")
+    gated = [f for f in families if f in GATE_SYMBOL]
+    lines += ["", "Gates at the end, per branch (two per layer): mean over seeds of each net's mean gate; dead = relu "
+              "gate with k ≤ 0 (an exact identity), negative = identity gate below 0", "",
+              "| layers | " + " | ".join(f"{f} (mean {GATE_SYMBOL[f]})".replace("|λ|", "\\|λ\\|") for f in gated) + " |",
+              "|---|" + "---|" * len(gated)]
+    for depth in summary["config"]["depths"]:
+        cells = []
+        for family in gated:
+            gates = by[(family, depth)]["gates"]
+            if not gates:
+                cells.append("pending")
+                continue
+            stat = mean_std([g["mean"] for g in gates])
+            total = sum(g["count"] for g in gates)
+            extra = (f"dead {sum(g['dead'] for g in gates)}/{total}" if family == "gated"
+                     else f"negative {sum(g['negative'] for g in gates)}/{total}")
+            cells.append(f"{stat['mean']:.3g} ± {stat['std']:.2g} ({extra})")
+        lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+    lines += ["", "Share of test accuracy kept with half the layers removed: smallest |gate| first / random orders "
+              "(mean over seeds); the paired test of the two orders, p uncorrected / Bonferroni", "",
+              "| layers | family | n | gate order | random | gate − random (pp) | p | verdict |",
+              "|---|---|---|---|---|---|---|---|"]
+    for row in summary.get("removal_tests", []):
+        cell = by[(row["family"], row["depth"])]
+        greedy = mean_std([r["half_share_greedy"] for r in cell["removal"]])
+        random = mean_std([r["half_share_random"] for r in cell["removal"]])
+        diff = row["kept_difference"]
+        lines.append(f"| {row['depth']} | {row['family']} | {len(row['seeds'])} | {greedy['mean']:.3f} | "
+                     f"{random['mean']:.3f} | {'—' if diff is None else f'{diff:+.2f}'} | {_p(row)} | {row['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def findings_markdown(summary: dict[str, Any]) -> str:
+    """The findings in words, exactly as the tests support them: per depth the family with the lowest
+    mean error, every significant paired test with its uncorrected p and whether it survives
+    Bonferroni, the dead gates, and which removal tests separate the orders. What `throughway report`
+    writes as findings.md and the docs page shows."""
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    lines = []
+    for depth in summary["config"]["depths"]:
+        finished = {f: by[(f, depth)]["test_error_pct"] for f in summary["config"]["families"]
+                    if by[(f, depth)]["test_error_pct"]["n"]}
+        if not finished:
+            lines.append(f"- {depth} layers: pending.")
+            continue
+        best = min(finished, key=lambda f: finished[f]["mean"])
+        tests = [r for r in summary.get("comparisons", []) if r["depth"] == depth and "p_bonferroni" in r]
+        significant = [r for r in tests if r["test"]["p_value"] < SIGNIFICANCE]
+        said = ", ".join(f"gated − {r['b']} {r['test']['mean_difference']:+.2f} points (p = {r['test']['p_value']:.2g}"
+                         f"{', survives Bonferroni' if r['p_bonferroni'] < SIGNIFICANCE else ', not after Bonferroni'})"
+                         for r in significant)
+        seeds = min(v["n"] for v in finished.values())
+        lines.append(f"- {depth} layers: lowest mean test error (validation-selected epoch) {best} "
+                     f"({finished[best]['mean']:.2f} ± "
+                     f"{finished[best]['std']:.2f}%, n={finished[best]['n']}); "
+                     + (f"too few seeds for a verdict (n = {seeds})" if seeds < MIN_SEEDS else
+                        (f"significant at uncorrected p < {SIGNIFICANCE}: {said}" if significant else
+                         f"no paired test of gated against another family is significant (uncorrected p < "
+                         f"{SIGNIFICANCE}; {len(tests)} tests)")) + ".")
+    dead = [(c["depth"], sum(g["dead"] for g in c["gates"]), sum(g["count"] for g in c["gates"]))
+            for c in summary["cells"] if c["family"] == "gated" and c["gates"]]
+    if dead:
+        lines.append("- Dead relu gates (k ≤ 0) at the end, summed over seeds: "
+                     + "; ".join(f"{d} layers {n}/{total}" for d, n, total in dead) + ".")
+    removal = [r for r in summary.get("removal_tests", []) if "p_bonferroni" in r]
+    if removal:
+        kept = [r for r in removal if r["test"]["p_value"] < SIGNIFICANCE]
+        lines.append(f"- Removing half the layers, smallest |gate| first against random orders ({len(removal)} paired "
+                     f"tests): " + ("; ".join(
+                         f"{r['family']} at {r['depth']} layers {r['kept_difference']:+.1f} points kept (p = "
+                         f"{r['test']['p_value']:.2g}, {'survives' if r['p_bonferroni'] < SIGNIFICANCE else 'not after'}"
+                         f" Bonferroni)" for r in kept) if kept else "no order keeps significantly more (uncorrected)") + ".")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    """table.md: the tables, then the findings."""
+    return table_markdown(summary) + "\nFindings\n\n" + findings_markdown(summary)
+
+
+def write_report(out: str | os.PathLike[str]) -> str:
+    """Remake table.md, findings.md and transformer_gates.png from `out`/results.json alone; return the
+    table text."""
+    from ..report.transformer_gates_plots import plot_transformer_gates
+
+    out = Path(out)
+    summary = read_json(out / RESULTS_FILE)
+    plot_transformer_gates(summary, out / "transformer_gates.png")
+    atomic_write_text(out / "findings.md", findings_markdown(summary))
+    text = report_markdown(summary)
+    atomic_write_text(out / "table.md", text)
+    return text
+
+
+def _update_removal(config: Config, out: Path) -> None:
+    gated = [(spec.name, asdict(spec.config)) for spec in specs(config)
+             if spec.name.split("-L")[0] in GATE_SYMBOL and spec.config.depth >= 4]
+    update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir)
+
+
+def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
+        progress: bool = True) -> dict[str, Any]:
+    """Train every run into `out`/runs (resumable, one run per worker process), rewriting the summary,
+    the removal records and the report at most every 30 s as runs end, and at the end."""
+    out = Path(out)
+    new = read_back(asdict(config))
+    new["depths"] = sorted(new["depths"])
+    resume = check_study_folder(out, NAME, new, resume)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def summary_with_removal() -> dict[str, Any]:
+        _update_removal(config, out)
+        return summarize(config, out)
+
+    refresh = StudySummary(out / RESULTS_FILE, summary_with_removal, lambda: write_report(out),
+                           environment_info(config.device), min_interval_s=30.0)
+    refresh()
+    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+             on_done=lambda name, error: refresh(name, error, force=False))
+    return refresh()
+
+
+def _step_seconds(depth: int, width: int, steps: int) -> float:
+    model = create_model("vit_patch", depth=depth, width=width, gate="relu")
+    optimizer = torch.optim.NAdam(model.parameters(), lr=0.002)
+    x, y = torch.rand(128, 784), torch.randint(0, 10, (128,))
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def estimate(config: Config, jobs: int = 1, steps: int = 3) -> dict[str, Any]:
+    """Project the study's wall time on this machine without training it: one training step per depth
+    timed (median of `steps`, batch 128, one thread per worker as `run` gives them), times the steps of
+    every run, plus evaluation (validation and test forward passes, counted as 1/3 of a training step
+    per image), spread over `jobs` workers."""
+    torch.set_num_threads(1)
+    train = min(config.limit or 50000, 50000)
+    evaluated = 2 * min(config.limit or 10000, 10000)
+    per_run = {}
+    for depth in sorted(config.depths):
+        step = _step_seconds(depth, config.width, steps)
+        per_run[depth] = config.epochs * (train / 128 + evaluated / 128 / 3) * step
+    runs = len(config.families) * config.seeds
+    total = sum(per_run.values()) * runs
+    return {"per_run_s": per_run, "runs": runs * len(config.depths), "cpu_s": total, "jobs": jobs,
+            "wall_s": total / max(1, jobs)}
+
+
+def estimate_text(config: Config, jobs: int = 1) -> str:
+    """`estimate` as a table and a projected wall time."""
+    projection = estimate(config, jobs)
+    lines = [f"{NAME}: {len(config.families)} families x {len(config.depths)} depths x {config.seeds} seeds, "
+             f"{config.epochs} epochs, {config.limit} images per split", "", "| layers | one run (min) |", "|---|---|"]
+    lines += [f"| {d} | {s / 60:.1f} |" for d, s in projection["per_run_s"].items()]
+    lines += ["", f"{projection['runs']} runs: about {projection['wall_s'] / 60:.0f} min on {jobs} worker(s) "
+              f"(one thread each)"]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The study's command-line options: one per Config field, and --estimate."""
+    add_options(parser, Config)
+    parser.add_argument("--estimate", action="store_true",
+                        help="train nothing: time one training step per depth and print the projected duration")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The Config the command line asks for: --quick's values, then every explicit option."""
+    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)
+
+
+def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Rebuild `out`/results.json and the report from the run folders as they stand, without training."""
+    out = Path(out)
+    previous = read_json(out / RESULTS_FILE)
+    known = {f.name for f in fields(Config)}
+    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
+                              if k in known}
+    config = Config(**stored)
+    _update_removal(config, out)
+    summary = summarize(config, out)
+    summary.update({k: previous[k] for k in ("command", "environment", "errors") if k in previous})
+    atomic_write_json(out / RESULTS_FILE, summary)
+    write_report(out)
+    return summary

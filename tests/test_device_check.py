@@ -1,0 +1,187 @@
+"""scripts/device_check.{sh,py} (issue 35): the CPU-side logic of the GPU window's script: arguments,
+the protocol's projection, the conv highway table's shard bookkeeping and time guard, the output layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+SCRIPT = REPOSITORY / "scripts" / "device_check.sh"
+
+# scripts/ is no package: the helper is loaded from its file (an installed package called `scripts`
+# cannot shadow it).
+_spec = importlib.util.spec_from_file_location("device_check", REPOSITORY / "scripts" / "device_check.py")
+assert _spec is not None and _spec.loader is not None
+dc = importlib.util.module_from_spec(_spec)
+sys.modules["device_check"] = dc
+_spec.loader.exec_module(dc)
+
+
+def _finished(run_dir: Path, epochs: int = 300, diverged: bool = False) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({"history": [{}] * epochs, "diverged": diverged,
+                                                      "final": {"test_error_pct": 0.6}}))
+
+
+def _stopped(run_dir: Path, epoch: int) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({"history": [{}] * epoch, "final": None}))
+    (run_dir / "checkpoint.json").write_text(json.dumps({"epoch": epoch}))
+
+
+def test_the_projection_adds_capture_epochs_and_evaluations_over_the_depths():
+    measured = {2: {"first_epoch_s": 3.0, "epoch_s": 1.0, "eval_s": 0.1},
+                100: {"first_epoch_s": 12.0, "epoch_s": 2.0, "eval_s": 0.5}}
+    p = dc.project_protocol(measured, epochs=100)
+    assert p["per_depth_s"] == {"2": pytest.approx(3 + 99 + 10), "100": pytest.approx(12 + 198 + 50)}
+    assert p["total_s"] == pytest.approx(112 + 260)
+    assert p["total_min"] == pytest.approx(372 / 60)
+    assert dc.project_protocol(measured, epochs=1)["total_s"] == pytest.approx(3.1 + 12.5)
+    with pytest.raises(ValueError, match="epochs=0"):
+        dc.project_protocol(measured, epochs=0)
+
+
+def test_peak_bf16_knows_the_h100_variants_and_the_h200():
+    assert dc.peak_bf16("NVIDIA H100 80GB HBM3") == 989e12
+    assert dc.peak_bf16("NVIDIA H100 PCIe") == 756e12
+    assert dc.peak_bf16("NVIDIA H200") == 989e12
+    assert dc.peak_bf16("NVIDIA A100-SXM4-80GB") == 312e12
+    assert dc.peak_bf16("a card nobody has heard of") is None
+
+
+def test_the_shard_is_the_first_unfinished_runs_in_table_order(tmp_path):
+    assert dc.next_shard(tmp_path, 5) == [(16, s) for s in range(5)]
+    _finished(tmp_path / "w16-s0")
+    _finished(tmp_path / "w16-s1", diverged=True)   # a diverged run is finished too
+    _stopped(tmp_path / "w16-s2", epoch=120)        # a window stopped it: resumed first
+    (tmp_path / "w16-s3").mkdir()                   # an empty folder counts as no run
+    assert dc.next_shard(tmp_path, 3) == [(16, 2), (16, 3), (16, 4)]
+    assert dc.run_status(tmp_path / "w16-s2") == {"status": "resumable", "epoch": 120, "of": 300}
+    assert dc.run_status(tmp_path / "w16-s1")["status"] == "finished"
+    for s in range(2, 5):
+        (tmp_path / f"w16-s{s}").mkdir(exist_ok=True)
+        _finished(tmp_path / f"w16-s{s}x")  # a folder of another name does not count
+    assert dc.next_shard(tmp_path, 10) == [(16, 2), (16, 3), (16, 4)] + [(32, s) for s in range(5)]
+    with pytest.raises(ValueError, match="--parallel 0"):
+        dc.next_shard(tmp_path, 0)
+
+
+def test_a_finished_table_runs_nothing(tmp_path):
+    for w, s in dc.TABLE:
+        _finished(tmp_path / dc.run_name(w, s))
+    args = SimpleNamespace(results=str(tmp_path), parallel=5, budget_s=100.0, device="cpu", epochs=300,
+                           data_dir=None, out=str(tmp_path / "out"))
+    report = dc.highway(args)
+    assert report["shard"] == [] and "finished" in report["outcome"]
+
+
+def test_the_deadline_stops_at_an_epoch_end_only_when_another_epoch_would_not_fit(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(dc.time, "time", lambda: now[0])
+    guard = dc.Deadline(deadline=1100.0)
+    state = SimpleNamespace(epoch=1, recipe=SimpleNamespace(epochs=300))
+    guard.on_epoch_start(state)
+    now[0] = 1040.0  # a 40 s epoch; the next would end at 1090 (+ a quarter): fits
+    guard.on_epoch_end(state, {})
+    guard.on_epoch_start(state)
+    now[0] = 1060.0  # a 20 s epoch, but the longest was 40: 1060 + 50 > 1100
+    state.epoch = 2
+    with pytest.raises(dc.DeadlineReached, match="after epoch 2"):
+        guard.on_epoch_end(state, {})
+    state.epoch = 300  # the last epoch ends normally, whatever the clock says
+    guard.on_epoch_end(state, {})
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_the_deadline_resumes_to_the_end(tmp_path, fake_mnist_root):
+    args = SimpleNamespace(width=4, seed=0, run_dir=str(tmp_path / "w4-s0"), deadline=0.0, device="cpu",
+                           data_dir=str(fake_mnist_root), epochs=2, limit=64)
+    assert dc.highway_run(args) == 3  # the deadline has passed: stopped after the first epoch
+    assert dc.run_status(tmp_path / "w4-s0", epochs=2) == {"status": "resumable", "epoch": 1, "of": 2}
+    args.deadline = dc.time.time() + 3600
+    assert dc.highway_run(args) == 0
+    status = dc.run_status(tmp_path / "w4-s0", epochs=2)
+    assert status["status"] == "finished" and status["epoch"] == 2
+
+
+@pytest.mark.slow
+def test_the_highway_part_resumes_a_committed_run_and_archives_the_shard(tmp_path, fake_mnist_root):
+    results = tmp_path / "results"
+    first = SimpleNamespace(width=16, seed=0, run_dir=str(results / "w16-s0"), deadline=0.0, device="cpu",
+                            data_dir=str(fake_mnist_root), epochs=2, limit=32)
+    assert dc.highway_run(first) == 3  # a committed run, stopped after epoch 1 by an earlier window
+    _finished(results / "w16-s1", epochs=2)
+    out = tmp_path / "out"
+    args = SimpleNamespace(results=str(results), parallel=1, budget_s=600.0, margin_s=5.0, device="cpu", epochs=2,
+                           data_dir=str(fake_mnist_root), limit=32, out=str(out))
+    out.mkdir()
+    report = dc.highway(args)
+    assert report["shard"] == ["w16-s0"] and report["outcome"] == "ran"
+    assert report["before"]["w16-s0"]["status"] == "resumable"
+    assert report["after"] == {"w16-s0": {"status": "finished", "epoch": 2, "diverged": False}}
+    with tarfile.open(out / "highway_runs.tar.gz") as archive:
+        names = archive.getnames()
+    assert "w16-s0/results.json" in names and "w16-s0/checkpoint.json" in names
+    assert not [n for n in names if Path(n).name.startswith(".lock") or n.endswith(".tmp")]
+    history = json.loads((results / "w16-s0" / "results.json").read_text())["history"]
+    assert len(history) == 1  # the committed folder itself is not written; the archive carries the update
+
+
+def test_without_mnist_the_highway_part_says_so(tmp_path):
+    args = SimpleNamespace(results=str(tmp_path / "results"), parallel=2, budget_s=100.0, device="cpu", epochs=300,
+                           data_dir=str(tmp_path / "nothing"), out=str(tmp_path))
+    report = dc.highway(args)
+    assert report["shard"] == ["w16-s0", "w16-s1"] and report["outcome"].startswith("skipped: no MNIST")
+
+
+def test_the_protocol_dry_run_writes_its_file_and_the_summary(tmp_path):
+    assert dc.main(["protocol", "--out", str(tmp_path), "--dry-run"]) == 0
+    assert dc.main(["summary", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "protocol.json").read_text())
+    assert result["device"] == "cpu" and set(result["measured"]) == {"2", "4"}
+    assert result["measured"]["2"]["models"] == 3 and result["projection"]["epochs"] == 100
+    scale = dc.PROTOCOL_TRAIN / result["samples_timed"]
+    assert result["at_protocol_size"]["4"]["epoch_s"] == pytest.approx(result["measured"]["4"]["epoch_s"] * scale)
+    text = (tmp_path / "summary.md").read_text()
+    assert "projected" in text and "wrn.json missing" in text and "highway_shard.json missing" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json", "summary.md"]
+
+
+def test_the_outputs_fit_what_a_device_window_brings_back():
+    """At most 8 files, no folders, names of letters, digits, '.', '_' and '-'."""
+    assert len(dc.OUTPUT_FILES) <= 8
+    assert all(name.replace(".", "").replace("_", "").replace("-", "").isalnum() for name in dc.OUTPUT_FILES)
+    sh = SCRIPT.read_text()
+    py = (REPOSITORY / "scripts" / "device_check.py").read_text()
+    for name in dc.OUTPUT_FILES:
+        assert name in sh or name in py, name
+
+
+@pytest.mark.parametrize("argument", ["--budget-s=soon", "--fast"])
+def test_the_shell_script_refuses_unknown_arguments(tmp_path, argument):
+    done = subprocess.run(["bash", str(SCRIPT), argument], env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "device_check.sh" in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_shell_script_needs_out(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run"], env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode != 0 and "OUT" in done.stderr
+
+
+def test_every_part_is_time_limited_and_the_highway_part_gets_the_rest_of_the_budget():
+    sh = SCRIPT.read_text()
+    parts = [line for line in sh.splitlines() if line.startswith("part ")]
+    assert [p.split()[1] for p in parts] == ["device", "protocol", "wrn", "highway", "summary"]
+    assert "timeout --kill-after" in sh and "gpu-tests" in sh and "-m gpu" in sh
+    assert "--budget-s \"$HIGHWAY_S\"" in sh
