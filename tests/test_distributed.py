@@ -123,6 +123,12 @@ def test_torchrun_two_ranks_match_each_other_and_one_process(tmp_path, fake_mnis
     ddp_results = json.loads((cli_out / "results.json").read_text())
     one_results = json.loads((tmp_path / "cli-one" / "results.json").read_text())
     assert ddp_results["recipe"]["augment"] == "crop-flip"
+    # results.json tells a 2-rank run from a one-process run: world size, backend, rank layout (issue 34).
+    launch = ddp_results["launch"]
+    assert (launch["world_size"], launch["backend"], launch["shard"]) == (2, "gloo", None)
+    assert {k: launch["rank_layout"][k] for k in ("nodes", "ranks_per_node", "rank", "local_rank")} == \
+        {"nodes": 1, "ranks_per_node": 2, "rank": 0, "local_rank": 0}
+    assert one_results["launch"]["world_size"] == 1 and one_results["launch"]["backend"] is None
     assert ddp_results["final"]["train_loss"] == pytest.approx(one_results["final"]["train_loss"], rel=1e-6)
     assert ddp_results["final"]["test_error_pct"] == one_results["final"]["test_error_pct"]
     ddp_model = load_file(str(cli_out / "model.safetensors"))

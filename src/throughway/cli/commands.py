@@ -157,7 +157,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         check_specs(module.specs(config))
     from ..study.runs import study_lock
 
-    with study_lock(out):  # one process per study folder (issue 25, finding 15)
+    # one unsharded process per study folder (issue 25, finding 15); shards side by side (study.shards)
+    with study_lock(out, getattr(config, "shard", None), getattr(config, "merge", False)):
         try:
             summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
         except (KeyError, TypeError, AttributeError, IndexError) as exc:

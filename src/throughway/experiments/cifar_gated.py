@@ -33,6 +33,7 @@ from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
 from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..study.shards import is_sharded, merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "config_from_args", "needs_data_message"]
@@ -87,6 +88,8 @@ class Config:
     amp: bool = option(False, "bf16 autocast (GPU)")
     channels_last: bool = option(False, "NHWC memory format")
     compile: bool = option(False, "torch.compile the training forward")
+    shard: str = shard_option()
+    merge: bool = merge_option()
     # Evaluation in chunks of 1,000 images: for WRN-28-10, one 160-channel 32×32 feature map of 10,000
     # images is 6.5 GB in float32, and a block holds several at once.
     eval_batch_size: int = 1000
@@ -208,15 +211,17 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         raise FileNotFoundError(f"{config.data_dir} lacks {', '.join(str(m) for m in missing)}. "
                                 + needs_data_message(config.dataset))
     summary_path = out / RESULTS_FILE
-    if summary_path.is_file() and not resume:
+    if summary_path.is_file() and not resume and not (is_sharded(config.shard) or config.merge):
         raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device))
+                           environment_info(config.device), shard=config.shard)
 
+    if config.merge:
+        return refresh()
     refresh()
     run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=refresh)
+             on_done=refresh, shard=config.shard)
     return refresh()
 
 

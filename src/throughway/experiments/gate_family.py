@@ -38,6 +38,7 @@ from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
 from ..study.runs import (check_study_folder, RunSpec, StudySummary, mean_std, read_runs, remake_report)
+from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
                                  gated_comparisons, removal_markdown, update_removal)
@@ -87,6 +88,8 @@ class Config:
     compile: bool | None = option(None, "torch.compile each batch's training step; default: only the batches that "
                                         "train at least 10,000 steps (CPU: about 100 s of compilation per batch; "
                                         "not bitwise equal to eager)", quick=False)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
@@ -269,7 +272,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     summary_path = out / RESULTS_FILE
     new = read_back(asdict(config))
     new["depths"] = sorted(new["depths"])
-    resume = check_study_folder(out, NAME, new, resume)
+    resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
 
     def summary_with_removal() -> dict[str, Any]:
@@ -277,12 +280,14 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         return summarize(config, out)
 
     refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
-                           environment_info(config.device))
+                           environment_info(config.device), shard=config.shard)
+    if config.merge:
+        return refresh()
     refresh()
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
     run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
-                compile=config.compile)
+                compile=config.compile, shard=config.shard)
     return refresh()
 
 
@@ -290,7 +295,7 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project the study's training time on this machine without training it: the batches `run` would
     train (residual and gated nets of one depth and norm share one; ReZero and LayerScale train in
     batches of their own), timed and handed to `jobs` workers (`batching.project_batches`)."""
-    return project_batches(specs(config), jobs, steps, compile=config.compile)
+    return project_batches(specs(config), jobs, steps, compile=config.compile, shard=config.shard)
 
 
 def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:

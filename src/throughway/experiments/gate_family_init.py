@@ -45,6 +45,7 @@ from ..study.options import option
 from ..study.options import check_known, check_residual_depths
 from ..study.resumable import ResumableStudy
 from ..study.runs import mean_std, remake_report
+from ..study.shards import merge_option, shard_option
 from ..study.shortcut import whitened_data
 from .gate_family import FAMILIES
 
@@ -71,6 +72,8 @@ class Config:
     samples: int = option(128, "whitened MNIST training images the Hessian's loss averages over", quick=32,
                           minimum=2)
     threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -212,21 +215,26 @@ def write_report(out: str | os.PathLike[str]) -> str:
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Compute every (family, depth, seed) cell, shallowest depth first (resumable: cells already in
-    results.json are kept); `jobs` is accepted for the common interface and unused (one process)."""
+    results.json are kept); `jobs` is accepted for the common interface and unused (one process). With
+    `config.shard` 'i/N', only cells i, i + N, ... of that order; with `config.merge`, none (the
+    summary of every shard's cells is written)."""
     study = ResumableStudy(out, NAME, config, ("width", "hessian_width", "samples"), resume, progress=progress)
     cells: dict[str, Any] = study.stored_part("cells", {})
     data = whitened_data(linear=False, data_dir=config.data_dir, subset=config.samples)
     x = data.x.to(config.device)
     labels = data.y.argmax(dim=1).to(config.device)
 
-    def save() -> dict[str, Any]:
-        return study.save(data=data.description, cells=cells, points=summarize(config, cells))
+    def save() -> dict[str, Any]:  # every shard's cells (study.shards): shards may run at once into `out`
+        return study.save_shared("cells", cells, lambda every: dict(data=data.description, cells=every,
+                                                                    points=summarize(config, every)))
 
+    position = -1
     for depth in sorted(config.depths):
         for seed in range(config.seeds):
             for family in config.families:
                 key = _key(family, depth, seed)
-                if key in cells:
+                position += 1
+                if key in cells or not study.in_shard(position):
                     continue
                 name, kwargs = FAMILIES[family]
                 torch.manual_seed(seed)

@@ -33,6 +33,7 @@ from ..study.shortcut import network_kwargs, whitened_data
 from ..train import TrainState
 from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
+from ..study.shards import merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs"]
 
@@ -58,6 +59,8 @@ class Config:
     hessian_points: int = option(30, "number of log-spaced epochs with an exact Hessian", quick=3, minimum=1)
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
     threads: int = option(1, "torch threads", minimum=1)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -169,13 +172,17 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     x, y = data.x.to(config.device), data.y.to(config.device)
     marks = hessian_epochs(config.epochs, config.hessian_points)
 
-    def save() -> dict[str, Any]:
-        ordered = [traces[k] for k in (_trace_key(n, s) for n in config.networks for s in config.seeds) if k in traces]
-        return study.save(data=data.description, hessian_epochs=marks, optimal_linear_loss=optimal_linear_loss(x, y),
-                          traces=ordered, paper=PAPER_STATEMENT)
+    def save() -> dict[str, Any]:  # every shard's traces (study.shards): shards may run at once into `out`
+        def parts(every: dict[str, Any]) -> dict[str, Any]:
+            ordered = [every[k] for k in (_trace_key(n, s) for n in config.networks for s in config.seeds) if k in every]
+            return dict(data=data.description, hessian_epochs=marks, optimal_linear_loss=optimal_linear_loss(x, y),
+                        traces=ordered, paper=PAPER_STATEMENT)
 
-    for network in config.networks:
-        if all(_trace_key(network, s) in traces for s in config.seeds):
+        return study.save_shared("traces", traces, parts,
+                                 stored_as=lambda stored: {_trace_key(t["network"], t["seed"]): t for t in stored})
+
+    for position, network in enumerate(config.networks):
+        if all(_trace_key(network, s) in traces for s in config.seeds) or not study.in_shard(position):
             continue
         started = time.perf_counter()
         kwargs = network_kwargs(network, config.depth, zero_scale=config.zero_scale)

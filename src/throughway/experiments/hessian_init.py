@@ -32,6 +32,7 @@ from ..study.options import option
 from ..study.runs import mean_std, read_summary, remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableStudy
+from ..study.shards import merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]
@@ -57,6 +58,8 @@ class Config:
     theorem2_depths: tuple[int, ...] = option((6, 12, 24, 48), "depths of the Theorem 2 check (multiples of 6; "
                                                                "none to skip it)", quick=(6,), minimum=1, empty_ok=True)
     threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -250,21 +253,24 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     data = whitened_data(linear=True, data_dir=config.data_dir)
     x, y = data.x.to(config.device), data.y.to(config.device)
 
-    def save() -> dict[str, Any]:
-        return study.save(data=data.description, cells=cells, points=summarize(config, cells), theorem2=theorem2,
-                          paper=PAPER_STATEMENT)
+    def save() -> dict[str, Any]:  # every shard's cells (study.shards): shards may run at once into `out`
+        return study.save_shared("cells", cells, lambda every: dict(
+            data=data.description, cells=every, points=summarize(config, every), theorem2=theorem2,
+            paper=PAPER_STATEMENT))
 
     # Redo the Theorem 2 check (seconds) when the stored one is for other depths or predates a check.
     stale = (sorted({r["depth"] for r in theorem2}) != sorted(set(config.theorem2_depths))
              or any(r["shortcut_depth"] == 1 and "block_toeplitz_max_difference" not in r for r in theorem2))
-    if config.theorem2_depths and stale:
+    if config.theorem2_depths and stale and not config.merge:
         theorem2 = theorem2_check(config.theorem2_depths, x, y)
         save()
+    position = -1
     for depth in sorted(config.depths):
         for seed in range(config.runs):
             for network in config.networks:
                 key = _cell_key(network, depth, seed)
-                if key in cells:
+                position += 1
+                if key in cells or not study.in_shard(position):
                     continue
                 started = time.perf_counter()
                 torch.manual_seed(seed)

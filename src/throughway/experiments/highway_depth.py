@@ -49,9 +49,10 @@ an optimisation study).
 
 Trials of one (architecture, depth, activation) train together as one batched computation
 (throughway.train.batched); trials with different activations cannot share a batch. `--shard i/N`
-trains the i-th of N disjoint slices of the trials (i = 1..N; trial t goes to shard t mod N + 1),
-so a job array spreads the search over machines; `--merge` (or `throughway report DIR`) builds the
-summary, table and figure from every run directory under DIR/runs, whichever shard wrote it.
+trains the i-th of N disjoint parts of the search (i = 1..N; batches i, i + N, ... of its batches,
+study.shards), so a job array spreads the search over machines, its shards running at once into one
+folder (docs/cluster.md); `--merge` (or `throughway report DIR`) builds the summary, table and figure
+from every run directory under DIR/runs, whichever shard wrote it.
 
 Writes, in the output folder: runs/<arch>-L<layers>-t<trial>/ (one run directory each),
 results.json (the summary), table.md and figure1.png; the table and the observations are made in
@@ -74,7 +75,9 @@ from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
+from ..study.batching import group_specs
 from ..study.runs import RunSpec, StudySummary, check_run_results, check_same_settings, read_summary, remake_report
+from ..study.shards import merge_option, parse_shard, select_shard, shard_option
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,
                                    table_markdown)
 
@@ -115,17 +118,6 @@ INIT_CHOICES = ("normalized", *INIT_SCHEMES)
 FIGURE1_EPOCHS = 400
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """'i/N' → (i, N) with 1 ≤ i ≤ N; a clear error otherwise."""
-    try:
-        i, n = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard {text!r}: expected i/N, e.g. 3/10 (i = 1..N)") from None
-    if not 1 <= i <= n:
-        raise ValueError(f"--shard {text!r}: need 1 ≤ i ≤ N (i = 1..N)")
-    return i, n
-
-
 @dataclass(frozen=True)
 class Config:
     """The study's settings; the defaults are the paper's scale (FIGURE1_EPOCHS): 100 trials per
@@ -143,9 +135,8 @@ class Config:
     device: str = "cpu"
     data_dir: str | None = None
     max_batch: int = option(64, "most trials trained together in one batch")
-    shard: str = option("1/1", "i/N: train only the i-th of N disjoint slices of the trials (i = 1..N)")
-    merge: bool = option(False, "train nothing: build summary, table and figure from every run under --out "
-                                "(all shards)", negatable=False)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
     init: str = option("normalized", "weight init (normalized: Glorot uniform for tanh, He normal for ReLU nets)",
                        choices=INIT_CHOICES)
@@ -209,16 +200,14 @@ def run_name(arch: str, layers: int, trial: int) -> str:
 
 
 def specs(config: Config, shard: str | None = None) -> list[RunSpec]:
-    """One RunSpec per (layers, arch, trial) in this shard, shallowest first (a time-boxed search then
-    completes whole cells of the table, the cheapest first)."""
-    i, n = parse_shard(shard or config.shard)
+    """One RunSpec per (layers, arch, trial), shallowest first (a time-boxed search then completes whole
+    cells of the table, the cheapest first); with `shard` 'i/N', only that shard's: the runs of batches
+    i, i + N, ... of the search's batches (study.shards, as `run_batched(..., shard=...)` trains them)."""
     out = []
     for layers in sorted(config.layers):
         for arch in config.archs:
             model, fixed = ARCHITECTURES[arch]
             for trial in range(config.trials):
-                if trial % n != i - 1:
-                    continue
                 hp = sample_trial(arch, trial, config.search_seed, config.gate_bias)
                 init = NORMALIZED_INIT[hp["activation"]] if config.init == "normalized" else config.init
                 kwargs = {**fixed, "activation": hp["activation"], "init": init}
@@ -230,7 +219,9 @@ def specs(config: Config, shard: str | None = None) -> list[RunSpec]:
                     data_dir=config.data_dir, model_kwargs=kwargs,
                     recipe_overrides={"lr": hp["lr"], "momentum": hp["momentum"], "lr_decay": hp["lr_decay"]},
                 )))
-    return out
+    if shard is None:
+        return out
+    return [spec for batch in select_shard(group_specs(out, config.max_batch), shard) for spec in batch]
 
 
 def _losses(result: dict[str, Any]) -> tuple[float, float]:
@@ -322,17 +313,17 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=60)
+                           environment_info(config.device), min_interval_s=60, shard=config.shard)
 
     if not config.merge:
-        mine = specs(config)
+        mine = specs(config, config.shard)
         started = [s.name for s in mine if (out / "runs" / s.name / RESULTS_FILE).is_file()]
         if started and not resume:
             raise RunExistsError(f"{out}/runs already holds {len(started)} of this shard's {len(mine)} trials "
                                  f"(e.g. {started[0]}); pass --resume to continue them, or choose another --out")
-        run_batched(mine, out / "runs", resume=resume, jobs=jobs, progress=progress,
+        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
                     max_batch=config.max_batch, compile=config.compile,
-                    on_done=lambda n, e: refresh(n, e, force=False))
+                    on_done=lambda n, e: refresh(n, e, force=False), shard=config.shard)
     summary = refresh()
     assert summary is not None
     if refresh.errors:
@@ -345,7 +336,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project this shard's search's duration on this machine without training it
     (`batching.project_batches`: timed steps of every batch, scaled, handed to `jobs` workers)."""
-    e = project_batches(specs(config), jobs, steps, config.max_batch, compile=config.compile)
+    e = project_batches(specs(config), jobs, steps, config.max_batch, compile=config.compile, shard=config.shard)
     rows = [{"arch": r["batch"][0].name.split("-")[0], "layers": r["batch"][0].config.depth + 1,
              "activation": r["batch"][0].config.model_kwargs["activation"], "models": r["models"],
              "compiled": r["compiled"], "step_s": r["step_s"], "setup_s": r["setup_s"], "epoch_s": r["epoch_s"],

@@ -31,6 +31,7 @@ from ..train.loop import fit
 from ..study.options import option
 from ..study.runs import remake_report
 from ..study.resumable import ResumableStudy
+from ..study.shards import merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -55,6 +56,8 @@ class Config:
     stem: str = option("linear", "first layer: linear (gated-residual-v1 §4.1: 'a linear layer with 50 neurons') or "
                                  "dense (Dot-BN-ReLU, as results/sdi/identity-distance was made)",
                        choices=("linear", "dense"))
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -157,11 +160,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     data = load_dataset("mnist", config.data_dir, device=config.device, limit=config.limit)
     recipe = get_recipe(config.recipe, epochs=config.epochs)
 
-    def save() -> dict[str, Any]:
-        return study.save(runs=[runs[a] for a in config.archs if a in runs])
+    def save() -> dict[str, Any]:  # every shard's runs (study.shards): shards may run at once into `out`
+        return study.save_shared("runs", runs, lambda every: dict(runs=[every[a] for a in config.archs if a in every]),
+                                 stored_as=lambda stored: {r["arch"]: r for r in stored
+                                                           if "nearest_identity_sq" in r["distance"][0]})
 
-    for arch in config.archs:
-        if arch in runs:
+    for position, arch in enumerate(config.archs):
+        if arch in runs or not study.in_shard(position):
             continue
         started = time.perf_counter()
         torch.manual_seed(config.seed)

@@ -32,6 +32,7 @@ from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
 from ..study.runs import check_study_folder, RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report
+from ..study.shards import merge_option, shard_option
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
            "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
@@ -84,6 +85,8 @@ class Config:
                                         "train at least 10,000 steps (the full study: about 100 s of compilation "
                                         "per batch for a measured 1.5x faster step; not bitwise equal to eager)",
                                   quick=False)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
@@ -236,22 +239,26 @@ def write_report(out: str | os.PathLike[str]) -> str:
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
-    """Train every run of the study into `out`/runs (resumable), then write the summary, table and figure."""
+    """Train every run of the study (or of its shard, `config.shard`) into `out`/runs (resumable), then
+    write the summary, table and figure from every run under `out`/runs; with `config.merge`, only the latter."""
     out = Path(out)
     summary_path = out / RESULTS_FILE
-    resume = check_study_folder(out, NAME, json_config(config), resume)
+    resume = check_study_folder(out, NAME, json_config(config), resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
     # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S)
+                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
 
+    if config.merge:
+        return refresh()
     refresh()
     # The nets of one depth (every architecture and seed) train together as one batched computation
     # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
     # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
     run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile)
+                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile,
+                shard=config.shard)
     return refresh()
 
 
@@ -267,7 +274,7 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     import tempfile
     import time
 
-    projection = project_batches(specs(config), jobs, steps, compile=config.compile)
+    projection = project_batches(specs(config), jobs, steps, compile=config.compile, shard=config.shard)
     # The study rewrites its summary, table and figures at the start, as batches end (at most every
     # REFRESH_INTERVAL_S) and at the end: time one such rewrite, of the study before any run.
     with tempfile.TemporaryDirectory(prefix="throughway-estimate-") as folder:

@@ -33,6 +33,7 @@ from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whit
 from ..train import History
 from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
+from ..study.shards import merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU"]
 
@@ -66,6 +67,8 @@ class Config:
                                  flag="--limit", aliases=("--subset",))
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
     threads: int = option(1, "torch threads", minimum=1)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -169,14 +172,17 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     x, y = data.x.to(config.device), data.y.to(config.device)
     lrs = [10.0 ** e for e in config.lr_exponents]
 
-    def save() -> dict[str, Any]:
-        return study.save(data=data.description, cells=cells, points=summarize(config, cells),
-                          optimal_linear_loss=optimal_linear_loss(x, y), paper=PAPER_STATEMENT[config.activation])
+    def save() -> dict[str, Any]:  # every shard's cells (study.shards): shards may run at once into `out`
+        return study.save_shared("cells", cells, lambda every: dict(
+            data=data.description, cells=every, points=summarize(config, every),
+            optimal_linear_loss=optimal_linear_loss(x, y), paper=PAPER_STATEMENT[config.activation]))
 
+    position = -1
     for depth in config.depths:
         for network in config.networks:
             key = f"{network}-L{depth}"
-            if key in cells or not _applicable(network, depth):
+            position += 1
+            if key in cells or not _applicable(network, depth) or not study.in_shard(position):
                 continue
             started = time.perf_counter()
             kwargs = network_kwargs(network, depth, activation=None if linear else "relu", zero_scale=config.zero_scale)

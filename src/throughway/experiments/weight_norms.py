@@ -25,6 +25,7 @@ from ..study.runs import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
+from ..study.shards import merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -49,6 +50,8 @@ class Config:
     seed: int = 0
     zero_scale: float = 1e-4
     threads: int = option(1, "torch threads", minimum=1)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
 
@@ -101,15 +104,18 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     sets = {a: whitened_data(linear=a == "linear", data_dir=config.data_dir,
                              subset=None if a == "linear" else config.relu_subset) for a in config.activations}
 
-    def save() -> dict[str, Any]:
-        return study.save(data={a: s.description for a, s in sets.items()}, curves=curves, paper=PAPER_STATEMENT)
+    def save() -> dict[str, Any]:  # every shard's curves (study.shards): shards may run at once into `out`
+        return study.save_shared("curves", curves, lambda every: dict(
+            data={a: s.description for a, s in sets.items()}, curves=every, paper=PAPER_STATEMENT))
 
+    position = -1
     for activation in config.activations:
         x, y = sets[activation].x.to(config.device), sets[activation].y.to(config.device)
         epochs = config.epochs if activation == "linear" else config.relu_epochs
         for depth in config.depths:
             key = f"{activation}-L{depth}"
-            if key in curves:
+            position += 1
+            if key in curves or not study.in_shard(position):
                 continue
             started = time.perf_counter()
             kwargs = network_kwargs("shortcut2-zero", depth, activation=None if activation == "linear" else "relu",

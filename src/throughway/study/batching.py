@@ -31,6 +31,7 @@ from ..train.stacked import BatchedStep, StackedModels
 from ..train.config import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, prepare_data, worker_threads
+from .shards import check_shard_fresh, select_shard, shard_environment
 
 __all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
            "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "compiles",
@@ -203,7 +204,7 @@ def worker_start_s() -> float:
 
 
 def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max_batch: int = 64,
-                    compile: bool | None = None) -> dict[str, Any]:
+                    compile: bool | None = None, shard: str | None = None) -> dict[str, Any]:
     """Project how long `run_batched(specs, jobs=jobs)` takes on this machine without training: time
     every batch (`time_batch`, with the threads a worker of `jobs` gets), scale it to the configs'
     epochs and data sizes (`batch_seconds`), hand the batches, in run_batched's order, to `jobs`
@@ -213,7 +214,8 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     evaluation times are scaled by the measured slowdown of workers training at once (`contention`). A batch that `run_batched` would
     compile (`compiles`) is timed compiled, its compilation included in its set-up (minutes). Assumes the machine is otherwise
     as busy as while measuring and that no model diverges (a diverged model leaves its batch: an
-    upper bound); the study's own reporting after each batch is not included.
+    upper bound); the study's own reporting after each batch is not included. `shard` 'i/N' projects
+    only the batches that shard trains (`run_batched(..., shard=...)`).
 
     Returns {"jobs", "threads_per_job", "train_images", "eval_images", "batches": [{"batch": the
     specs, "models", "step_s", "setup_s", "epoch_s", "total_s"}], "fixed_s", "serial_s", "wall_s",
@@ -229,7 +231,10 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
                         limit=first.limit)
     load_s = time.perf_counter() - began
     n_train, n_eval = len(data.train), len(data.test) + (len(data.val) if data.val is not None else 0)
-    batches = group_specs(specs, max_batch)
+    batches = select_shard(group_specs(specs, max_batch), shard)
+    if not batches:
+        raise ValueError(f"--shard {shard}: this shard has no batch to train (the study has fewer batches than "
+                         f"shards)")
     jobs = min(jobs, max(1, len(batches)))  # as run_batched: no more workers than batches
     threads = worker_threads(jobs)
     previous = torch.get_num_threads()
@@ -391,8 +396,12 @@ class StudyProgress:
 
 def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
                 threads: int | None = None, progress: bool = True, max_batch: int = 64, compile: bool | None = None,
-                on_done: Callable[[str, str | None], Any] | None = None) -> dict[str, str | None]:
+                on_done: Callable[[str, str | None], Any] | None = None,
+                shard: str | None = None) -> dict[str, str | None]:
     """Train every spec into `out`/<name>, batched by `group_specs`; return {name: error or None}.
+
+    `shard` 'i/N' trains only batches i, i + N, ... of the batches `group_specs` forms from all of
+    `specs` (study.shards), so a shard is a whole number of the unsharded study's batches.
 
     Batches are formed from all of `specs`, finished or not, so that an interrupted batch finds its
     checkpoint again on `resume` (train_batched skips the finished runs of a batch). With jobs > 1, batches go to `jobs` spawned processes of `threads` threads each.
@@ -403,7 +412,18 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
     check_specs(specs)
-    batches = group_specs(specs, max_batch)
+    batches = select_shard(group_specs(specs, max_batch), shard)
+    specs = [spec for batch in batches for spec in batch]
+    check_shard_fresh([spec.name for spec in specs], out, shard, resume)
+    with shard_environment(shard):
+        return _run_batches(batches, out, resume=resume, jobs=jobs, threads=threads, progress=progress,
+                            compile=compile, on_done=on_done)
+
+
+def _run_batches(batches: list[list[RunSpec]], out: str | os.PathLike[str], *, resume: bool, jobs: int,
+                 threads: int | None, progress: bool, compile: bool | None,
+                 on_done: Callable[[str, str | None], Any] | None) -> dict[str, str | None]:
+    specs = [spec for batch in batches for spec in batch]
     prepare_data([spec.config for spec in specs])
     jobs = min(jobs, max(1, len(batches)))
     if threads is None:

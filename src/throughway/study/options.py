@@ -45,7 +45,8 @@ _META = "throughway.option"
 
 def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[Any] | None = None,
            cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False,
-           negatable: bool = True, aliases: Sequence[str] = (), count: bool = False) -> Any:
+           negatable: bool = True, aliases: Sequence[str] = (), count: bool = False,
+           convert: Any = None) -> Any:
     """A dataclass field that is also a command-line option.
 
     `default` is the paper's value (tuples for sequences: the dataclass is frozen); `help` is the
@@ -57,11 +58,14 @@ def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[
     `aliases` are older spellings of the flag, still accepted but hidden from --help and warned
     about on stderr; `count=True` makes a tuple-of-int field (seeds 0, 1, 2) a count on the command
     line (`--seeds 3`), as every study's `--seeds` is, while the config keeps the tuple (several
-    values, `--seeds 0 1 2`, still name the seeds, as recorded commands do).
+    values, `--seeds 0 1 2`, still name the seeds, as recorded commands do); `convert(text)` reads a
+    str field's value from the command line instead of the type (a ValueError there is exit 2 naming
+    the option: `--shard auto` becomes i/N so, study.shards).
     """
     metadata = {_META: {"help": help, "quick": quick, "choices": tuple(choices) if choices is not None else None,
                         "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok, "negatable": negatable,
-                        "aliases": tuple(aliases), "count": count}}
+                        "aliases": tuple(aliases), "count": count,
+                        "convert": convert}}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -97,8 +101,13 @@ def _base_type(annotation: Any) -> tuple[Any, bool, bool]:
     return annotation, False, optional
 
 
-def _converter(kind: type, name: str, minimum: float | None) -> Any:
+def _converter(kind: Any, name: str, minimum: float | None, custom: Any = None) -> Any:
     def convert(text: str) -> Any:
+        if custom is not None:
+            try:
+                return custom(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         try:
             value = kind(text)
         except ValueError:
@@ -136,7 +145,7 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
             settings_metavar: dict[str, Any] = {"metavar": "N"}
         else:
             settings_metavar = {}
-        settings = {"type": _converter(kind, flag.lstrip("-"), 0 if count else meta["minimum"]),
+        settings = {"type": _converter(kind, flag.lstrip("-"), 0 if count else meta["minimum"], meta.get("convert")),
                     "nargs": ("*" if meta.get("empty_ok") else "+") if is_tuple else None,
                     "choices": meta["choices"], "default": None}
         parser.add_argument(flag, dest=f.name, help=text, **settings, **settings_metavar)

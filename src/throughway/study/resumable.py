@@ -11,6 +11,12 @@ share: the resume check of what the file already holds (`stored_study`), the sum
     def save(): return study.save(cells=cells, points=summarize(config, cells))
     for key in ...: cells[key] = ...; save(); study.progress(f"{key}: ...")
     return study.finish(save, write_report)
+
+A study whose Config declares `shard` and `merge` (study.shards) computes only its shard's pieces
+(`in_shard(position)`: pieces i, i + N, ... in the study's order, each a batch of one) and saves with
+`save_shared("cells", cells, parts)`: under the summary lock it records its own pieces in
+`out`/shards/<i>-of-<N>/cells.json and writes results.json from the pieces of every shard, so shards
+run at the same time into one folder (the same contract as the studies of run directories).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import atomic_write_json, environment_info
+from .._io import atomic_write_json, environment_info, read_json_object
 from .runs import command_line, stored_study
+from .shards import SHARDS_FOLDER, is_sharded, parse_shard, shard_folder, summary_lock
 
 __all__ = ["ResumableStudy"]
 
@@ -48,7 +55,39 @@ class ResumableStudy:
         self.name = name
         self.config = config
         self.verbose = progress
-        self.stored = stored_study(self.out, name, config, fields, resume, legacy=legacy)
+        self.shard: str | None = getattr(config, "shard", None)
+        self.merge = bool(getattr(config, "merge", False))
+        # A shard or a merge expects the other shards' summary: resumed, its settings still checked.
+        self.stored = stored_study(self.out, name, config, fields, resume or self.merge or is_sharded(self.shard),
+                                   legacy=legacy)
+
+    def in_shard(self, position: int) -> bool:
+        """Whether the piece at `position` (0-based, in the study's order) is this process's to compute:
+        every piece without a shard, pieces i − 1, i − 1 + N, ... for shard 'i/N', none under `merge`."""
+        if self.merge:
+            return False
+        if self.shard is None:
+            return True
+        i, n = parse_shard(self.shard)
+        return position % n == i - 1
+
+    def save_shared(self, key: str, own: dict[str, Any], parts: Callable[[dict[str, Any]], dict[str, Any]],
+                    stored_as: Callable[[Any], dict[str, Any]] = dict) -> dict[str, Any]:
+        """Save the study with its part `key` merged over every shard, under the summary lock: `own` (this
+        process's pieces, recorded in its shard's folder when sharded) over what results.json and every
+        shard's `key`.json hold (`stored_as` makes results.json's `key` such a dict: a list of records,
+        say); `parts(merged)` gives the parts `save` writes. Returns the summary."""
+        with summary_lock(self.out):
+            if is_sharded(self.shard):
+                assert self.shard is not None
+                atomic_write_json(shard_folder(self.out, self.shard) / f"{key}.json", own)
+            merged: dict[str, Any] = {}
+            if self.path.is_file():
+                merged.update(stored_as(read_json_object(self.path, f"a {self.name} study's summary").get(key) or {}))
+            for path in sorted((self.out / SHARDS_FOLDER).glob(f"*/{key}.json")):
+                merged.update(read_json_object(path, f"a {self.name} shard's {key}"))
+            merged.update(own)
+            return self.save(**parts(merged))
 
     def stored_part(self, key: str, default: Any) -> Any:
         """The stored summary's `key` (cells, curves, traces, …), or `default` for a new study."""
@@ -69,7 +108,9 @@ class ResumableStudy:
             print(f"[{self.name}] {text}", file=sys.stderr, flush=True)
 
     def finish(self, save: Callable[[], dict[str, Any]], write_report: Callable[[Path], Any]) -> dict[str, Any]:
-        """The study's last `save()`, then its table and figures (`write_report(out)`); returns the summary."""
+        """The study's last `save()`, then its table and figures (`write_report(out)`, under the summary
+        lock: shards of the study may be writing them too); returns the summary."""
         summary = save()
-        write_report(self.out)
+        with summary_lock(self.out):
+            write_report(self.out)
         return summary

@@ -23,8 +23,10 @@ import torch
 
 from .._io import atomic_write_json, atomic_write_text, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
+from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
+                     summary_lock, write_shard_state)
 
-__all__ = ["RunSpec", "run_many", "study_lock", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
+__all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
            "StudySummary", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
            "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
 
@@ -110,8 +112,9 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
 
 
 @contextlib.contextmanager
-def study_lock(out: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold the exclusive lock of a study's output folder `out` while the block runs: a second study
+def study_folder_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of a study's output folder `out` while the block runs (an unsharded
+    study holds it throughout; `study_lock`, study.shards, says who takes which lock): a second study
     process on the same folder fails at once with RunLockedError naming the holder (pid, host,
     command) instead of racing the first for its runs' locks and summary (issue 25, finding 15).
     The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
@@ -152,20 +155,31 @@ def prepare_data(configs: Sequence[RunConfig]) -> None:
 
 def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
              threads: int | None = None, progress: bool = True,
-             on_done: Callable[[str, str | None], Any] | None = None) -> dict[str, str | None]:
+             on_done: Callable[[str, str | None], Any] | None = None,
+             shard: str | None = None) -> dict[str, str | None]:
     """Run every spec into `out`/<name>; return {name: error message or None}.
 
     With jobs > 1 the runs go to a pool of `jobs` spawned processes, each with `threads` threads
     (default: cpu_count // jobs, at least 1). A run that raises is reported and the others go on.
     `on_done(name, error)` is called in this process as each run ends (e.g. to refresh a summary).
+    `shard` 'i/N' trains only runs i, i + N, ... of `specs` (study.shards: each run is a batch of one).
     """
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
+    check_specs(specs)
+    specs = select_shard(specs, shard)
+    check_shard_fresh([s.name for s in specs], out, shard, resume)
+    with shard_environment(shard):
+        return _run_many(specs, out, resume=resume, jobs=jobs, threads=threads, progress=progress, on_done=on_done)
+
+
+def _run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int,
+              threads: int | None, progress: bool,
+              on_done: Callable[[str, str | None], Any] | None) -> dict[str, str | None]:
     jobs = min(jobs, max(1, len(specs)))
     if threads is None:
         threads = worker_threads(jobs)
     errors: dict[str, str | None] = {}
-    check_specs(specs)
     prepare_data([spec.config for spec in specs])
     if jobs == 1:
         for spec in specs:
@@ -284,11 +298,19 @@ class StudySummary:
     with `write_report()`; it returns the summary. With `min_interval_s` > 0 a call that is not
     forced and comes sooner than that after the last write only records its error and returns None
     (a search whose batches end every few seconds need not rewrite its figure each time); the final
-    call is forced, so nothing is lost, and `errors` always holds every failure."""
+    call is forced, so nothing is lost, and `errors` always holds every failure.
+
+    Shards (study.shards): the summary is made and written under the study's summary lock, so
+    shards running at the same time into one folder write it in turn, each from every run on disk;
+    a shard 'i/N' (N > 1) first records its finished runs and failures in its state.json, and the
+    summary's 'errors' holds every shard's failures (less the runs this process has since finished)
+    and 'shards' each shard's state."""
 
     def __init__(self, path: str | os.PathLike[str], summarize: Callable[[], dict[str, Any]],
                  write_report: Callable[[], Any], environment: dict[str, Any], *,
-                 min_interval_s: float = 0.0) -> None:
+                 min_interval_s: float = 0.0, shard: str | None = None) -> None:
+        self.shard = shard
+        self.done: list[str] = []
         self.path = Path(path)
         self.summarize = summarize
         self.write_report = write_report
@@ -310,13 +332,29 @@ class StudySummary:
                  force: bool = True) -> dict[str, Any] | None:
         if name is not None and error:
             self.errors[name] = error
+        elif name is not None:
+            self.done.append(name)
         if not force and time.monotonic() - self._last < self.min_interval_s:
             return None
         self._last = time.monotonic()
-        summary = self.summarize()
-        summary.update(command=self.command, environment=self.environment, errors=dict(self.errors))
-        atomic_write_json(self.path, summary)
-        self.write_report()
+        out = self.path.parent
+        with summary_lock(out):
+            if is_sharded(self.shard):
+                assert self.shard is not None
+                write_shard_state(out, self.shard, self.done, self.errors, self.command)
+            states = shard_states(out)
+            errors: dict[str, str] = {}
+            for state in states:
+                errors.update(state.get("errors", {}))
+            for finished in self.done:
+                errors.pop(finished, None)
+            errors.update(self.errors)
+            summary = self.summarize()
+            summary.update(command=self.command, environment=self.environment, errors=errors)
+            if states:
+                summary["shards"] = states
+            atomic_write_json(self.path, summary)
+            self.write_report()
         return summary
 
 
@@ -356,19 +394,24 @@ def check_same_settings(stored: dict[str, Any], new: dict[str, Any], fields: Ite
                     "use a new --out folder, or the stored settings, to resume")
 
 
-def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: bool) -> bool:
+def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: bool, shard: str | None = None,
+                       merge: bool = False) -> bool:
     """Whether the study `name` with JSON config `config` resumes in `out`: True where `out`/results.json
     holds the same study (finished: it is only re-reported; unfinished: only with `resume`), else
     `resume` as given. FileExistsError where the folder holds the study with other settings (device,
-    data folder, --quick and --compile aside) or an unfinished one without `resume`."""
+    data folder, --quick, --compile, --shard and --merge aside) or an unfinished one without `resume`.
+    A shard 'i/N' (N > 1) or `merge` expects an unfinished summary (the other shards'): `resume` as
+    given, and a shard checks its own runs instead (study.shards.check_shard_fresh)."""
     path = Path(out) / "results.json"
     if not path.is_file():
         return resume
     previous = read_summary(path, name)  # issue 25, findings 13 and 14: checked, named on error
     old = previous.get("config", {})
-    ignored = {"device", "data_dir", "quick", "compile"}
+    ignored = {"device", "data_dir", "quick", "compile", "shard", "merge"}
     check_same_settings(old, config, sorted(set(old) & set(config) - ignored), out, error=FileExistsError)
     finished = summary_finished(path, previous)  # checked even on --resume: a damaged summary is named
+    if is_sharded(shard) or merge:
+        return resume
     if not resume and not finished:
         raise FileExistsError(f"{out} holds an unfinished {name} study; pass --resume to continue it")
     return True

@@ -18,18 +18,29 @@ initialised group and trains data-parallel:
 * the loss and error of each step are summed over ranks, so the recorded train loss is the global
   batch's mean, the number one process would record;
 * every rank evaluates; rank 0 alone writes results and checkpoints (`is_main_process`), every
-  rank reads the checkpoint when resuming.
+  rank reads the checkpoint when resuming;
+* results.json records how the run was launched (`launch_info`): world size, backend, the rank
+  layout torchrun reports (nodes, ranks per node) and, for a study's run, the shard i/N of the study
+  that trained it ($THROUGHWAY_SHARD, set by the study: study.shards).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["is_distributed", "rank_and_world", "is_main_process", "init_from_env", "shard", "all_reduce_sum",
-           "wrap_model", "barrier", "cleanup"]
+           "wrap_model", "barrier", "cleanup", "launch_info", "SHARD_ENV"]
+
+# The shard i/N of a study that this process trains runs for (set by study.shards, inherited by workers).
+SHARD_ENV = "THROUGHWAY_SHARD"
+# A job scheduler's identifiers of this process, recorded as found (SLURM, Grid Engine, PBS).
+_SCHEDULER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST", "SLURM_NTASKS",
+                   "JOB_ID", "SGE_TASK_ID", "PBS_JOBID", "PBS_ARRAY_INDEX")
 
 
 def is_distributed() -> bool:
@@ -102,3 +113,28 @@ def cleanup() -> None:
     """Destroy the process group if one exists."""
     if is_distributed():
         dist.destroy_process_group()
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name, "")
+    return int(text) if text.isdigit() else None
+
+
+def launch_info() -> dict[str, Any]:
+    """How this process was launched, for results.json: {"world_size", "backend" (None without a
+    process group), "rank_layout": {"nodes", "ranks_per_node", "rank", "local_rank", "host"} (torchrun's
+    GROUP_WORLD_SIZE / LOCAL_WORLD_SIZE, here read on the rank that writes, rank 0), "shard" (the
+    study's "i/N" that trained the run, None outside a study), "scheduler" (the job ids found)}."""
+    rank, world = rank_and_world()
+    local_world = _env_int("LOCAL_WORLD_SIZE") if world > 1 else 1
+    nodes = _env_int("GROUP_WORLD_SIZE") if world > 1 else 1
+    if nodes is None and local_world:
+        nodes = max(1, world // local_world)
+    return {
+        "world_size": world,
+        "backend": dist.get_backend() if is_distributed() else None,
+        "rank_layout": {"nodes": nodes, "ranks_per_node": local_world, "rank": rank,
+                        "local_rank": _env_int("LOCAL_RANK") if world > 1 else 0, "host": socket.gethostname()},
+        "shard": os.environ.get(SHARD_ENV) or None,
+        "scheduler": {name: os.environ[name] for name in _SCHEDULER_VARS if os.environ.get(name)},
+    }

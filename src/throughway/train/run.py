@@ -207,7 +207,7 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, data: DataSplits) -> dict[str, Any]:
-    """The results.json fields known before training (format, config, environment, recipe, model, data).
+    """The results.json fields known before training (format, config, environment, launch, recipe, model, data).
     The environment holds the data set's checksums (`DataSplits.checksums`) where the data has them."""
     environment = environment_info(config.device)
     if data.checksums:
@@ -216,6 +216,7 @@ def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, da
         "format": RESULTS_FORMAT,
         "config": config.to_dict(),
         "environment": environment,
+        "launch": distributed.launch_info(),  # world size, rank layout, the study's shard i/N
         "recipe": recipe.to_dict(),
         "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
                   "config": getattr(model, "config", {})},
