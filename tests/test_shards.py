@@ -57,7 +57,7 @@ def test_every_study_of_many_runs_declares_shard_and_merge(capsys):
     # --shard and --merge. A new study gets both by declaring `shard: str = shard_option()` and
     # `merge: bool = merge_option()` (study.shards) and passing config.shard on; add it here.
     studies = ["mnist-depth", "gate-family", "gate-family-init", "highway-depth", "cifar-gated", "hessian-init",
-               "hessian-dynamics", "shortcut-lr", "weight-norms", "identity-distance"]
+               "hessian-dynamics", "shortcut-lr", "weight-norms", "identity-distance", "transformer-gates"]
     studies += [name for name, module in EXPERIMENTS.items()  # and any other that declares them
                 if name not in studies and "shard" in getattr(module.Config, "__dataclass_fields__", {})]
     for name in studies:

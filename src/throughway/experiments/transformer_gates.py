@@ -43,6 +43,7 @@ from ..analysis.blocks import gate_value
 from ..report.stats import SIGNIFICANCE, bonferroni
 from ..study.options import add_options, check_known, option, quick_config
 from ..study.options import config_from_args as study_config_from_args
+from ..study.shards import merge_option, shard_option
 from ..study.runs import RunSpec, StudySummary, check_study_folder, mean_std, read_runs, run_many
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
@@ -76,6 +77,8 @@ class Config:
     limit: int | None = option(10000, "keep only the first N images of each split (train, validation, test)",
                                quick=500, minimum=2)
     recipe: str = option("gresnet-mnist", "training recipe (NAdam, lr 0.002, batch 128)", cli=False)
+    shard: str = shard_option()
+    merge: bool = merge_option()
     device: str = "cpu"
     data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
@@ -322,7 +325,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out = Path(out)
     new = read_back(asdict(config))
     new["depths"] = sorted(new["depths"])
-    resume = check_study_folder(out, NAME, new, resume)
+    resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
 
     def summary_with_removal() -> dict[str, Any]:
@@ -330,10 +333,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         return summarize(config, out)
 
     refresh = StudySummary(out / RESULTS_FILE, summary_with_removal, lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=30.0)
+                           environment_info(config.device), min_interval_s=30.0, shard=config.shard)
+    if config.merge:
+        return refresh()
     refresh()
     run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=lambda name, error: refresh(name, error, force=False))
+             on_done=lambda name, error: refresh(name, error, force=False), shard=config.shard)
     return refresh()
 
 
