@@ -108,7 +108,7 @@ def check_optimizer_parameters(model: nn.Module, optimizer: torch.optim.Optimize
     missing = sum(1 for p in trainable if id(p) not in held)
     if missing == len(trainable):
         raise ValueError(f"optimizer: holds none of the model's {len(trainable)} trainable parameters (built over "
-                         f"another module's?); it would train nothing. Accepted: an optimizer over "
+                         f"another module's?); it would train nothing; accepted: an optimizer over "
                          f"model.parameters() (or a part of them), or None for the recipe's")
     if missing:
         warnings.warn(f"optimizer: holds {len(trainable) - missing} of the model's {len(trainable)} trainable "

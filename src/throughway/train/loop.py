@@ -526,9 +526,11 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     replaces the recipe's; `scheduler(optimizer)` returns a torch LR scheduler (e.g.
     `lambda opt: StepLR(opt, 1, gamma=0.5)`) that `fit` steps at the start of every epoch after the
     first. A user's optimizer, a `scheduler`, or a torch LR scheduler that a callback attached to
-    `state.optimizer` in `on_fit_start` (any torch scheduler marks the groups with "initial_lr")
-    each switch the recipe's schedule off: the loop then leaves the learning rates alone, and every
-    epoch's record holds the lr the optimiser's first group used in it. (A resumed run restarts a
+    `state.optimizer` (any torch scheduler marks the groups with "initial_lr") each switch the
+    recipe's schedule off: the loop then leaves the learning rates alone, and every epoch's record
+    holds the lr the optimiser's first group used in it. A scheduler attached after training started
+    (e.g. lazily in the first `on_step_end`) rules from the next epoch on: it is looked for at every
+    epoch, never overridden by the recipe's schedule. (A resumed run restarts a
     `scheduler` from its first epoch: fit's checkpoints hold the recipe's schedule only.)
 
     `seed` seeds the data-order generator only (seed the model's initialisation before building
@@ -542,8 +544,15 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     device type; the parameters, gradients, optimiser and evaluation stay float32. `channels_last`
     converts the model and 4-d batches to NHWC. `compile_model` trains through torch.compile(model).
 
-    Raises TypeError / ValueError naming the argument for data, model, recipe or optimizer of a
-    kind it does not accept.
+    Before the first optimiser step `fit` checks what flows through it (train.checks; the list is in
+    docs/reliability.md): a TypeError / ValueError names the argument (`data`, the model's output,
+    `optimizer`, `scheduler`, `loss_fn`, `callbacks`, `eval_batch_size`, ...) and the accepted
+    values. Integer labels of any width are cast to int64 for the default cross-entropy, and
+    floating inputs to the model's floating dtype (the first floating parameter's). `callbacks` may
+    be a single callback. An optimizer holding only some of the model's parameters is a warning.
+
+    The model leaves `fit` in the mode it came in: every module's training flag is given back (it
+    trains in training mode and is evaluated in eval mode in between).
     """
     if isinstance(recipe, str):
         recipe = get_recipe(recipe)
@@ -707,8 +716,20 @@ class _ModuleEngine:
             raise ValueError(f"model's output: shape {tuple(outputs.shape)} for a batch of {len(x)}; accepted: "
                              f"{OUTPUT_ACCEPTED}")
         else:
-            check_labels(y, "data", int(outputs.shape[1]), (len(y), *outputs.shape[1:]))
+            classes = int(outputs.shape[1])
+            check_labels(y, "data", classes, (len(y), *outputs.shape[1:]))
+            for key, split in self.evals.items():  # the in-memory evaluation splits, labels cast once
+                if isinstance(split, Split):
+                    labels = check_labels(split.y, f"{key}_data", classes, (len(split), *outputs.shape[1:]))
+                    self.evals[key] = Split(split.x, labels)
         self.checked = True
+
+    def _step_labels(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """A batch's labels, checked against its outputs when they were read now (a Dataset's items, a
+        DataLoader's batches: in-memory labels were checked whole, before training)."""
+        if self.labels and not isinstance(self.train, Split):
+            return check_labels(y, "data", int(logits.shape[1]) if logits.dim() > 1 else None, tuple(logits.shape))
+        return y
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         train, rank, world = self.train, *distributed.rank_and_world()
@@ -748,9 +769,11 @@ class _ModuleEngine:
             if self.amp:
                 with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
                     logits = check_outputs(self.train_model(x))
+                    y = self._step_labels(logits, y)
                     loss = self.compute_loss(logits.float(), y)
             else:
                 logits = check_outputs(self.train_model(x))
+                y = self._step_labels(logits, y)
                 loss = self.compute_loss(logits, y)
             if self.first_step:  # the loss a step follows, checked before the first backward pass
                 check_loss(loss, training=True)
