@@ -612,9 +612,10 @@ _CALLABLES = {"scheduler": "a function of the optimizer that returns a torch LR 
 
 def _cast_split(split: Any, dtype: torch.dtype | None) -> Any:
     """An in-memory split with its floating inputs in the model's floating dtype (the split itself when they are)."""
-    if isinstance(split, Split) and cast_inputs(split.x, dtype) is not split.x:
-        return Split(cast_inputs(split.x, dtype), split.y)
-    return split
+    if not isinstance(split, Split):
+        return split
+    x = cast_inputs(split.x, dtype)
+    return split if x is split.x else Split(x, split.y)
 
 
 def _check_first_batch(model: nn.Module, train: Any, evals: dict[str, Any], batch_size: int, loss_fn: LossFn | None,
