@@ -86,6 +86,15 @@ def test_1_integer_labels_of_any_width_train_as_int64(dtype):
     assert history.epochs[0]["train_error_pct"] == reference.epochs[0]["train_error_pct"]
 
 
+def test_1_evaluate_takes_integer_labels_of_any_width_too():
+    from throughway.train import evaluate
+
+    model, (x, y) = nn.Linear(5, 3), _xy()
+    assert evaluate(model, (x, y.int())) == evaluate(model, (x, y))
+    assert evaluate(model, DataLoader(TensorDataset(x, y.to(torch.uint8)), batch_size=8)) == pytest.approx(
+        evaluate(model, (x, y)))
+
+
 @pytest.mark.parametrize("labels, error, named", [
     (lambda y: torch.where(y == 0, 5, y), ValueError, "data: label 5 is out of range for a model with 3 outputs"),
     (lambda y: torch.where(y == 0, -1, y), ValueError, "data: label -1 is out of range"),

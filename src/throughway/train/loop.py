@@ -456,12 +456,16 @@ def _eval_batches(model: nn.Module, split: Split | DataLoader, batch_size: int,
         device, dtype = model_device(model), model_dtype(model)
         for batch in split:
             x, y = to_device(batch, device, "eval_data")
-            if labels and not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool):
-                y = y.long()  # integer labels of any width, as fit's training data (issue 31, item 1)
-            yield cast_inputs(x, dtype), y
+            yield cast_inputs(x, dtype), _integer_labels(y) if labels else y
         return
     for start in range(0, len(split), batch_size):
-        yield split.x[start:start + batch_size], split.y[start:start + batch_size]
+        y = split.y[start:start + batch_size]
+        yield split.x[start:start + batch_size], _integer_labels(y) if labels else y
+
+
+def _integer_labels(y: torch.Tensor) -> torch.Tensor:
+    """Integer labels of any width as int64 for cross-entropy (issue 31, item 1); other labels as they are."""
+    return y if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool else y.long()
 
 
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -704,9 +708,7 @@ class _ModuleEngine:
     def _typed(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch read now (a Dataset's, a DataLoader's) with its inputs in the model's dtype and, for
         cross-entropy, integer labels as int64 (in-memory splits were cast once, in fit)."""
-        if self.labels and not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool):
-            y = y.long()
-        return cast_inputs(x, self.dtype), y
+        return cast_inputs(x, self.dtype), _integer_labels(y) if self.labels else y
 
     def _first_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """fit's up-front checks on a DataLoader's first batch, before the first step (train.checks)."""
