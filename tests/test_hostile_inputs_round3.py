@@ -225,11 +225,18 @@ class HalfMisspelt(Spy):
     ([object()], TypeError, "callbacks[0] (object): has none of the hooks fit calls"),
     (object(), TypeError, "callbacks[0] (object): has none of the hooks"),
     ([Misspelt()], ValueError, "'on_epoch_ends' that fit never calls; did you mean 'on_epoch_end'?"),
-    ([Spy(), HalfMisspelt()], ValueError, "callbacks[1] (HalfMisspelt): has a method 'on_fit_ends'"),
     ([Spy], TypeError, "callbacks[0] (type): is a class; accepted: an instance, e.g. Spy(...)"),
 ])
 def test_6_a_callback_fit_would_never_call_is_refused_naming_the_nearest_hook(callbacks, error, named):
     _refused(nn.Linear(5, 3), _xy(), error, named, callbacks=callbacks)
+
+
+def test_6_a_near_miss_beside_real_hooks_is_a_warning_naming_the_hook():
+    callback = HalfMisspelt()
+    with pytest.warns(UserWarning, match="callbacks\\[0\\] \\(HalfMisspelt\\): has a method 'on_fit_ends' that fit "
+                                         "never calls; did you mean 'on_fit_end'"):
+        fit(nn.Linear(5, 3), _xy(), R, callback, progress=False)
+    assert callback.epochs == 1
 
 
 @pytest.mark.parametrize("build, error, named", [

@@ -59,8 +59,9 @@ def check_callbacks(callbacks: Any) -> list[Any]:
     """`callbacks` as a list: None or () is empty, a single callback object is wrapped in a list.
 
     TypeError naming `callbacks` for a string, a class instead of an instance, or an object with none
-    of the hooks (`HOOKS`); ValueError for a method whose name is a near miss of a hook (e.g.
-    `on_epoch_ends`, named with the hook it resembles), which the loop would never call."""
+    of the hooks (`HOOKS`); ValueError for an object whose only `on_*` methods are near misses of a
+    hook (e.g. `on_epoch_ends`, named with the hook it resembles), which the loop would never call,
+    and a warning saying the same for a near miss beside real hooks."""
     if callbacks is None:
         return []
     if isinstance(callbacks, (str, bytes)):
@@ -82,8 +83,11 @@ def check_callbacks(callbacks: Any) -> list[Any]:
         misspelt = {name: match[0] for name, match in near.items() if match}
         if misspelt:
             name, hook = next(iter(misspelt.items()))
-            raise ValueError(f"{where}: has a method {name!r} that fit never calls; did you mean {hook!r}? "
-                             f"accepted hooks: {', '.join(HOOKS)}")
+            message = (f"{where}: has a method {name!r} that fit never calls; did you mean {hook!r}? accepted "
+                       f"hooks: {', '.join(HOOKS)}")
+            if not hooks:
+                raise ValueError(message)
+            warnings.warn(message, UserWarning, stacklevel=3)  # it has hooks too: the near miss may be its own
         if not hooks:
             raise TypeError(f"{where}: has none of the hooks fit calls; accepted: an object with any of "
                             f"{', '.join(HOOKS)}")
