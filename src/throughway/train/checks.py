@@ -13,9 +13,12 @@ values (docs/reliability.md lists them):
   under no_grad with every module's mode restored afterwards (BatchNorm's running statistics are
   not updated), checked as a tensor (`check_outputs`); with the default cross-entropy, the labels
   of every tensor split are checked against its width (`check_labels`: integers of any width,
-  cast to int64, one per output row, in 0 … classes − 1); a `loss_fn` is called on it
-  (`check_loss`: a 0-d floating tensor). The grad of the loss is checked at the first step, before
-  the first backward pass (`check_loss(..., training=True)`).
+  cast to int64, one per output row, in 0 … classes − 1; a Dataset's or a DataLoader's labels as
+  each batch is read). A DataLoader's first batch is probed at the first step instead (reading it
+  up front would move its sampler's order).
+* at first use, before the first backward pass: the loss (`check_loss`: a 0-d floating tensor with
+  a gradient; a loss_fn is not called an extra time) and `scheduler(optimizer)` (an object with
+  `.step()`, checked in `loop`).
 * inputs: floating inputs are cast to the model's floating dtype (`model_dtype`; `cast_inputs`).
 """
 
