@@ -109,7 +109,8 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file, raising a ValueError that names the file when it is not valid JSON."""
+    """Read a JSON file, raising a ValueError that names the file when it is not valid JSON (or nested
+    too deeply to read)."""
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -117,6 +118,9 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise ValueError(f"{path}: not valid JSON ({exc}); the file is damaged, delete it or rerun") from exc
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc}); the file is damaged, delete it or rerun") from exc
+    except RecursionError:  # "[" * 100000: Python's parser gives up (issue 31, item 10)
+        raise ValueError(f"{path}: JSON nested too deeply to read (arrays or objects inside each other beyond "
+                         f"Python's recursion limit); the file was edited or damaged, delete it or rerun") from None
 
 
 def read_json_object(path: str | os.PathLike[str], what: str = "a JSON object") -> dict[str, Any]:

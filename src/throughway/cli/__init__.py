@@ -31,10 +31,13 @@ __all__ = ["main", "build_parser"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `throughway` console script; returns the exit status."""
     from ..report.figures import figure_format
+    from ..study.runs import invoked_with
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    with figure_format(getattr(args, "format", "png")):  # `--format` of the commands that draw
+    # results.json records these arguments, not the process's sys.argv (issue 31, item 14)
+    with figure_format(getattr(args, "format", "png")), invoked_with(argv):  # `--format` of the commands that draw
         return _run(parser, args)
 
 

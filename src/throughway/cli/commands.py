@@ -72,6 +72,35 @@ def _check_recipe_options(args: argparse.Namespace) -> None:
 
 
 
+def _check_dataset_source(dataset: str, data_dir: str | None) -> None:
+    """A dataset that cannot be downloaded (CIFAR) needs --data-dir holding its files: checked before the
+    run folder is created (issue 31, item 13)."""
+    from ..data.cifar import CIFAR_LAYOUT, missing_cifar_files
+    from ..data.sources import load_arrays
+
+    if dataset not in CIFAR_LAYOUT:
+        return
+    if data_dir is None:
+        load_arrays(dataset, None)  # raises its ValueError naming --data-dir
+    missing = missing_cifar_files(dataset, str(data_dir))
+    if missing:
+        raise FileNotFoundError(f"--data-dir {data_dir}: {missing[0]} is missing ({len(missing)} file(s) of "
+                                f"--dataset {dataset}); accepted: the folder holding the official CIFAR python "
+                                f"batches; nothing was written")
+
+
+def _remove_if_only_lock(out: Path) -> None:
+    """Remove `out`, created by this command, when it holds nothing but the lock's own empty file."""
+    import contextlib
+
+    from ..train.rundir import LOCK_TARGET
+
+    with contextlib.suppress(OSError):
+        if [p.name for p in out.iterdir()] == [LOCK_TARGET]:
+            (out / LOCK_TARGET).unlink()
+        out.rmdir()  # only succeeds when empty
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train import RunConfig, run_training
     from ..train.rundir import RunDir
@@ -79,6 +108,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # Everything cheap is checked before the data is read or anything is written.
     check_device(args.device)
+    if args.out is not None and not args.out.strip():
+        raise ValueError(f"--out {args.out!r}: an empty path; accepted: a folder for the run (leave --out out "
+                         f"for the default runs/MODEL-dDEPTH-sSEED)")
+    _check_dataset_source(args.dataset, args.data_dir)
     if args.tensorboard:
         from ..train.callbacks import require_tensorboard
 
@@ -114,13 +147,18 @@ def cmd_train(args: argparse.Namespace) -> int:
                        limit=args.limit, data_dir=args.data_dir, model_kwargs=model_kwargs,
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
                        compile=args.compile, eval_batch_size=args.eval_batch_size)
-    out = Path(args.out or f"runs/{args.model}-d{args.depth}-s{args.seed}")
+    out = Path(args.out if args.out is not None else f"runs/{args.model}-d{args.depth}-s{args.seed}")
     RunDir(out).check_usable()  # the config itself is checked once, by run_training, before anything is read
     device = distributed.init_from_env(args.device)  # torchrun: one process per device
     config = dataclasses.replace(config, device=device)
     main_process = distributed.is_main_process()
+    created = not out.exists()
     try:
         results = run_training(config, out, resume=args.resume, progress=not args.quiet, tensorboard=args.tensorboard)
+    except BaseException:
+        if created and main_process:
+            _remove_if_only_lock(out)  # a run refused before it wrote anything leaves no folder (issue 31, item 13)
+        raise
     finally:
         distributed.cleanup()
     if not main_process or results.get("final") is None:

@@ -30,7 +30,7 @@ from ..train.optim import BatchedOptimizer
 from ..train.stacked import BatchedStep, StackedModels
 from ..train.config import build_model, resolve_recipe
 from .options import add_options
-from .runs import RunSpec, check_specs, prepare_data, worker_threads
+from .runs import RunSpec, check_specs, damaged_finished_runs, prepare_data, worker_threads
 from .shards import check_shard_fresh, select_shard, shard_environment
 
 __all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
@@ -337,19 +337,26 @@ def _data_for(config: Any) -> Any:
 
 
 def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, progress: bool,
-                  compile: bool | None = None) -> tuple[list[str], str | None]:
+                  compile: bool | None = None) -> list[tuple[list[str], str | None]]:
+    """Train `batch` (train_batched); return (names, error or None) per outcome: the batch's, and on
+    resume one per finished run whose model file is damaged beyond rebuilding (it fails alone)."""
     torch.set_num_threads(threads)
     names = [s.name for s in batch]
     try:
+        damaged = damaged_finished_runs(batch, out) if resume else {}
+        if damaged:  # each damaged finished run fails alone; its batch-mates go on (issue 31, item 12)
+            rest = [s for s in batch if s.name not in damaged]
+            outcomes: list[tuple[list[str], str | None]] = [([name], error) for name, error in damaged.items()]
+            return outcomes + (_batch_worker(rest, out, resume, threads, progress, compile) if rest else [])
         compile = compiles(batch, compile, len(_data_for(batch[0].config).train))
         if progress:
             what = "compiling its step first (minutes), then training" if compile else "training"
             _say(f"[batch of {len(batch)}: {names[0]} ...] {what}")
         train_batched([s.config for s in batch], [Path(out) / s.name for s in batch], resume=resume, progress=progress,
                       data=_data_for(batch[0].config), compile=compile)
-        return names, None
+        return [(names, None)]
     except Exception as exc:  # noqa: BLE001 - one failed batch must not stop the study
-        return names, f"{type(exc).__name__}: {exc}"
+        return [(names, f"{type(exc).__name__}: {exc}")]
 
 
 def _say(line: str) -> None:
@@ -441,14 +448,16 @@ def _run_batches(batches: list[list[RunSpec]], out: str | os.PathLike[str], *, r
     try:
         if jobs == 1:
             for batch in batches:
-                done(*_batch_worker(batch, str(out), resume, threads, progress, compile))
+                for outcome in _batch_worker(batch, str(out), resume, threads, progress, compile):
+                    done(*outcome)
             return errors
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             futures = [pool.submit(_batch_worker, batch, str(out), resume, threads, progress, compile)
                        for batch in batches]
             for future in concurrent.futures.as_completed(futures):
-                done(*future.result())
+                for outcome in future.result():
+                    done(*outcome)
         return errors
     finally:
         bar.close()

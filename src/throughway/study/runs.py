@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import multiprocessing
 import os
 import shlex
@@ -26,7 +27,7 @@ from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
 
-__all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
+__all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
            "StudySummary", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
            "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
 
@@ -63,17 +64,62 @@ class RunSpec:
     config: RunConfig
 
 
+# The arguments `throughway.cli.main` parsed, while it runs (`invoked_with`); None outside it.
+_INVOKED: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("throughway_invoked", default=None)
+
+
+@contextlib.contextmanager
+def invoked_with(argv: Sequence[str]) -> Iterator[None]:
+    """While the block runs, `command_line()` is `throughway ARGV...`: the arguments `cli.main` parsed,
+    which differ from the process's sys.argv when main([...]) is called from Python (issue 31, item 14)."""
+    token = _INVOKED.set(tuple(argv))
+    try:
+        yield
+    finally:
+        _INVOKED.reset(token)
+
+
 def command_line() -> str:
-    """The command that started this process, shell-quoted, with the console script's name."""
+    """The command that made the results, shell-quoted, with the console script's name: the arguments
+    `cli.main` parsed (`invoked_with`), else the process's sys.argv (a study run from Python)."""
+    invoked = _INVOKED.get()
+    if invoked is not None:
+        return " ".join(shlex.quote(a) for a in ("throughway", *invoked))
     argv = list(sys.argv)
     if argv and (argv[0].endswith("throughway") or argv[0].endswith("__main__.py") or argv[0] == "-m"):
         argv[0] = "throughway"
     return " ".join(shlex.quote(a) for a in argv)
 
 
+def damaged_finished_runs(specs: Sequence[RunSpec], out: str | os.PathLike[str]) -> dict[str, str]:
+    """{name: error} of the finished runs of `specs` (results.json final) whose model file is missing or
+    damaged and cannot be rebuilt from a checkpoint (`train.run.check_finished_model` rebuilds it where it
+    can), each error saying how to retrain that run alone (issue 31, item 12): checked run by run, so
+    that a damaged run fails alone, never its batch-mates."""
+    from ..train.rundir import RunDir
+    from ..train.run import check_finished_model
+
+    damaged: dict[str, str] = {}
+    for spec in specs:
+        run_dir = Path(out) / spec.name
+        if not (run_dir / RESULTS_FILE).is_file():
+            continue
+        try:
+            results = read_results(run_dir)
+            if results.get("final") is not None:
+                check_finished_model(RunDir(run_dir), results, advice=(
+                    f"delete the run's folder {run_dir} and rerun the study with --resume: only that run is trained "
+                    f"again (another --out would train the whole study again)"))
+        except ValueError as exc:
+            damaged[spec.name] = f"{type(exc).__name__}: {exc}"
+    return damaged
+
+
 def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool) -> tuple[str, str | None]:
     torch.set_num_threads(threads)
     try:
+        if resume and spec.name in (damaged := damaged_finished_runs([spec], out)):
+            return spec.name, damaged[spec.name]
         if progress:  # --quiet prints nothing (issue 25, finding 16)
             print(f"[{spec.name}] start", file=sys.stderr, flush=True)
         run_training(spec.config, Path(out) / spec.name, resume=resume, progress=progress)

@@ -264,7 +264,10 @@ class _Monitor:
     """The improvement rule of EarlyStopping and ModelCheckpoint: `monitor` read from each epoch record."""
 
     def __init__(self, monitor: str, mode: str, min_delta: float) -> None:
-        if mode not in ("min", "max"):
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f"monitor={monitor!r}: accepted: the name of a metric of the epoch record, e.g. "
+                             f"{', '.join(repr(c) for c in METRICS_COLUMNS if c not in ('epoch', 'lr'))}")
+        if not isinstance(mode, str) or mode not in ("min", "max"):
             raise ValueError(f"mode={mode!r}: accepted values: 'min' (a loss or an error), 'max' (e.g. an accuracy)")
         if not isinstance(min_delta, (int, float)) or isinstance(min_delta, bool) or not min_delta >= 0:
             raise ValueError(f"min_delta={min_delta!r}: accepted: a number ≥ 0")
@@ -332,8 +335,13 @@ class ModelCheckpoint:
 
     def __init__(self, directory: str | os.PathLike[str], monitor: str = "val_loss", mode: str = "min",
                  min_delta: float = 0.0, save_best: bool = True, save_last: bool = True) -> None:
+        for name, flag in (("save_best", save_best), ("save_last", save_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}={flag!r}: accepted: True or False")
         if not (save_best or save_last):
             raise ValueError("save_best and save_last are both False: ModelCheckpoint would write nothing")
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+            raise TypeError(f"directory={directory!r}: accepted: a folder path (a non-empty str or os.PathLike)")
         self.directory = Path(directory)
         self._rule = _Monitor(monitor, mode, min_delta)
         self.save_best, self.save_last = save_best, save_last

@@ -321,6 +321,13 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
     # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
     tensors = target.state_dict()
     retyped = sorted(k for k, v in state.items() if k in tensors and v.dtype != tensors[k].dtype)
+    if retyped and all(state[k].is_floating_point() and tensors[k].is_floating_point() for k in retyped):
+        # A good file and a module converted to another floating dtype (issue 31, item 11): the module's fault.
+        first = retyped[0]
+        raise ValueError(f"model: the {type(target).__name__} given as model= is {tensors[first].dtype} (tensor "
+                         f"{first!r}; {len(retyped)} tensor(s) differ) but {path} holds {state[first].dtype}; "
+                         f"accepted: a module of the file's dtype: load into it built in {state[first].dtype}, "
+                         f"then convert it (model.to(dtype))")
     if retyped:
         raise ValueError(f"{path}: tensor {retyped[0]!r} is {state[retyped[0]].dtype}, the model's is "
                          f"{tensors[retyped[0]].dtype} ({len(retyped)} tensor(s) of another type); the file was edited "
@@ -347,6 +354,10 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
     """
     from safetensors import safe_open
 
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: got {type(model).__name__} {str(model)[:40]!r}; accepted: the torch.nn.Module to "
+                        f"load the file's tensors into (e.g. load_model(path, model=MyNet())), or None to rebuild a "
+                        f"registry model from the file's config")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: model file not found")
@@ -370,6 +381,9 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
         config = json.loads(metadata["config"])
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: metadata field 'config' is not valid JSON ({exc})") from exc
+    except RecursionError:  # issue 31, item 10
+        raise ValueError(f"{path}: metadata field 'config' is JSON nested too deeply to read; the file was edited "
+                         f"or damaged") from None
     config = check_model_config(config, shapes, path)
     name = config.pop("name")
     return _load_into(path, create_model(name, **config), shapes, compiled, device)

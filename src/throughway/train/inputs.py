@@ -62,7 +62,8 @@ class ItemSplit:
             raise TypeError(f"{argument}: an iterable Dataset has no length to index; pass it inside a DataLoader")
         if len(dataset) == 0:
             raise ValueError(f"{argument}: the Dataset is empty")
-        _item_pair(dataset[0], 0, argument)  # the item form is checked once, before training
+        # The item form is checked once, before training; fit probes the model with this item (train.checks).
+        self.first = _item_pair(dataset[0], 0, argument)
         self.dataset, self.argument, self.device = dataset, argument, device
 
     def __len__(self) -> int:

@@ -71,6 +71,8 @@ from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
+from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_eval_batch_size, check_labels, check_loss,
+                     check_optimizer_parameters, check_outputs, model_dtype, modes_kept, probe, rng_kept)
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
@@ -410,7 +412,8 @@ def _evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int,
     was_training = model.training
     model.eval()
     try:
-        return evaluate_members(lambda x: [model(x)], _eval_batches(model, split, batch_size), 1, loss_fn)[0]
+        batches = _eval_batches(model, split, batch_size, labels=loss_fn is None)
+        return evaluate_members(lambda x: [check_outputs(model(x))], batches, 1, loss_fn)[0]
     finally:
         model.train(was_training)
 
@@ -447,15 +450,22 @@ def evaluate_members(forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
     return [(float(losses[i]) / n, 100.0 * int(wrong[i]) / n if classified[i] else None) for i in range(members)]
 
 
-def _eval_batches(model: nn.Module, split: Split | DataLoader,
-                  batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _eval_batches(model: nn.Module, split: Split | DataLoader, batch_size: int,
+                  labels: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     if isinstance(split, DataLoader):
-        device = model_device(model)
+        device, dtype = model_device(model), model_dtype(model)
         for batch in split:
-            yield to_device(batch, device, "eval_data")
+            x, y = to_device(batch, device, "eval_data")
+            yield cast_inputs(x, dtype), _integer_labels(y) if labels else y
         return
     for start in range(0, len(split), batch_size):
-        yield split.x[start:start + batch_size], split.y[start:start + batch_size]
+        y = split.y[start:start + batch_size]
+        yield split.x[start:start + batch_size], _integer_labels(y) if labels else y
+
+
+def _integer_labels(y: torch.Tensor) -> torch.Tensor:
+    """Integer labels of any width as int64 for cross-entropy (issue 31, item 1); other labels as they are."""
+    return y if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool else y.long()
 
 
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -520,9 +530,11 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     replaces the recipe's; `scheduler(optimizer)` returns a torch LR scheduler (e.g.
     `lambda opt: StepLR(opt, 1, gamma=0.5)`) that `fit` steps at the start of every epoch after the
     first. A user's optimizer, a `scheduler`, or a torch LR scheduler that a callback attached to
-    `state.optimizer` in `on_fit_start` (any torch scheduler marks the groups with "initial_lr")
-    each switch the recipe's schedule off: the loop then leaves the learning rates alone, and every
-    epoch's record holds the lr the optimiser's first group used in it. (A resumed run restarts a
+    `state.optimizer` (any torch scheduler marks the groups with "initial_lr") each switch the
+    recipe's schedule off: the loop then leaves the learning rates alone, and every epoch's record
+    holds the lr the optimiser's first group used in it. A scheduler attached after training started
+    (e.g. lazily in the first `on_step_end`) rules from the next epoch on: it is looked for at every
+    epoch, never overridden by the recipe's schedule. (A resumed run restarts a
     `scheduler` from its first epoch: fit's checkpoints hold the recipe's schedule only.)
 
     `seed` seeds the data-order generator only (seed the model's initialisation before building
@@ -536,8 +548,15 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     device type; the parameters, gradients, optimiser and evaluation stay float32. `channels_last`
     converts the model and 4-d batches to NHWC. `compile_model` trains through torch.compile(model).
 
-    Raises TypeError / ValueError naming the argument for data, model, recipe or optimizer of a
-    kind it does not accept.
+    Before the first optimiser step `fit` checks what flows through it (train.checks; the list is in
+    docs/reliability.md): a TypeError / ValueError names the argument (`data`, the model's output,
+    `optimizer`, `scheduler`, `loss_fn`, `callbacks`, `eval_batch_size`, ...) and the accepted
+    values. Integer labels of any width are cast to int64 for the default cross-entropy, and
+    floating inputs to the model's floating dtype (the first floating parameter's). `callbacks` may
+    be a single callback. An optimizer holding only some of the model's parameters is a warning.
+
+    The model leaves `fit` in the mode it came in: every module's training flag is given back (it
+    trains in training mode and is evaluated in eval mode in between).
     """
     if isinstance(recipe, str):
         recipe = get_recipe(recipe)
@@ -546,9 +565,11 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer (a "
                         f"FlatOptimizer is one), or None for the recipe's")
-    if scheduler is not None and not callable(scheduler):
-        raise TypeError(f"scheduler: got {type(scheduler).__name__}; accepted: a function of the optimizer that "
-                        f"returns a torch LR scheduler, or None")
+    for name, function in (("scheduler", scheduler), ("loss_fn", loss_fn), ("train_transform", train_transform)):
+        if function is not None and not callable(function):
+            raise TypeError(f"{name}: got {type(function).__name__}; accepted: {_CALLABLES[name]}, or None")
+    check_eval_batch_size(eval_batch_size)
+    callbacks = check_callbacks(callbacks)
     if eval_data is not None:
         if test_data is not None:
             raise ValueError("eval_data and test_data: give one (eval_data is the older name of test_data)")
@@ -556,8 +577,17 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
     if not isinstance(train, DataLoader) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
-    _check_finite_inputs({"data": train, "val_data": val, "test_data": test} if splits is None else
-                         {"data (training split)": train, "data (validation split)": val, "data (test split)": test})
+    names = ({"data": "data", "val": "val_data", "test": "test_data"} if splits is None else
+             {"data": "data (training split)", "val": "data (validation split)", "test": "data (test split)"})
+    _check_finite_inputs({names["data"]: train, names["val"]: val, names["test"]: test})
+    if optimizer is not None:
+        check_optimizer_parameters(model, optimizer)
+    dtype = model_dtype(model)
+    train, val, test = (_cast_split(split, dtype) for split in (train, val, test))
+    checked = not isinstance(train, DataLoader)
+    if checked:  # a DataLoader's first batch is checked at the first step instead (reading it now would move its order)
+        train, val, test = _check_first_batch(model, train, {names["val"]: val, names["test"]: test}, recipe.batch_size,
+                                              loss_fn, device, names["data"])
     schedule = optimizer is None and scheduler is None
     if optimizer is None:
         optimizer = build_optimizer(model, recipe)
@@ -572,9 +602,51 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule,
                            scheduler=scheduler, device=device,
                            loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
-                           amp=amp, channels_last=channels_last, compile_model=compile_model)
-    run_loop(engine, [Member(state, list(callbacks))], recipe.epochs)
+                           amp=amp, channels_last=channels_last, compile_model=compile_model, checked=checked,
+                           dtype=dtype)
+    with modes_kept(model):  # the caller's training flags come back, module by module (issue 31, item 15)
+        run_loop(engine, [Member(state, callbacks)], recipe.epochs)
     return state.history
+
+
+_CALLABLES = {"scheduler": "a function of the optimizer that returns a torch LR scheduler",
+              "loss_fn": "a function loss_fn(outputs, y) returning the batch's mean loss as a 0-d tensor",
+              "train_transform": "a function of a batch x returning its augmented version"}
+
+
+def _cast_split(split: Any, dtype: torch.dtype | None) -> Any:
+    """An in-memory split with its floating inputs in the model's floating dtype (the split itself when they are)."""
+    if not isinstance(split, Split):
+        return split
+    x = cast_inputs(split.x, dtype)
+    return split if x is split.x else Split(x, split.y)
+
+
+def _check_first_batch(model: nn.Module, train: Any, evals: dict[str, Any], batch_size: int, loss_fn: LossFn | None,
+                       device: torch.device, argument: str) -> tuple[Any, Any, Any]:
+    """Check the model's output on the first training batch and the labels (see train.checks); return (train,
+    val, test) with their labels cast to int64 under the default cross-entropy."""
+    if isinstance(train, ItemSplit):  # the item read when it was checked, as a batch of one: no extra read
+        x, y = (t.unsqueeze(0).to(device) for t in train.first)
+        x = cast_inputs(x, model_dtype(model))
+    else:
+        x, y = train.x[:batch_size], train.y[:batch_size]
+    with rng_kept(device):  # a model may draw random numbers even in eval mode: training must draw the same ones
+        outputs = probe(model, x, argument)
+    if loss_fn is not None:  # checked at its first use, the first step, before the backward pass
+        return (train, *evals.values())
+    if outputs.dim() < 2 or outputs.shape[0] != len(x):
+        raise ValueError(f"model's output: shape {tuple(outputs.shape)} for a batch of {len(x)}; accepted: "
+                         f"{OUTPUT_ACCEPTED}")
+    classes = int(outputs.shape[1])
+    checked = []
+    for name, split in ((argument, train), *evals.items()):
+        if isinstance(split, Split):
+            split = Split(split.x, check_labels(split.y, name, classes, (len(split), *outputs.shape[1:])))
+        elif isinstance(split, ItemSplit):
+            check_labels(y, name, classes, (len(y), *outputs.shape[1:]))
+        checked.append(split)
+    return checked[0], checked[1], checked[2]
 
 
 class _ModuleEngine:
@@ -585,7 +657,8 @@ class _ModuleEngine:
                  starts: list[int], *, schedule: bool, scheduler: Callable[[torch.optim.Optimizer], Any] | None,
                  device: torch.device, loss_fn: LossFn | None,
                  eval_batch_size: int, train_transform: Callable[[torch.Tensor], torch.Tensor] | None, amp: bool,
-                 channels_last: bool, compile_model: bool) -> None:
+                 channels_last: bool, compile_model: bool, checked: bool = True,
+                 dtype: torch.dtype | None = None) -> None:
         self.state, self.optimizer, self.train, self.evals, self.starts = state, optimizer, train, evals, starts
         self.schedule, self.device, self.loss_fn, self.eval_batch_size = schedule, device, loss_fn, eval_batch_size
         self.make_scheduler, self.scheduler, self.first_epoch = scheduler, None, 0
@@ -594,6 +667,10 @@ class _ModuleEngine:
         self.compute_loss: LossFn = F.cross_entropy if loss_fn is None else loss_fn
         self.train_model: Callable[..., Any] = state.model
         self.snapshot: dict[str, torch.Tensor] = {}
+        # Whether the first batch was checked up front (else at the first step: a DataLoader), and the
+        # model's floating dtype (the inputs' of every batch; None: left as they come).
+        self.checked, self.dtype, self.first_step = checked, dtype, True
+        self.labels = loss_fn is None  # integer labels of any width are cast to int64 for cross-entropy
 
     def begin(self) -> None:
         """After on_fit_start (a restored checkpoint included): step count, memory format, wrappers, snapshot."""
@@ -607,6 +684,10 @@ class _ModuleEngine:
             self.train_model = torch.compile(self.train_model)
         if self.make_scheduler is not None:
             self.scheduler = self.make_scheduler(self.optimizer)
+            if not callable(getattr(self.scheduler, "step", None)):
+                raise TypeError(f"scheduler: scheduler(optimizer) returned {type(self.scheduler).__name__} "
+                                f"{str(self.scheduler)[:40]}; accepted: a torch LR scheduler (an object with .step()), "
+                                f"e.g. lambda opt: StepLR(opt, 1, gamma=0.5); nothing was trained")
         if any("initial_lr" in group for group in self.optimizer.param_groups):
             self.schedule = False  # a torch LR scheduler is attached (ours or a callback's): it sets the lr
         self.first_epoch = state.epoch
@@ -616,17 +697,48 @@ class _ModuleEngine:
         """The recipe's schedule, unless the caller's optimizer or scheduler sets the lr (it is then recorded)."""
         if self.scheduler is not None and epoch > self.first_epoch:
             self.scheduler.step()
+        if self.schedule and any("initial_lr" in group for group in self.optimizer.param_groups):
+            self.schedule = False  # a torch LR scheduler attached since fit started (issue 31, item 7): it rules
         if self.schedule:
             lr = learning_rate_at(self.state.recipe, epoch)
             set_learning_rate(self.optimizer, lr)
             return [lr]
         return [float(self.optimizer.param_groups[0]["lr"])]
 
+    def _typed(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch read now (a Dataset's, a DataLoader's) with its inputs in the model's dtype and, for
+        cross-entropy, integer labels as int64 (in-memory splits were cast once, in fit)."""
+        return cast_inputs(x, self.dtype), _integer_labels(y) if self.labels else y
+
+    def _first_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """fit's up-front checks on a DataLoader's first batch, before the first step (train.checks)."""
+        outputs = probe(self.state.model, x, "data")
+        if self.loss_fn is not None:
+            pass  # checked at its first use, in the step, before the backward pass
+        elif outputs.dim() < 2 or outputs.shape[0] != len(x):
+            raise ValueError(f"model's output: shape {tuple(outputs.shape)} for a batch of {len(x)}; accepted: "
+                             f"{OUTPUT_ACCEPTED}")
+        else:
+            classes = int(outputs.shape[1])
+            check_labels(y, "data", classes, (len(y), *outputs.shape[1:]))
+            for key, split in self.evals.items():  # the in-memory evaluation splits, labels cast once
+                if isinstance(split, Split):
+                    labels = check_labels(split.y, f"{key}_data", classes, (len(split), *outputs.shape[1:]))
+                    self.evals[key] = Split(split.x, labels)
+        self.checked = True
+
+    def _step_labels(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """A batch's labels, checked against its outputs when they were read now (a Dataset's items, a
+        DataLoader's batches: in-memory labels were checked whole, before training)."""
+        if self.labels and not isinstance(self.train, Split):
+            return check_labels(y, "data", int(logits.shape[1]) if logits.dim() > 1 else None, tuple(logits.shape))
+        return y
+
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         train, rank, world = self.train, *distributed.rank_and_world()
         if isinstance(train, DataLoader):
             for batch in train:
-                x, y = to_device(batch, self.device, "data")
+                x, y = self._typed(*to_device(batch, self.device, "data"))
                 yield (x if self.train_transform is None else self.train_transform(x)), y
             return
         order = torch.randperm(len(train), generator=self.state.generator).to(self.device)
@@ -635,7 +747,7 @@ class _ModuleEngine:
             batch = order[start:start + batch_size]
             index = distributed.shard(batch, rank, world)
             if isinstance(train, ItemSplit):  # a Dataset: its items are read now, every epoch
-                x, y = train.take(index.cpu() if self.train_transform is None else batch.cpu())
+                x, y = self._typed(*train.take(index.cpu() if self.train_transform is None else batch.cpu()))
                 if self.train_transform is not None:
                     x, y = distributed.shard(self.train_transform(x), rank, world), distributed.shard(y, rank, world)
                 yield x, y
@@ -653,15 +765,22 @@ class _ModuleEngine:
         stats = EpochStats([0.0], [0], 0, 0)
         wrong, classified = 0, True
         for step, (x, y) in enumerate(self._batches()):
+            if not self.checked:
+                self._first_batch(x, y)
             if self.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             if self.amp:
                 with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
-                    logits = self.train_model(x)
+                    logits = check_outputs(self.train_model(x))
+                    y = self._step_labels(logits, y)
                     loss = self.compute_loss(logits.float(), y)
             else:
-                logits = self.train_model(x)
+                logits = check_outputs(self.train_model(x))
+                y = self._step_labels(logits, y)
                 loss = self.compute_loss(logits, y)
+            if self.first_step:  # the loss a step follows, checked before the first backward pass
+                check_loss(loss, training=True)
+                self.first_step = False
             batch_wrong = _wrong(logits.detach(), y)
             if batch_wrong is None:
                 classified, batch_wrong = False, torch.zeros((), device=loss.device)

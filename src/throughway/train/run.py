@@ -142,12 +142,13 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe
     return None
 
 
-def check_finished_model(run: RunDir, results: dict[str, Any]) -> None:
+def check_finished_model(run: RunDir, results: dict[str, Any], advice: str | None = None) -> None:
     """Make sure a finished run (`results`' final is set) still has its model.safetensors before it is
     skipped as finished (issue 25, finding 5): a missing, truncated or damaged file, or one that is
     not a regular file (a FIFO, a folder), is rebuilt from the run's checkpoint of the final epoch
     (checked against its SHA-256 and against results.json's model config); without that checkpoint
-    (a batched run keeps none), ValueError naming the file. Nothing else is written."""
+    (a batched run keeps none), ValueError naming the file and ending with `advice` (default: choose
+    another --out; a study says how to retrain that one run). Nothing else is written."""
     path = run.model
     try:
         problem = None if stat.S_ISREG(os.lstat(path).st_mode) else "is not a regular file (a FIFO or a folder?)"
@@ -176,9 +177,9 @@ def check_finished_model(run: RunDir, results: dict[str, Any]) -> None:
             save_model(path, model)
             print(f"  {path}: {problem}; rebuilt from {meta['file']} (epoch {final_epoch})", file=sys.stderr, flush=True)
             return
+    advice = advice or "choose another --out to train the run again"
     raise ValueError(f"{path}: {problem}, but {run.results} says the run finished after epoch {final_epoch} and no "
-                     f"checkpoint of that epoch is left to rebuild it from; the trained weights are lost: choose "
-                     f"another --out to train the run again")
+                     f"checkpoint of that epoch is left to rebuild it from; the trained weights are lost: {advice}")
 
 
 def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -211,7 +211,7 @@ class RunDir:
             info = json.loads(self.lock_file.read_text(encoding="utf-8"))
             return (f"pid {int(info['pid'])} on {str(info['host'])[:100]}, since {str(info['since'])[:40]}, "
                     f"command: {str(info['command'])[:300]}")
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return "unknown holder (it has not written .lock.json yet)"
 
     @contextlib.contextmanager
@@ -262,7 +262,7 @@ class RunDir:
             ours = path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_HOLDER_BYTES
             info = json.loads(path.read_text(encoding="utf-8")) if ours else None
             ours = isinstance(info, dict) and set(info) == {"pid", "host", "command", "since"}
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             ours = False
         if not ours:
             raise ValueError(f"{path}: exists but is not a lock record written by throughway (an object with pid, "

@@ -1,0 +1,240 @@
+"""What `fit` checks before its first optimiser step (issue 31): what flows through the loop, and the
+user's callables and callbacks.
+
+`fit` checks its containers in `inputs.resolve_data`; this module checks their contents and the
+caller's functions, each failure a TypeError / ValueError that names the argument and the accepted
+values (docs/reliability.md lists them):
+
+* `eval_batch_size` (`check_eval_batch_size`), `callbacks` (`check_callbacks`: a single callback is
+  wrapped in a list; a string, a class, or an object with none of the hooks is refused, a misspelt
+  hook is named with the nearest hook), `optimizer` (`check_optimizer_parameters`: none of the
+  model's parameters is refused, some of them is a warning);
+* a probe batch (`probe`): the model's output on the first training batch, computed in eval mode
+  under no_grad with every module's mode restored afterwards (BatchNorm's running statistics are
+  not updated), checked as a tensor (`check_outputs`); with the default cross-entropy, the labels
+  of every tensor split are checked against its width (`check_labels`: integers of any width,
+  cast to int64, one per output row, in 0 … classes − 1; a Dataset's or a DataLoader's labels as
+  each batch is read). A DataLoader's first batch is probed at the first step instead (reading it
+  up front would move its sampler's order).
+* at first use, before the first backward pass: the loss (`check_loss`: a 0-d floating tensor with
+  a gradient; a loss_fn is not called an extra time) and `scheduler(optimizer)` (an object with
+  `.step()`, checked in `loop`).
+* inputs: floating inputs are cast to the model's floating dtype (`model_dtype`; `cast_inputs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import random
+import warnings
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["HOOKS", "check_eval_batch_size", "check_callbacks", "check_optimizer_parameters", "model_dtype",
+           "cast_inputs", "check_labels", "check_outputs", "check_loss", "probe", "modes_kept", "rng_kept",
+           "OUTPUT_ACCEPTED"]
+
+HOOKS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_epoch_end", "on_fit_end")
+OUTPUT_ACCEPTED = ("a tensor of class scores (N, classes) for the default cross-entropy, or any tensor that "
+                   "loss_fn(outputs, y) scores; return only that tensor from forward (wrap a model that "
+                   "returns a tuple or dict)")
+
+
+def check_eval_batch_size(eval_batch_size: Any) -> None:
+    """TypeError / ValueError naming `eval_batch_size` unless it is an integer ≥ 1."""
+    if not isinstance(eval_batch_size, int) or isinstance(eval_batch_size, bool):
+        raise TypeError(f"eval_batch_size: got {type(eval_batch_size).__name__} {eval_batch_size!r}; accepted: an "
+                        f"integer ≥ 1 (samples per evaluation chunk)")
+    if eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size={eval_batch_size}: accepted: an integer ≥ 1 (samples per evaluation chunk)")
+
+
+def _hook_names(callback: Any) -> tuple[list[str], list[str]]:
+    """(the hooks `callback` has, the other callable `on_*` attributes it has)."""
+    names = [name for name in dir(callback) if name.startswith("on_") and callable(getattr(callback, name, None))]
+    return [n for n in names if n in HOOKS], [n for n in names if n not in HOOKS]
+
+
+def check_callbacks(callbacks: Any) -> list[Any]:
+    """`callbacks` as a list: None or () is empty, a single callback object is wrapped in a list.
+
+    TypeError naming `callbacks` for a string, a class instead of an instance, or an object with none
+    of the hooks (`HOOKS`); ValueError for an object whose only `on_*` methods are near misses of a
+    hook (e.g. `on_epoch_ends`, named with the hook it resembles), which the loop would never call,
+    and a warning saying the same for a near miss beside real hooks."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, (str, bytes)):
+        raise TypeError(f"callbacks: got a string {callbacks!r}; accepted: a callback object or a list of them, "
+                        f"each with any of the hooks {', '.join(HOOKS)}")
+    if (isinstance(callbacks, type) or any(callable(getattr(callbacks, hook, None)) for hook in HOOKS)
+            or not hasattr(callbacks, "__iter__")):
+        callbacks = [callbacks]  # one callback given alone (or an object that is none: refused below)
+    result = list(callbacks)
+    for i, callback in enumerate(result):
+        where = f"callbacks[{i}] ({type(callback).__name__})"
+        if isinstance(callback, type):
+            raise TypeError(f"{where}: is a class; accepted: an instance, e.g. {callback.__name__}(...)")
+        if isinstance(callback, (str, bytes)):
+            raise TypeError(f"{where}: got a string {callback!r}; accepted: an object with any of the hooks "
+                            f"{', '.join(HOOKS)}")
+        hooks, others = _hook_names(callback)
+        near = {name: difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.75) for name in others}
+        misspelt = {name: match[0] for name, match in near.items() if match}
+        if misspelt:
+            name, hook = next(iter(misspelt.items()))
+            message = (f"{where}: has a method {name!r} that fit never calls; did you mean {hook!r}? accepted "
+                       f"hooks: {', '.join(HOOKS)}")
+            if not hooks:
+                raise ValueError(message)
+            warnings.warn(message, UserWarning, stacklevel=3)  # it has hooks too: the near miss may be its own
+        if not hooks:
+            raise TypeError(f"{where}: has none of the hooks fit calls; accepted: an object with any of "
+                            f"{', '.join(HOOKS)}")
+    return result
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    # A FlatOptimizer's param_groups hold flat copies; the model's own tensors are its _group_params.
+    groups = getattr(optimizer, "_group_params", None)
+    if groups is not None:
+        return [p for group in groups for p in group]
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def check_optimizer_parameters(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """ValueError naming `optimizer` when it holds none of `model`'s trainable parameters (it would train
+    nothing, silently); a warning naming how many it lacks when it holds only some of them."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        return
+    held = {id(p) for p in _optimizer_tensors(optimizer)}
+    missing = sum(1 for p in trainable if id(p) not in held)
+    if missing == len(trainable):
+        raise ValueError(f"optimizer: holds none of the model's {len(trainable)} trainable parameters (built over "
+                         f"another module's?); it would train nothing; accepted: an optimizer over "
+                         f"model.parameters() (or a part of them), or None for the recipe's")
+    if missing:
+        warnings.warn(f"optimizer: holds {len(trainable) - missing} of the model's {len(trainable)} trainable "
+                      f"parameters; the other {missing} are not trained", UserWarning, stacklevel=3)
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of `model`'s first floating parameter or buffer (None when it has none)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def cast_inputs(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Floating inputs `x` in the model's floating `dtype` (x itself when it already is, or is not floating)."""
+    if dtype is None or not x.is_floating_point() or x.dtype == dtype:
+        return x
+    return x.to(dtype)
+
+
+def check_labels(y: torch.Tensor, argument: str, classes: int | None = None,
+                 outputs_shape: Sequence[int] | None = None) -> torch.Tensor:
+    """Labels `y` for cross-entropy as int64 (integer labels of any width are cast).
+
+    TypeError naming `argument` for labels that are not integers (float labels are class
+    probabilities to cross-entropy: pass a loss_fn for them); ValueError for labels whose shape does
+    not fit outputs of `outputs_shape` (one label per output row: (N,) for (N, classes) outputs), or
+    outside 0 … `classes` − 1."""
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise TypeError(f"{argument}: the labels are {y.dtype}; accepted: integer class indices (any integer dtype, "
+                        f"cast to int64) for the default cross-entropy; for soft or regression targets pass a loss_fn")
+    if outputs_shape is not None:
+        wanted = (int(y.shape[0]), *outputs_shape[2:]) if y.dim() else ()
+        if tuple(y.shape) != wanted:
+            raise ValueError(f"{argument}: the labels have shape {tuple(y.shape)} for outputs of shape "
+                             f"{tuple(outputs_shape)}; accepted: one class index per output row, shape {wanted}")
+    elif y.dim() != 1:
+        raise ValueError(f"{argument}: the labels have shape {tuple(y.shape)}; accepted: one class index per sample, "
+                         f"shape (N,)")
+    y = y.long()
+    if classes is not None and y.numel():
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= classes:
+            bad = low if low < 0 else high
+            raise ValueError(f"{argument}: label {bad} is out of range for a model with {classes} outputs; "
+                             f"accepted: class indices 0 … {classes - 1}")
+    return y
+
+
+def check_outputs(outputs: Any, argument: str = "model") -> torch.Tensor:
+    """`outputs` when they are a tensor; TypeError naming the model's output otherwise."""
+    if not isinstance(outputs, torch.Tensor):
+        kind = f"{type(outputs).__name__}" + (f" with keys {sorted(map(str, outputs))[:4]}"
+                                             if isinstance(outputs, dict) else "")
+        raise TypeError(f"{argument}'s output: forward returned {kind}; accepted: {OUTPUT_ACCEPTED}")
+    return outputs
+
+
+def check_loss(loss: Any, *, training: bool = False) -> torch.Tensor:
+    """`loss` when it is what the loop minimises: a 0-d floating tensor (the batch's mean loss), with a
+    gradient when `training` (the first step's loss); TypeError / ValueError naming `loss_fn` otherwise."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"loss_fn: returned {type(loss).__name__} {str(loss)[:40]}; accepted: a 0-d tensor, the "
+                        f"batch's mean loss computed from the outputs (as F.cross_entropy returns it)")
+    if loss.dim() != 0:
+        raise ValueError(f"loss_fn: returned a tensor of shape {tuple(loss.shape)}; accepted: a 0-d tensor, the "
+                         f"batch's mean loss (use reduction='mean', not 'none')")
+    if not loss.is_floating_point():
+        raise TypeError(f"loss_fn: returned a {loss.dtype} tensor; accepted: a floating 0-d tensor")
+    if training and not loss.requires_grad:
+        raise ValueError("loss_fn: returned a tensor without a gradient (computed with .item(), .detach() or "
+                         "torch.tensor(...)?); accepted: a 0-d tensor computed from the outputs, so that the "
+                         "optimiser has something to follow; nothing was trained")
+    return loss
+
+
+@contextlib.contextmanager
+def modes_kept(model: nn.Module) -> Iterator[None]:
+    """Restore every submodule's training flag on exit (a caller's mixed modes included)."""
+    modes = [(module, module.training) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+@contextlib.contextmanager
+def rng_kept(device: torch.device) -> Iterator[None]:
+    """Restore the global random states (torch's, on the CPU and `device`; Python's; numpy's) on exit, so that
+    reading a probe batch (a Dataset's random augmentation) changes nothing that training draws."""
+    import numpy as np
+
+    state, np_state = random.getstate(), np.random.get_state()
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(state)
+        np.random.set_state(np_state)
+
+
+def probe(model: nn.Module, x: torch.Tensor, argument: str = "data") -> torch.Tensor:
+    """The model's output on batch `x`, in eval mode under no_grad (every module's mode restored, so
+    BatchNorm's running statistics do not move), checked as a tensor (`check_outputs`). A forward that
+    fails with a RuntimeError is reported as a ValueError naming `argument` and the batch's shape and
+    dtype (and the model's dtype), the torch message kept."""
+    with modes_kept(model), torch.no_grad():
+        model.eval()
+        try:
+            outputs = model(x)
+        except RuntimeError as exc:
+            dtype = model_dtype(model)
+            message = (f"{argument}: the model's forward failed on the first batch (x of shape {tuple(x.shape)}, "
+                       f"{x.dtype}): {(str(exc).splitlines() or [''])[0][:300]}")
+            if dtype is not None and x.dtype != dtype:
+                raise TypeError(f"{message}; the inputs are {x.dtype} and the model is {dtype}: accepted: floating "
+                                f"point inputs (cast to the model's dtype) or inputs the model takes") from exc
+            raise ValueError(message) from exc
+    return check_outputs(outputs)
