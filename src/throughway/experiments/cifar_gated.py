@@ -211,13 +211,18 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if summary_path.is_file() and not resume:
         raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    # Rewritten as runs end, at most every REFRESH_INTERVAL_S (the figures take seconds), and always at the end.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device))
+                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S)
 
     refresh()
     run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=refresh)
+             on_done=lambda name, error: refresh(name, error, force=False))
     return refresh()
+
+
+# The summary, table and figures are rewritten at most this often while runs end (and always at the end).
+REFRESH_INTERVAL_S = 10.0
 
 
 _NEEDS_DATA = ("cifar-gated needs CIFAR: pass --data-dir DIR, where DIR holds the official python version "

@@ -276,14 +276,20 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         _update_removal(config, out)
         return summarize(config, out)
 
+    # A batch's runs end together: the summary and figures are rewritten at most every
+    # REFRESH_INTERVAL_S as batches end (the removal curves and figures take seconds), and always at the end.
     refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
-                           environment_info(config.device))
+                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S)
     refresh()
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
-    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
-                compile=config.compile)
+    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile)
     return refresh()
+
+
+# The summary, table and figures are rewritten at most this often while batches end (and always at the end).
+REFRESH_INTERVAL_S = 10.0
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
