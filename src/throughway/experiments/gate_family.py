@@ -1,4 +1,4 @@
-"""The scalar gate beside its successors (issue 24): gated residual, ReZero, SkipInit and LayerScale on
+"""The scalar gate beside its successors: gated residual, ReZero, SkipInit and LayerScale on
 the gated-residual-v2 MNIST protocol.
 
 Fully connected nets of width 50 after a single linear first layer (gated-residual-v2 §3.1), d ∈ {2,
@@ -47,7 +47,7 @@ __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "
            "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
 
 NAME = "gate-family"
-DESCRIPTION = ("issue 24: residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
+DESCRIPTION = ("residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
                "variants (SkipInit's setting) on MNIST, d = 2..100")
 
 # family -> (registered model, model kwargs). "-nf": no BatchNorm in the branch (norm="none").
@@ -70,7 +70,7 @@ GATE_KINDS: dict[str, str | None] = {"residual": None, "gated": "relu", "rezero"
 
 @dataclass(frozen=True)
 class Config:
-    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol (issue 24)."""
+    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (run shallowest first)",
                                      quick=(2, 10), minimum=0)

@@ -113,7 +113,7 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
 def study_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the exclusive lock of a study's output folder `out` while the block runs: a second study
     process on the same folder fails at once with RunLockedError naming the holder (pid, host,
-    command) instead of racing the first for its runs' locks and summary (issue 25, finding 15).
+    command) instead of racing the first for its runs' locks and summary.
     The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
     folder; a linked `out`/runs is refused too. A folder created for the lock is removed again when
     the study wrote nothing into it (a study refused before any work)."""
@@ -190,7 +190,7 @@ def read_runs(runs_dir: str | os.PathLike[str], names: Iterable[str]) -> Iterato
     None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0}).
 
     Each file is checked as `check_run_results` says, so a summary never fails on a damaged run's
-    field with a bare key name (issue 25, finding 14): ValueError naming the file and the field."""
+    field with a bare key name: ValueError naming the file and the field."""
     for name in names:
         path = Path(runs_dir) / name / RESULTS_FILE
         yield name, check_run_results(read_results(path.parent), path) if path.is_file() else None
@@ -232,7 +232,7 @@ def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
 def summary_finished(path: str | os.PathLike[str], summary: dict[str, Any]) -> bool:
     """Whether every run a study's `summary` (read from `path`) lists under 'cells' → 'runs' →
     'state' is finished or diverged; ValueError naming the file and the field when 'cells' is not a
-    list of such cells (issue 25, finding 14: the file and the field, never a bare "error: cells")."""
+    list of such cells (never a bare "error: cells")."""
     try:
         return all(r["state"] in ("finished", "diverged") for c in summary["cells"] for r in c["runs"])
     except (KeyError, TypeError) as exc:
@@ -243,7 +243,7 @@ def summary_finished(path: str | os.PathLike[str], summary: dict[str, Any]) -> b
 
 def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
     """A study's summary `path` (its results.json) as an object whose 'config' (when present) is an
-    object too; ValueError naming the file and the field otherwise (issue 25, finding 13: a file
+    object too; ValueError naming the file and the field otherwise (a file
     holding `[]` is the file's fault, said as such, not an AttributeError)."""
     summary = read_json_object(path, f"a {name} study's summary")
     if not isinstance(summary.get("config", {}), dict):
