@@ -27,7 +27,6 @@ def _refused(argv: list[str], capsys) -> str:
     (["train", "--model", "mlp_gated_residual", "--depth", "2", "--dataset", "fashion_mnist"], "fashion-mnist"),
     (["reproduce", "mnist_depth"], "mnist-depth"),
     (["analyze", "gate", "runs/x"], "gates"),
-    (["train", "--model", "mlp_gated_resdual", "--depth", "2"], "mlp_gated_residual"),
 ])
 def test_a_typo_gets_the_closest_accepted_value(argv, suggested, capsys):
     err = _refused(argv, capsys)

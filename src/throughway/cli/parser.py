@@ -144,7 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     from ..experiments import EXPERIMENTS
     from ..study.options import add_options
 
-    from ..models import list_models
     from ..train.recipes import RECIPES
 
     parser = _Parser(prog="throughway", description=_usage(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -154,8 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="registered models, recipes and experiments, one per line, name first")
 
     train = sub.add_parser("train", help="train one model; writes OUT/results.json and OUT/model.safetensors")
-    train.add_argument("--model", required=True, type=_registered("model", lambda: (m.name for m in list_models())),
-                       help="a registered model name (see `throughway list`)")
+    train.add_argument("--model", required=True, help="a registered model name (see `throughway list`)")
     train.add_argument("--depth", type=int, required=True,
                        help="the paper's d: number of middle layers (MLPs); the network's depth for conv nets "
                             "(e.g. 28 for WRN-28-10, 32 for the ResNet n=5, 10 for the conv highway net)")
