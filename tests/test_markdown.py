@@ -5,6 +5,7 @@ sections of the README and killed its Contents links)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,7 @@ def _api_objects() -> list[str]:
                    for m in re.findall(r"^::: (\S+)", page.read_text(), flags=re.M)})
 
 
+@functools.lru_cache(maxsize=1)  # griffe reads the whole package: once for the two tests below
 def shown_docstrings() -> dict[str, str]:
     """Every docstring text that mkdocstrings shows on the API pages, by the object's path: the module's,
     and those of its public members (options of mkdocs.yml: filters "!^_", no undocumented members),
