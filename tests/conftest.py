@@ -72,12 +72,13 @@ class Crash:
             raise KeyboardInterrupt
 
 
-# The gate-family quick study, as `throughway reproduce gate-family --quick --jobs 1 --quiet` runs it on the fake
-# MNIST (7 families x d = 2, 10 x 2 seeds, 2 epochs, with its removal curves and figures): about a minute on
-# 2 cores, so it is trained once per session. tests/test_gate_family.py checks what it trains and reports,
-# tests/test_results_regenerate.py that it has the committed results/gate-family's structure; a test that
-# changes files works on a copy (`shutil.copytree`).
-GATE_FAMILY_QUICK_ARGV = ("reproduce", "gate-family", "--jobs", "1", "--quiet", "--quick")
+# The gate-family quick study, as `throughway reproduce gate-family --quick --jobs 2 --quiet` runs it on the fake
+# MNIST (7 families x d = 2, 10 x 2 seeds, 2 epochs, with its removal curves and figures; two worker processes,
+# the suite's one study trained by several workers): about a minute on 2 cores, so it is trained once per
+# session. tests/test_gate_family.py checks what it trains and reports, tests/test_results_regenerate.py that
+# it has the committed results/gate-family's structure (whatever --jobs); a test that changes files works on
+# a copy (`shutil.copytree`).
+GATE_FAMILY_QUICK_ARGV = ("reproduce", "gate-family", "--jobs", "2", "--quiet", "--quick")
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +93,7 @@ def gate_family_quick(tmp_path_factory) -> tuple[Path, str]:
     save_cache(root / "data" / "mnist", make_arrays(), "test fixture")
     out, printed = root / "quick", io.StringIO()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the recorded studies ran (OMP_NUM_THREADS=1), and faster on shared cores
+    torch.set_num_threads(1)  # as the recorded studies ran (OMP_NUM_THREADS=1; each worker takes 1 thread too)
     try:
         with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
             mp.setenv("THROUGHWAY_DATA", str(root / "data"))

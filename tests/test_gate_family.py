@@ -173,7 +173,7 @@ def test_gate_family_refuses_bad_options(tmp_path, capsys):
 
 
 def test_reproduce_gate_family_quick_from_the_command_line(gate_family_quick, tmp_path, fake_mnist_root):
-    quick, _ = gate_family_quick  # `throughway reproduce gate-family --quick --jobs 1 --quiet` (conftest.py)
+    quick, _ = gate_family_quick  # `throughway reproduce gate-family --quick --jobs 2 --quiet` (conftest.py)
     results = json.loads((quick / "results.json").read_text())
     assert results["config"]["quick"] is True and results["config"]["depths"] == [2, 10]
     states = {r["state"] for c in results["cells"] for r in c["runs"]}
