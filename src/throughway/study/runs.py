@@ -282,7 +282,8 @@ class StudySummary:
     `error` against run `name` if there is one, rebuilds the summary with `summarize()`, adds the
     study's command line, environment and errors, writes `path` atomically and remakes the report
     with `write_report()`; it returns the summary. With `min_interval_s` > 0 a call that is not
-    forced and comes sooner than that after the last write only records its error and returns None
+    forced and comes sooner than that (or than 4 times the last write's duration) after the last write
+    ended only records its error and returns None
     (a search whose batches end every few seconds need not rewrite its figure each time); the final
     call is forced, so nothing is lost, and `errors` always holds every failure."""
 
@@ -297,6 +298,7 @@ class StudySummary:
         self.errors: dict[str, str] = {}
         self.min_interval_s = float(min_interval_s)
         self._last = -float("inf")
+        self._cost = 0.0  # seconds the last write took
 
     @overload
     def __call__(self, name: str | None = None, error: str | None = None, *,
@@ -310,13 +312,18 @@ class StudySummary:
                  force: bool = True) -> dict[str, Any] | None:
         if name is not None and error:
             self.errors[name] = error
-        if not force and time.monotonic() - self._last < self.min_interval_s:
+        # the wait counts from the end of the last write, and is at least 4 times that write's cost: on a
+        # loaded machine a rewrite (figures) takes seconds, and rewrites may not take most of the study's time
+        wait = max(self.min_interval_s, 4 * self._cost) if self.min_interval_s > 0 else 0.0
+        if not force and time.monotonic() - self._last < wait:
             return None
-        self._last = time.monotonic()
+        began = time.monotonic()
         summary = self.summarize()
         summary.update(command=self.command, environment=self.environment, errors=dict(self.errors))
         atomic_write_json(self.path, summary)
         self.write_report()
+        self._last = time.monotonic()
+        self._cost = self._last - began
         return summary
 
 
