@@ -70,3 +70,36 @@ class Crash:
     def on_epoch_end(self, state, record):
         if state.epoch == self.after:
             raise KeyboardInterrupt
+
+
+# The gate-family quick study, as `throughway reproduce gate-family --quick --jobs 2 --quiet` runs it on the fake
+# MNIST (7 families x d = 2, 10 x 2 seeds, 2 epochs, with its removal curves and figures; two worker processes,
+# the suite's one study trained by several workers): about a minute on 2 cores, so it is trained once per
+# session. tests/test_gate_family.py checks what it trains and reports, tests/test_results_regenerate.py that
+# it has the committed results/gate-family's structure (whatever --jobs); a test that changes files works on
+# a copy (`shutil.copytree`).
+GATE_FAMILY_QUICK_ARGV = ("reproduce", "gate-family", "--jobs", "2", "--quiet", "--quick")
+
+
+@pytest.fixture(scope="session")
+def gate_family_quick(tmp_path_factory) -> tuple[Path, str]:
+    """The folder of the session's gate-family quick study and what its command printed (read only)."""
+    import contextlib
+    import io
+
+    from throughway.cli import main
+
+    root = tmp_path_factory.mktemp("gate-family-quick")
+    save_cache(root / "data" / "mnist", make_arrays(), "test fixture")
+    out, printed = root / "quick", io.StringIO()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the recorded studies ran (OMP_NUM_THREADS=1; each worker takes 1 thread too)
+    try:
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+            mp.setenv("THROUGHWAY_DATA", str(root / "data"))
+            torch.manual_seed(0)
+            code = main([*GATE_FAMILY_QUICK_ARGV, "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, f"throughway {' '.join(GATE_FAMILY_QUICK_ARGV)} exited {code}"
+    return out, printed.getvalue()

@@ -133,7 +133,8 @@ def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root,
     study = get_experiment("highway-depth")
     config = dataclasses.replace(study.QUICK, layers=(3,), trials=4, epochs=2, limit=300)
     specs = study.specs(config)
-    one, two = batching.project_batches(specs, jobs=1), batching.project_batches(specs, jobs=2)
+    # measure_all: every measurement, as a study of more than SHORT_STUDY_S gets it
+    one, two = batching.project_batches(specs, jobs=1, measure_all=True), batching.project_batches(specs, jobs=2, measure_all=True)
     steps = len(epoch_starts(one["train_images"], 100))  # highway-mnist: batch 100
     for row in one["batches"]:
         assert row["setup_s"] == 2.0 and not row["compiled"]
@@ -149,6 +150,31 @@ def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root,
         assert two["wall_s"] == pytest.approx(two["fixed_s"] + batching.makespan([r["total_s"] for r in two["batches"]], 2))
     text = batching.projection_markdown("t", one, [])
     assert "s for all epochs" in text and "set-up" in text and text.strip().splitlines()[-1].startswith("serial sum")
+
+
+def test_estimate_of_a_short_study_skips_the_costly_measurements(fake_mnist_root, monkeypatch):
+    # `reproduce gate-family --quick --estimate` took 65 s to project a 34 s study: a study whose timed
+    # steps project under SHORT_STUDY_S is projected without contention, one-epoch runs or a process start.
+    from throughway.study import batching
+
+    def refuse(*a, **k):
+        raise AssertionError("measured for a short study")
+
+    monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(0.01, 1e-5, 0.5))
+    for name in ("batch_overhead_s", "worker_start_s", "contention"):
+        monkeypatch.setattr(batching, name, refuse)
+    specs = get_experiment("gate-family").specs(dataclasses.replace(get_experiment("gate-family").QUICK, limit=300))
+    two = batching.project_batches(specs, jobs=2)
+    assert two["measured_all"] is False and two["contention"] == 1.0
+    assert all(row["setup_s"] == 0.5 for row in two["batches"])  # time_batch's own set-up
+    assert two["fixed_s"] > 0  # this process's age stands in for a worker's start
+    assert two["serial_s"] < batching.SHORT_STUDY_S + two["fixed_s"]
+    text = batching.projection_markdown("t", two, [])
+    assert "short study" in text and text.strip().splitlines()[-1].startswith("serial sum")
+    # a long study measures everything
+    monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(10.0, 1e-5, 0.5))
+    with pytest.raises(AssertionError, match="measured for a short study"):
+        batching.project_batches(specs, jobs=2)
 
 
 def test_batch_seconds_is_set_up_plus_epochs():

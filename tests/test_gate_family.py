@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -123,16 +124,20 @@ def test_greedy_removal_order_of_rezero_sorts_alpha():
     assert removal_order(model, "greedy") == [2, 1, 0]
 
 
-def test_gate_family_quick_study(tmp_path, fake_mnist_root):
+def test_gate_family_quick_study(gate_family_quick):
+    # The session's `reproduce gate-family --quick` (conftest.py; trained once, read here and by
+    # tests/test_results_regenerate.py): d = 2, 10, 2 seeds, every family.
     from throughway.experiments import get_experiment
 
     study = get_experiment("gate-family")
     assert study.QUICK.depths == (2, 10) and study.QUICK.seeds == 2 and study.QUICK.epochs == 2
-    config = dataclasses.replace(study.QUICK, depths=(4, 2), epochs=1, limit=300)
-    # shallowest first, whatever order the depths were given in
-    assert [s.config.depth for s in study.specs(config)][0] == 2
-    summary = study.run(config, tmp_path / "gf", progress=False)
-    assert [c["depth"] for c in summary["cells"][:len(config.families)]] == [2] * len(config.families)
+    out, _ = gate_family_quick
+    # shallowest first, whatever order the depths were given in (the runs and the summary's cells)
+    backwards = dataclasses.replace(study.QUICK, depths=(10, 2))
+    assert [s.config.depth for s in study.specs(backwards)][0] == 2
+    summary = study.summarize(backwards, out)
+    families = len(study.QUICK.families)
+    assert [c["depth"] for c in summary["cells"][:families]] == [2] * families
     for cell in summary["cells"]:
         assert cell["test_error_pct"]["n"] == 2, cell["family"]
         assert cell["val_error_pct"]["n"] == 2  # 10,000-style held-out split by default
@@ -140,14 +145,14 @@ def test_gate_family_quick_study(tmp_path, fake_mnist_root):
     assert by[("rezero", 2)]["per_seed"][0]["negative_gates"] is not None
     assert by[("gated", 2)]["per_seed"][0]["dead_gates"] is not None
     assert by[("layerscale", 2)]["k_mean"]["n"] == 0  # vector gates are not scalar k's
-    run = read_results(tmp_path / "gf" / "runs" / "rezero-nf-d4-s1")
+    run = read_results(out / "runs" / "rezero-nf-d10-s1")
     assert run["config"]["model"] == "mlp_rezero" and run["config"]["model_kwargs"]["norm"] == "none"
     assert run["environment"]["batched"]["models"] == 2
-    ls = load_model(tmp_path / "gf" / "runs" / "layerscale-d4-s0" / "model.safetensors")
+    ls = load_model(out / "runs" / "layerscale-d10-s0" / "model.safetensors")
     assert ls.config["k_init"] == 0.1
     others = {row["b"] for row in summary["comparisons"]}
-    assert others == set(config.families) - {"gated"}
-    assert "pending" not in (tmp_path / "gf" / "table.md").read_text()
+    assert others == set(study.QUICK.families) - {"gated"}
+    assert "pending" not in (out / "table.md").read_text()
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -167,16 +172,19 @@ def test_gate_family_refuses_bad_options(tmp_path, capsys):
     assert not (tmp_path / "y").exists()
 
 
-def test_reproduce_gate_family_quick_from_the_command_line(tmp_path, fake_mnist_root):
-    out = tmp_path / "quick"
-    assert main(["reproduce", "gate-family", "--quick", "--out", str(out), "--quiet"]) == 0
-    results = json.loads((out / "results.json").read_text())
+def test_reproduce_gate_family_quick_from_the_command_line(gate_family_quick, tmp_path, fake_mnist_root):
+    quick, _ = gate_family_quick  # `throughway reproduce gate-family --quick --jobs 2 --quiet` (conftest.py)
+    results = json.loads((quick / "results.json").read_text())
     assert results["config"]["quick"] is True and results["config"]["depths"] == [2, 10]
     states = {r["state"] for c in results["cells"] for r in c["runs"]}
     assert states == {"finished"}
     assert len(results["cells"]) == 2 * 7 and all(c["test_error_pct"]["n"] == 2 for c in results["cells"])
-    # a finished study is only re-reported when run again
+    # a finished study is only re-reported when run again (on a copy: the session's folder is read only)
+    out = tmp_path / "quick"
+    shutil.copytree(quick, out)
     assert main(["reproduce", "gate-family", "--quick", "--out", str(out), "--quiet"]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["cells"] == results["cells"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -263,43 +271,44 @@ def test_removal_record_removes_closed_blocks_first_at_no_cost():
     assert 0.0 <= record["half_share_random"] <= 1.0
 
 
-def test_gate_family_report_on_the_quick_study(tmp_path, fake_mnist_root):
+def test_gate_family_report_on_the_quick_study(gate_family_quick, tmp_path, fake_mnist_root):
     from throughway.experiments import get_experiment
     from throughway.experiments.gate_family_report import gate_values_markdown, removal_markdown
 
     study = get_experiment("gate-family")
-    config = dataclasses.replace(study.QUICK, depths=(2, 4), epochs=2, limit=300,
-                                 families=("residual", "gated", "rezero", "layerscale"))
-    out = tmp_path / "gf"
-    summary = study.run(config, out, progress=False)
+    config = study.QUICK
+    out = tmp_path / "gf"  # a copy of the session's quick study (conftest.py): the end re-reports into it
+    shutil.copytree(gate_family_quick[0], out)
+    summary = json.loads((out / "results.json").read_text())
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     # gates at the end come from the model files: LayerScale's |λ| too
-    ls = by[("layerscale", 4)]["gates"]
-    assert len(ls) == 2 and ls[0]["vector"] and ls[0]["count"] == 2 * config.width
-    model = load_model(out / "runs" / "layerscale-d4-s0" / "model.safetensors")
-    assert ls[0]["mean"] == pytest.approx(float(sum(b.gate.k.detach().abs().mean() for b in model.blocks) / 2))
-    assert by[("residual", 4)]["gates"] == []  # ungated
-    # the removal curves of every gated kind at d = 4 (2 blocks; d = 2 has one block: no half to remove)
+    ls = by[("layerscale", 10)]["gates"]
+    assert len(ls) == 2 and ls[0]["vector"] and ls[0]["count"] == 5 * config.width
+    model = load_model(out / "runs" / "layerscale-d10-s0" / "model.safetensors")
+    assert ls[0]["mean"] == pytest.approx(float(sum(b.gate.k.detach().abs().mean() for b in model.blocks) / 5))
+    assert by[("residual", 10)]["gates"] == []  # ungated
+    # the removal curves of every gated kind (d = 2 has one block: no half to remove, still a curve)
     removal = json.loads((out / "removal.json").read_text())
-    assert set(removal) == {f"{f}-d{d}-s{s}" for f in ("gated", "rezero", "layerscale") for d in (2, 4) for s in (0, 1)}
-    record = by[("rezero", 4)]["removal"][0]
-    assert record["blocks"] == 2 and len(record["greedy"]) == 3 and len(record["random"]) == study.REMOVAL_ORDERS
-    assert record["greedy"][0] == pytest.approx(100.0 - by[("rezero", 4)]["per_seed"][0]["test_error_pct"], abs=1e-6)
+    gated = ("gated", "rezero", "layerscale", "gated-nf", "rezero-nf")
+    assert set(removal) == {f"{f}-d{d}-s{s}" for f in gated for d in (2, 10) for s in (0, 1)}
+    record = by[("rezero", 10)]["removal"][0]
+    assert record["blocks"] == 5 and len(record["greedy"]) == 6 and len(record["random"]) == study.REMOVAL_ORDERS
+    assert record["greedy"][0] == pytest.approx(100.0 - by[("rezero", 10)]["per_seed"][0]["test_error_pct"], abs=1e-6)
     # 2 seeds: every comparison says "too few"
     assert {row["verdict"] for row in summary["comparisons"]} == {"too few"}
     # the curves: 2 epochs of train loss per run
-    assert len(summary["curves"]["gated-d4-s1"]["train_loss"]) == 2
+    assert len(summary["curves"]["gated-d10-s1"]["train_loss"]) == 2
     table = (out / "table.md").read_text()
     for heading in ("Test error (%)", "Paired t-test", "Gates at the end", "Share of test accuracy kept"):
         assert heading in table
     assert (out / "train_loss.png").stat().st_size > 10_000 and (out / "removal.png").stat().st_size > 10_000
     # a depth with no finished run is rendered pending, in each table
-    wider = study.summarize(dataclasses.replace(config, depths=(2, 4, 6)), out)
-    assert "| 6 | pending | pending" in gate_values_markdown(wider)
-    assert "| 6 | pending | pending | pending |" in removal_markdown(wider)
-    assert "| 6 | pending |" in study.table_markdown(wider)
+    wider = study.summarize(dataclasses.replace(config, depths=(2, 10, 20)), out)
+    assert "| 20 | pending | pending" in gate_values_markdown(wider)
+    assert "| 20 | pending | pending | pending |" in removal_markdown(wider)
+    assert "| 20 | pending |" in study.table_markdown(wider)
     comparisons = study.comparisons_markdown(wider)
-    assert "| 6 |" not in comparisons and "d = 6: every family." in comparisons  # no test row without pairs
+    assert "| 20 |" not in comparisons and "d = 20: every family." in comparisons  # no test row without pairs
     # re-reporting from the run folders alone (no training) rebuilds the removal file and the tables
     (out / "removal.json").unlink()
     (out / "table.md").unlink()

@@ -62,7 +62,7 @@ import throughway
 from throughway.cli import build_parser, main
 from throughway.data.sources import save_cache
 
-from conftest import make_arrays
+from conftest import GATE_FAMILY_QUICK_ARGV, make_arrays
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -456,11 +456,27 @@ def quick_variant(command: Recorded) -> list[str]:
     assert experiment in SMALL, f"{command.where}\n  no small configuration in SMALL for {experiment!r}"
     # --merge (build the summary of runs made elsewhere) has no runs to merge in a fresh folder: the quick
     # variant trains the runs it would merge.
+    # --compile: compiling each depth's batch took 287 s of the mnist-depth-val quick variant (16.5 s
+    # eager); the files and keys do not depend on it, and test_compiled_quick_batch_trains_as_eager checks
+    # the compiled path once. --threads: run_cli trains on one thread whatever is recorded, so the gate-family
+    # commands that differ only by `--threads 1` are one quick run, not two.
     changes: dict[str, list[str] | None] = {"--out": None, "--resume": None, "--jobs": ["1"], "--quiet": [],
-                                            "--device": None, "--merge": None, **SMALL[experiment]}
+                                            "--device": None, "--merge": None, "--compile": None, "--threads": None,
+                                            **SMALL[experiment]}
     if _has_quick(experiment):
         changes["--quick"] = []
     return with_options(command.argv, changes)
+
+
+def _without_jobs(argv: list[str] | tuple[str, ...]) -> list[str]:
+    # --jobs changes how many processes train the runs, not the files or keys they write
+    return with_options(tuple(argv), {"--jobs": None})
+
+
+def test_recorded_gate_family_commands_share_the_sessions_quick_study():
+    # the four recorded gate-family commands differ only by --jobs, --threads and --resume: one quick run
+    recorded = [c for c in REPRODUCE if c.argv[1] == "gate-family"]
+    assert recorded and all(_without_jobs(quick_variant(c)) == _without_jobs(GATE_FAMILY_QUICK_ARGV) for c in recorded)
 
 
 def committed_output(command: Recorded) -> Path:
@@ -490,8 +506,11 @@ def quick_runs(data_root) -> dict[tuple[str, ...], tuple[Path, str] | str]:
     return {}
 
 
-def _quick_run(command: Recorded, runs: dict[tuple[str, ...], tuple[Path, str] | str], tmp_path_factory) -> tuple[Path, str]:
+def _quick_run(command: Recorded, runs: dict[tuple[str, ...], tuple[Path, str] | str], tmp_path_factory,
+               request: pytest.FixtureRequest) -> tuple[Path, str]:
     argv = quick_variant(command)
+    if _without_jobs(argv) == _without_jobs(GATE_FAMILY_QUICK_ARGV):  # trained once per session (conftest.py)
+        return request.getfixturevalue("gate_family_quick")
     if tuple(argv) not in runs:
         out = tmp_path_factory.mktemp("quick") / "out"
         try:
@@ -506,8 +525,8 @@ def _quick_run(command: Recorded, runs: dict[tuple[str, ...], tuple[Path, str] |
 
 @pytest.mark.parametrize("command,aspect", REPRODUCE_CASES)
 def test_reproduce_quick_variant_writes_committed_structure(command: Recorded, aspect: str, quick_runs,
-                                                            tmp_path_factory):
-    out, stdout = _quick_run(command, quick_runs, tmp_path_factory)
+                                                            tmp_path_factory, request):
+    out, stdout = _quick_run(command, quick_runs, tmp_path_factory, request)
     committed = committed_output(command)
     where = f"{command.where}\n  (quick variant: throughway {shlex.join(quick_variant(command))}; " \
             f"compared with {committed.relative_to(REPO)})"
@@ -528,6 +547,30 @@ def test_reproduce_quick_variant_writes_committed_structure(command: Recorded, a
     fresh = json.loads((out / "results.json").read_text())
     problems = structure_problems(fresh, json.loads((committed / "results.json").read_text()), aspect)
     assert not problems, f"{where}\n  " + "\n  ".join(problems)
+
+
+def test_compiled_quick_batch_trains_as_eager(data_root, tmp_path):
+    """What the recorded `--compile` (results/mnist-depth-val, results/gate-family) adds, checked once
+    instead of in each quick variant: a batch of the three MNIST-depth architectures trained through
+    torch.compile writes the files an eager batch writes, with the same losses (to float32 rounding)."""
+    from throughway.data import load_dataset
+    from throughway.train.batched import train_batched
+    from throughway.train.config import RunConfig
+
+    configs = [RunConfig(model=model, depth=2, recipe="gresnet-mnist", epochs=1, seed=seed, model_kwargs={"width": 8})
+               for model in ("mlp_plain", "mlp_residual", "mlp_gated_residual") for seed in (0,)]
+    data = load_dataset("mnist", str(data_root))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        eager = train_batched(configs, [tmp_path / f"eager-{i}" for i in range(3)], progress=False, data=data)
+        compiled = train_batched(configs, [tmp_path / f"compiled-{i}" for i in range(3)], progress=False, data=data,
+                                 compile=True)
+    finally:
+        torch.set_num_threads(threads)
+    for i, (a, b) in enumerate(zip(eager, compiled)):
+        assert _files(tmp_path / f"eager-{i}") == _files(tmp_path / f"compiled-{i}")
+        assert b["history"][-1]["train_loss"] == pytest.approx(a["history"][-1]["train_loss"], rel=1e-4), configs[i].model
 
 
 # --------------------------------------------------------------------------------------------

@@ -69,3 +69,24 @@ def test_every_study_kind_refuses_other_settings_naming_each_field(tmp_path):
     assert stored_study(tmp_path, "gate-family", Config(), ["epochs", "depths"], resume=True)["config"] == stored
     with pytest.raises(ValueError, match=r"depths: stored \[2, 10\], now \[2\]"):
         stored_study(tmp_path, "gate-family", Config(depths=(2,)), ["epochs", "depths"], resume=True)
+
+
+def test_a_throttled_summary_waits_four_times_its_last_write(tmp_path, monkeypatch):
+    # On a loaded machine one rewrite (the figures) took about 10 s: a 10 s interval counted from its start
+    # rewrote after every batch. The wait counts from the end of a write and is at least 4 times its cost.
+    from throughway.study import runs
+
+    clock = [100.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+
+    def slow_report():
+        clock[0] += 10.0  # the write takes 10 s
+
+    writes = []
+    refresh = StudySummary(tmp_path / "s.json", lambda: writes.append(1) or {}, slow_report, {}, min_interval_s=10)
+    refresh()
+    clock[0] += 15.0  # past min_interval_s, within 4 x 10 s of the write's end
+    assert refresh("a", None, force=False) is None and len(writes) == 1
+    clock[0] += 30.0
+    assert refresh("b", None, force=False) is not None and len(writes) == 2
+    assert refresh() is not None and len(writes) == 3  # a forced call always writes

@@ -44,8 +44,10 @@ from .sections.conv import _conv_table
 from .sections.depth_study import (_bn_stats, _mnist_depth_batchnorm_ablation, _mnist_depth_findings,
                                    _mnist_depth_stem_ablation, _mnist_depth_stem_dense_k_ratio,
                                    _mnist_depth_stem_dense_table, _mnist_depth_table,
-                                   _mnist_depth_selection, _mnist_depth_val_selection)
-from .sections.gate_family import _gate_family_findings, _gate_family_init_table, _gate_family_trained
+                                   _mnist_depth_selection, _mnist_depth_val_selection, _mnist_depth_val_ties)
+from .sections.gate_family import (_gate_family_findings, _gate_family_first_epoch, _gate_family_init_table,
+                                   _gate_family_removal_prose, _gate_family_replay, _gate_family_rezero_condition,
+                                   _gate_family_trained)
 from .sections.gates import _gates_table, _gates_text, _highway_analysis_table
 from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
                                _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
@@ -71,6 +73,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "mnist-depth-findings": _mnist_depth_findings,
     "mnist-depth-selection": _mnist_depth_selection,
     "mnist-depth-val-selection": _mnist_depth_val_selection,
+    "mnist-depth-val-ties": _mnist_depth_val_ties,
     "mnist-depth-stem-ablation": _mnist_depth_stem_ablation,
     "bn-stats": _bn_stats,
     "mnist-depth-batchnorm-ablation": _mnist_depth_batchnorm_ablation,
@@ -81,6 +84,10 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gate-family-trained": _gate_family_trained,
     "highway-paper-scale-estimate": _paper_scale_estimate,
     "gate-family-findings": _gate_family_findings,
+    "gate-family-removal-prose": _gate_family_removal_prose,
+    "gate-family-first-epoch": _gate_family_first_epoch,
+    "gate-family-replay": _gate_family_replay,
+    "gate-family-rezero-condition": _gate_family_rezero_condition,
     "gates-text": _gates_text,
     "highway-analysis-table": _highway_analysis_table,
     "sdi-table": _sdi_table,

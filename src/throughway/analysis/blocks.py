@@ -127,7 +127,7 @@ def gate_value(gate: Any) -> torch.Tensor:
 
 def gate_magnitude(gate: Any) -> float:
     """|g| of a gate, the size by which removal orders blocks: |g(k)| for a scalar gate, the mean
-    |λ| over channels for a vector gate (issue 24: ReZero's α may be negative, LayerScale's λ a vector)."""
+    |λ| over channels for a vector gate (ReZero's α may be negative, LayerScale's λ a vector)."""
     return float(gate_value(gate).abs().mean())
 
 

@@ -144,7 +144,7 @@ def k_statistics(model: nn.Module) -> dict[str, Any]:
 
 def gate_statistics(model: nn.Module) -> dict[str, Any]:
     """The gate value g of every gated block, scalar or vector, wherever the blocks sit: the
-    statistics that compare the 2017 gate with ReZero's α and LayerScale's λ (issue 24).
+    statistics that compare the 2017 gate with ReZero's α and LayerScale's λ (the gate-family study).
 
     Returns {"blocks": [qualified names], "g_mean": [mean g per block], "g_abs_mean": [mean |g|:
     |g(k)| for a scalar, mean |λ| for a vector], "g_size": [entries of g: 1 for a scalar, C for a

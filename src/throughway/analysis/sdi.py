@@ -7,6 +7,7 @@ E[(w − ŵ)²] = σ² + (μ − ŵ)² (appendix eqs 15-19; eq 15 as printed rea
 for σ² + (μ − 1)², which agrees with it only when μ = 0).
 
 Layers (n units, or n channels with a k×k kernel for convolutions):
+
 * "classical" u = ReLU(Wx + b): Ŵ = I (for a convolution, the identity kernel: 1 at the centre
   tap of channel i → i), b̂ = 0 (section 2.1);
 * "highway": the transform gate's W_t, b_t, degenerate at Ŵ_t = 0, b̂_t = c (a negative target,

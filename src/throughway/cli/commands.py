@@ -225,8 +225,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = Path(args.dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")
-    name = read_json_object(path, "an experiment's summary").get("experiment")
+    summary = read_json_object(path, "an experiment's summary")
+    name = summary.get("experiment")
     if name is None:
+        if "history" in summary or "final" in summary:  # what `train` writes: one run, not a study
+            raise ValueError(f"{path}: a single run's results, not an experiment summary; `report` remakes a "
+                             f"study's table and figures. For one run use `throughway analyze gates {args.dir}` "
+                             f"(k per block; or prune, lesion, highway)")
         raise ValueError(f"{path}: not an experiment summary (no 'experiment' field); is it a single run?")
     module = get_experiment(name)
     try:

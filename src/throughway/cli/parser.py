@@ -3,12 +3,52 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from importlib import import_module
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 from ..study.options import DeprecatedAlias
 
-__all__ = ["build_parser"]
+__all__ = ["build_parser", "did_you_mean"]
+
+
+def did_you_mean(value: str, accepted: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the accepted value closest to a mistyped `value` (difflib), or ""."""
+    close = difflib.get_close_matches(str(value), [str(a) for a in accepted], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus: a mistyped choice (`--dataset fashion_mnist`, `reproduce mnist_depth`, `analyze
+    gate`) or option (`train --epcohs 1`) gets the closest accepted one suggested, and an unknown
+    option is refused with the usage of the sub-command it was given to, not the program's."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from "
+                                                 f"{', '.join(map(repr, action.choices))})"
+                                                 f"{did_you_mean(value, action.choices)}")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._innermost(parsed)
+            options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            hint = did_you_mean(extras[0].split("=", 1)[0], options) if extras[0].startswith("--") else ""
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _innermost(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The sub-command parser that `parsed` went through last (this one when there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(chosen, _Parser):
+                    return chosen._innermost(parsed)
+        return self
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -59,6 +99,31 @@ def _add_common(parser: argparse.ArgumentParser, threads: bool = True) -> None:
 
 
 
+def _registered(kind: str, names: Callable[[], Iterable[str]]) -> Any:
+    """An argparse type accepting one of `names()` (a registry's keys, read when the value is checked, so
+    that entries registered after the parser was built count), and refusing any other with the accepted
+    values and the closest one."""
+    def check(text: str) -> str:
+        accepted = sorted(names())
+        if text not in accepted:
+            raise argparse.ArgumentTypeError(f"{kind} {text!r} is not known; accepted values: "
+                                             f"{', '.join(accepted)}{did_you_mean(text, accepted)}")
+        return text
+    check.__name__ = kind
+    return check
+
+
+def _run_dir(text: str) -> str:
+    """A run directory; a run's results.json or model.safetensors stands for the folder holding it."""
+    path = Path(text)
+    if path.is_file():
+        if path.name in ("results.json", "model.safetensors"):
+            return str(path.parent)
+        raise argparse.ArgumentTypeError(f"{text} is a file: pass the run directory (the folder holding "
+                                         f"results.json and model.safetensors)")
+    return text
+
+
 def _add_format(parser: argparse.ArgumentParser) -> None:
     from ..report.figures import FIGURE_FORMATS
 
@@ -79,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ..experiments import EXPERIMENTS
     from ..study.options import add_options
 
-    parser = argparse.ArgumentParser(prog="throughway", description=_usage(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from ..train.recipes import RECIPES
+
+    parser = _Parser(prog="throughway", description=_usage(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -92,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the paper's d: number of middle layers (MLPs); the network's depth for conv nets "
                             "(e.g. 28 for WRN-28-10, 32 for the ResNet n=5, 10 for the conv highway net)")
     train.add_argument("--dataset", default="mnist", choices=list(DATASETS), help="the data (default mnist)")
-    train.add_argument("--recipe", default="gresnet-mnist",
+    train.add_argument("--recipe", default="gresnet-mnist", type=_registered("recipe", lambda: RECIPES),
                        help="a registered recipe name (default gresnet-mnist; see `throughway list`)")
     train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs (default: the recipe's)")
     train.add_argument("--seed", type=int, default=0,
@@ -180,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     lesion.add_argument("--split", choices=["train", "val", "test"], default="train",
                         help="split to evaluate (default train, as the paper)")
     for command in (gates, prune, highway, lesion):
-        command.add_argument("run_dir", help="a finished run directory (results.json + model.safetensors)")
+        command.add_argument("run_dir", type=_run_dir,
+                             help="a finished run directory (results.json + model.safetensors; its results.json "
+                                  "stands for it)")
         command.add_argument("--out", help="output folder (default RUN_DIR/analysis)")
         command.add_argument("--checkpoint", action="store_true",
                              help="analyse the latest checkpoint of a run that has not finished (figures say "

@@ -1,4 +1,4 @@
-"""The scalar gate beside its successors (issue 24): gated residual, ReZero, SkipInit and LayerScale on
+"""The scalar gate beside its successors: gated residual, ReZero, SkipInit and LayerScale on
 the gated-residual-v2 MNIST protocol.
 
 Fully connected nets of width 50 after a single linear first layer (gated-residual-v2 §3.1), d ∈ {2,
@@ -48,7 +48,7 @@ __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "
            "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
 
 NAME = "gate-family"
-DESCRIPTION = ("issue 24: residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
+DESCRIPTION = ("residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
                "variants (SkipInit's setting) on MNIST, d = 2..100")
 
 # family -> (registered model, model kwargs). "-nf": no BatchNorm in the branch (norm="none").
@@ -71,7 +71,7 @@ GATE_KINDS: dict[str, str | None] = {"residual": None, "gated": "relu", "rezero"
 
 @dataclass(frozen=True)
 class Config:
-    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol (issue 24)."""
+    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (run shallowest first)",
                                      quick=(2, 10), minimum=0)
@@ -279,16 +279,23 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         _update_removal(config, out)
         return summarize(config, out)
 
+    # A batch's runs end together: the summary and figures are rewritten at most every
+    # REFRESH_INTERVAL_S as batches end (the removal curves and figures take seconds), and always at the end.
     refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
-                           environment_info(config.device), shard=config.shard)
+                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
     if config.merge:
         return refresh()
     refresh()
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
-    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=refresh,
-                compile=config.compile, shard=config.shard)
+    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile,
+                shard=config.shard)
     return refresh()
+
+
+# The summary, table and figures are rewritten at most this often while batches end (and always at the end).
+REFRESH_INTERVAL_S = 10.0
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:

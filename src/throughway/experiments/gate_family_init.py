@@ -1,4 +1,4 @@
-"""The gate families at initialisation (issue 24): distance to identity and the Demystifying Hessian.
+"""The gate families at initialisation: distance to identity and the Demystifying Hessian.
 
 No training. For each family of `gate_family.FAMILIES`, depth d and seed, at initialisation:
 
@@ -53,7 +53,7 @@ __all__ = ["NAME", "DESCRIPTION", "Config", "distance_to_identity", "hessian_cel
            "write_report", "run"]
 
 NAME = "gate-family-init"
-DESCRIPTION = ("issue 24: the gate families at initialisation (no training): distance to identity and the "
+DESCRIPTION = ("the gate families at initialisation (no training): distance to identity and the "
                "Demystifying Hessian condition number (P10) and index by depth")
 
 

@@ -24,16 +24,16 @@ carry figure 1's image, so they could not be read from its x-axis here. The defa
 file checked: treat it as ours until someone with the PDF confirms it (`--epochs` sets it). The
 caption gives the rest: "top 10 (out of 100) hyperparameter settings".
 
-Ranking (issue 23): trials are ranked by the lowest mean training cross-entropy of any epoch
+Ranking: trials are ranked by the lowest mean training cross-entropy of any epoch
 (`rank="best-loss"`, the default). The paper's footnote 3 (§4, on the "best" nets of figure 2) says
 the search was run "to minimize the best training set error achieved using each configuration": the
 best value reached during training, not the last one. We rank by the loss rather than the
 classification error because figure 1 plots "mean cross-entropy error" and ranking by the plotted
 quantity keeps its top 10 the ones it draws, and because the training error of the shallow nets
 reaches 0 in many trials, which would tie them. `rank="last-loss"` (the last epoch's loss, the
-ranking before issue 23) stays an option. Diverged trials rank last under both.
+ranking of earlier versions) stays an option. Diverged trials rank last under both.
 
-Gate bias (issue 23): "between -1 and -10" (§3.1); the paper's best nets of figure 2 started at −2
+Gate bias: "between -1 and -10" (§3.1); the paper's best nets of figure 2 started at −2
 and −4 (§4). `gate_bias="continuous"` (the default) draws it uniformly in [−10, −1];
 `gate_bias="integer"` draws one of −10, −9, ..., −1 with equal probability. The default stays
 continuous because the text gives a range, not a set, and because trial t then keeps the

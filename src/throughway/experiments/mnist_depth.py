@@ -8,7 +8,7 @@ paper's figure 2 MNIST net) trains beside them with the same recipe: it is not i
 Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
 (the summary that tables and figures are made from), table.md, figure4_train_loss.png,
 table1_test_error_by_depth.png, figure5_k_by_block.png and best_epoch.md (Table 1 under each epoch
-selection, from the runs' histories: issue 23). The tables and findings are made in experiments.mnist_depth_report
+selection, from the runs' histories). The tables and findings are made in experiments.mnist_depth_report
 (re-exported here).
 """
 

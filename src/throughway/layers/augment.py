@@ -1,4 +1,4 @@
-"""Deprecated alias of `throughway.layers.gated` (renamed in issue 15: `data.augment` is image
+"""Deprecated alias of `throughway.layers.gated` (renamed: `data.augment` is image
 augmentation, a different thing). Import `AugmentedLayer` and `augment` from `throughway.layers`."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ The first layer is the `stem` argument of every family:
 * ``stem="dense"``: Dot-BN-activation like every other plain layer (Dot-activation when norm="none";
   for mlp_highway, Dot-activation with BatchNorm only when stem_norm="batch"). It is mlp_highway's
   default: the highway paper's §3.1 nets start with "a regular fully-connected layer". It was this
-  toolkit's only stem for the gated residual families before issue 12; saved models and results
+  toolkit's only stem for the gated residual families before the `stem` argument existed; saved models and results
   that do not record a stem were built with it and load as ``stem="dense"``
   (`LEGACY_STEM`). results/mnist-depth keeps that study as the ablation row "first layer Dot-BN-ReLU".
 

@@ -203,8 +203,27 @@ def worker_start_s() -> float:
     return time.perf_counter() - began
 
 
+# Below this many seconds of projected steps, evaluations and set-ups (a --quick study), project_batches
+# does not spend the extra measurements (the workers' contention, a one-epoch run per batch and a fresh
+# process's start: about 15 s on 2 cores) that would cost half as much as the study they project.
+SHORT_STUDY_S = 300.0
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere): a stand-in for a fresh worker's
+    start and imports, which this process has just paid itself."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return max(0.0, float(f.read().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max_batch: int = 64,
-                    compile: bool | None = None, shard: str | None = None) -> dict[str, Any]:
+                    compile: bool | None = None, shard: str | None = None,
+                    measure_all: bool | None = None) -> dict[str, Any]:
     """Project how long `run_batched(specs, jobs=jobs)` takes on this machine without training: time
     every batch (`time_batch`, with the threads a worker of `jobs` gets), scale it to the configs'
     epochs and data sizes (`batch_seconds`), hand the batches, in run_batched's order, to `jobs`
@@ -217,9 +236,15 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     upper bound); the study's own reporting after each batch is not included. `shard` 'i/N' projects
     only the batches that shard trains (`run_batched(..., shard=...)`).
 
+    `measure_all` False (None: when the timed steps, evaluations and set-ups project less than
+    SHORT_STUDY_S) skips the three measurements that cost seconds each whatever the study's size, so
+    that the estimate of a short study costs a small fraction of it: the contention is then taken as
+    1 (none), each batch's set-up as `time_batch` measured it (no one-epoch run), and a worker's start
+    as this process's own age (`_process_age_s`). The result's "measured_all" says which was done.
+
     Returns {"jobs", "threads_per_job", "train_images", "eval_images", "batches": [{"batch": the
     specs, "models", "step_s", "setup_s", "epoch_s", "total_s"}], "fixed_s", "serial_s", "wall_s",
-    "load_average"}.
+    "load_average", "contention", "measured_all"}.
     """
     from ..train.loop import epoch_starts
 
@@ -239,29 +264,40 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     threads = worker_threads(jobs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    rows: list[dict[str, Any]] = []
-    # workers training at once slow each other down: measured on the largest batch, applied to all
-    slowdown = contention(max(batches, key=len), jobs, threads, tuple(data.input_shape), data.num_classes)
+    timed: list[tuple[list[RunSpec], bool, BatchTiming]] = []
     try:
         for batch in batches:
-            recipe = resolve_recipe(batch[0].config)
             compiled = compiles(batch, compile, n_train)
-            timing = time_batch(batch, steps, input_shape=tuple(data.input_shape), num_classes=data.num_classes,
-                                compile=compiled)
+            timed.append((batch, compiled, time_batch(batch, steps, input_shape=tuple(data.input_shape),
+                                                      num_classes=data.num_classes, compile=compiled)))
+
+        def seconds_of(batch: list[RunSpec], timing: BatchTiming) -> dict[str, float]:
+            recipe = resolve_recipe(batch[0].config)
+            return batch_seconds(timing, recipe.epochs, len(epoch_starts(n_train, recipe.batch_size)), n_eval)
+
+        if measure_all is None:
+            measure_all = sum(seconds_of(b, t)["total_s"] for b, _, t in timed) >= SHORT_STUDY_S
+        # workers training at once slow each other down: measured on the largest batch, applied to all
+        slowdown = contention(max(batches, key=len), jobs, threads, tuple(data.input_shape), data.num_classes) \
+            if measure_all else 1.0
+        rows: list[dict[str, Any]] = []
+        for batch, compiled, timing in timed:
             timing = dataclasses.replace(timing, step_s=timing.step_s * slowdown, eval_s=timing.eval_s * slowdown)
-            # the set-up: what time_batch measured (and its compilation), or a real one-epoch run's extra
-            # costs beyond steps and evaluation, whichever is larger
-            timing = dataclasses.replace(timing, setup_s=max(timing.setup_s, batch_overhead_s(batch, data, timing)))
-            seconds = batch_seconds(timing, recipe.epochs, len(epoch_starts(n_train, recipe.batch_size)), n_eval)
+            if measure_all:
+                # the set-up: what time_batch measured (and its compilation), or a real one-epoch run's
+                # extra costs beyond steps and evaluation, whichever is larger
+                timing = dataclasses.replace(timing, setup_s=max(timing.setup_s, batch_overhead_s(batch, data, timing)))
             rows.append({"batch": batch, "models": len(batch), "compiled": compiled, "step_s": timing.step_s,
-                         "setup_s": timing.setup_s, **seconds})
+                         "setup_s": timing.setup_s, **seconds_of(batch, timing)})
     finally:
         torch.set_num_threads(previous)
     # this process's start and data load; with jobs > 1 each worker's start and data load too
-    start_s = worker_start_s()
+    age = None if measure_all else _process_age_s()
+    start_s = worker_start_s() if age is None else age
     fixed = start_s + load_s + (start_s + load_s if jobs > 1 else 0.0)
     return {"jobs": jobs, "threads_per_job": threads, "train_images": n_train, "eval_images": n_eval,
-            "batches": rows, "fixed_s": fixed, "contention": slowdown, "serial_s": fixed + sum(r["total_s"] for r in rows),
+            "batches": rows, "fixed_s": fixed, "contention": slowdown, "measured_all": measure_all,
+            "serial_s": fixed + sum(r["total_s"] for r in rows),
             "wall_s": fixed + makespan([float(r["total_s"]) for r in rows], jobs), "load_average": os.getloadavg()[0]}
 
 
@@ -298,7 +334,11 @@ def projection_markdown(title: str, projection: dict[str, Any],
     setup = sum(r.get("setup_s", 0.0) for r in e["batches"])
     lines += ["", f"Included: each batch's set-up (building, first step, compilation, files; {setup:.0f} s in all), "
                   f"fixed costs (process starts, data loads, the study's reports; {e.get('fixed_s', 0.0):.0f} s), and "
-                  f"the slowdown of {e['jobs']} worker(s) training at once (×{e.get('contention', 1.0):.2f}, measured).",
+                  + (f"the slowdown of {e['jobs']} worker(s) training at once (×{e.get('contention', 1.0):.2f}, measured)."
+                     if e.get("measured_all", True) else
+                     f"no slowdown of workers training at once: a short study (under {SHORT_STUDY_S / 60:.0f} min of "
+                     f"steps) is projected without the measurements that would cost a large share of it (the "
+                     f"workers' contention, a one-epoch run per batch, a fresh process's start)."),
               "", f"serial sum {_duration(e['serial_s'])}; projected wall time with {e['jobs']} worker(s): "
                   f"{_duration(e['wall_s'])}{note}"]
     return "\n".join(lines) + "\n"

@@ -162,7 +162,7 @@ def study_folder_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the exclusive lock of a study's output folder `out` while the block runs (an unsharded
     study holds it throughout; `study_lock`, study.shards, says who takes which lock): a second study
     process on the same folder fails at once with RunLockedError naming the holder (pid, host,
-    command) instead of racing the first for its runs' locks and summary (issue 25, finding 15).
+    command) instead of racing the first for its runs' locks and summary.
     The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
     folder; a linked `out`/runs is refused too. A folder created for the lock is removed again when
     the study wrote nothing into it (a study refused before any work)."""
@@ -250,7 +250,7 @@ def read_runs(runs_dir: str | os.PathLike[str], names: Iterable[str]) -> Iterato
     None for a run that has not started (a summary lists it as {"run", "state": "not started", "epochs": 0}).
 
     Each file is checked as `check_run_results` says, so a summary never fails on a damaged run's
-    field with a bare key name (issue 25, finding 14): ValueError naming the file and the field."""
+    field with a bare key name: ValueError naming the file and the field."""
     for name in names:
         path = Path(runs_dir) / name / RESULTS_FILE
         yield name, check_run_results(read_results(path.parent), path) if path.is_file() else None
@@ -292,7 +292,7 @@ def check_run_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
 def summary_finished(path: str | os.PathLike[str], summary: dict[str, Any]) -> bool:
     """Whether every run a study's `summary` (read from `path`) lists under 'cells' → 'runs' →
     'state' is finished or diverged; ValueError naming the file and the field when 'cells' is not a
-    list of such cells (issue 25, finding 14: the file and the field, never a bare "error: cells")."""
+    list of such cells (never a bare "error: cells")."""
     try:
         return all(r["state"] in ("finished", "diverged") for c in summary["cells"] for r in c["runs"])
     except (KeyError, TypeError) as exc:
@@ -303,7 +303,7 @@ def summary_finished(path: str | os.PathLike[str], summary: dict[str, Any]) -> b
 
 def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
     """A study's summary `path` (its results.json) as an object whose 'config' (when present) is an
-    object too; ValueError naming the file and the field otherwise (issue 25, finding 13: a file
+    object too; ValueError naming the file and the field otherwise (a file
     holding `[]` is the file's fault, said as such, not an AttributeError)."""
     summary = read_json_object(path, f"a {name} study's summary")
     if not isinstance(summary.get("config", {}), dict):
@@ -342,7 +342,8 @@ class StudySummary:
     `error` against run `name` if there is one, rebuilds the summary with `summarize()`, adds the
     study's command line, environment and errors, writes `path` atomically and remakes the report
     with `write_report()`; it returns the summary. With `min_interval_s` > 0 a call that is not
-    forced and comes sooner than that after the last write only records its error and returns None
+    forced and comes sooner than that (or than 4 times the last write's duration) after the last write
+    ended only records its error and returns None
     (a search whose batches end every few seconds need not rewrite its figure each time); the final
     call is forced, so nothing is lost, and `errors` always holds every failure.
 
@@ -365,6 +366,7 @@ class StudySummary:
         self.errors: dict[str, str] = {}
         self.min_interval_s = float(min_interval_s)
         self._last = -float("inf")
+        self._cost = 0.0  # seconds the last write took
 
     @overload
     def __call__(self, name: str | None = None, error: str | None = None, *,
@@ -380,9 +382,12 @@ class StudySummary:
             self.errors[name] = error
         elif name is not None:
             self.done.append(name)
-        if not force and time.monotonic() - self._last < self.min_interval_s:
+        # the wait counts from the end of the last write, and is at least 4 times that write's cost: on a
+        # loaded machine a rewrite (figures) takes seconds, and rewrites may not take most of the study's time
+        wait = max(self.min_interval_s, 4 * self._cost) if self.min_interval_s > 0 else 0.0
+        if not force and time.monotonic() - self._last < wait:
             return None
-        self._last = time.monotonic()
+        began = time.monotonic()
         out = self.path.parent
         with summary_lock(out):
             if is_sharded(self.shard):
@@ -401,6 +406,8 @@ class StudySummary:
                 summary["shards"] = states
             atomic_write_json(self.path, summary)
             self.write_report()
+        self._last = time.monotonic()
+        self._cost = self._last - began
         return summary
 
 

@@ -1,7 +1,7 @@
 """Full-batch gradient descent of many n-shortcut networks at once (Demystifying ResNet §5).
 
 `BatchedGD` trains R shortcut networks of one architecture (seeds, learning rates) together on one
-full batch, as the paper's figures 3 to 8 do; it moved here from the shortcut experiments (issue 15)
+full batch, as the paper's figures 3 to 8 do; it moved here from the shortcut experiments
 so that every trainer lives in `train`. Its update is the toolkit's one rule (`optim.update_rows`):
 SGD without momentum, p ← p − lr·g, over the (R, P) rows of the R networks' weights.
 

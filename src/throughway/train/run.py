@@ -144,7 +144,7 @@ def prepare_run_dir(run: RunDir, config: RunConfig, resume: bool, recipe: Recipe
 
 def check_finished_model(run: RunDir, results: dict[str, Any], advice: str | None = None) -> None:
     """Make sure a finished run (`results`' final is set) still has its model.safetensors before it is
-    skipped as finished (issue 25, finding 5): a missing, truncated or damaged file, or one that is
+    skipped as finished: a missing, truncated or damaged file, or one that is
     not a regular file (a FIFO, a folder), is rebuilt from the run's checkpoint of the final epoch
     (checked against its SHA-256 and against results.json's model config); without that checkpoint
     (a batched run keeps none), ValueError naming the file and ending with `advice` (default: choose

@@ -158,7 +158,7 @@ class RunDir:
     def artifacts(self) -> list[str]:
         """Names of the run files present (results.json, metrics.csv, checkpoint.json, checkpoints,
         model.safetensors): every file a run writes, so that none of a user's files of these names is
-        overwritten without --resume (issue 25, finding 3)."""
+        overwritten without --resume."""
         names = [p.name for p in (self.results, self.metrics, self.checkpoint_json, self.model)
                  if p.exists() or p.is_symlink()]
         return names + [p.name for p in self.checkpoint_files()]
@@ -167,7 +167,7 @@ class RunDir:
     def check_usable(self) -> None:
         """ValueError (naming the option and the path) when the directory cannot be created or used:
         the path or one of its parents is a file, or the path or a file the toolkit writes in it is a
-        symbolic link (issue 25, finding 2: a link would make the run write, or resume, wherever it
+        symbolic link (a link would make the run write, or resume, wherever it
         points). Creates nothing."""
         self.refuse_links()
         for candidate in (self.path, *self.path.parents):

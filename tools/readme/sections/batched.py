@@ -91,6 +91,7 @@ def _highway_depth_text(root: Path) -> str:
     shallow_best = [best("plain", n) for n in shallow]
     return "\n".join([
         "What it shows, against the paper:",
+        "",  # Python-Markdown (the docs site) reads a list glued to its paragraph as the paragraph's text
         f"- **Reproduced.** Plain nets get harder to optimise as depth grows. Their best final training loss is "
         f"{', '.join(f'{v:.1e}' for v in plain[:-1])} and {plain[-1]:.1e} at {', '.join(map(str, layers[:-1]))} and "
         f"{layers[-1]} layers. Highway nets hardly notice depth: {', '.join(f'{v:.1e}' for v in high[:-1])} and "

@@ -3,7 +3,9 @@ findings and the first-layer (stem) ablation, from results/mnist-depth*/results.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from .common import _json
 
@@ -94,3 +96,35 @@ def _mnist_depth_val_selection(root: Path) -> str:
         return ("Pending: `results/mnist-depth-val` is not committed yet "
                 "(`throughway reproduce mnist-depth --archs plain residual gated --out results/mnist-depth-val`).")
     return mnist_depth_report.selection_report_markdown(folder, ("last", "best-test", "best-val"))
+
+
+def validation_ties(folder: Path) -> dict[str, Any]:
+    """The runs of a study folder (runs/*/results.json with a validation split) whose lowest validation
+    error is reached at more than one epoch: {"runs": how many runs, "tied": {run name: {"epochs", "test"}}},
+    "test" being the test errors at the tied epochs."""
+    runs = sorted(p.parent for p in (Path(folder) / "runs").glob("*/results.json"))
+    tied: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        history = [h for h in json.loads((run / "results.json").read_text())["history"]
+                   if h.get("val_error_pct") is not None and h.get("test_error_pct") is not None]
+        if not history:
+            continue
+        lowest = min(h["val_error_pct"] for h in history)
+        at = [h for h in history if h["val_error_pct"] == lowest]
+        if len(at) > 1:
+            tied[run.name] = {"epochs": [h["epoch"] for h in at], "test": [h["test_error_pct"] for h in at]}
+    return {"runs": len(runs), "tied": tied}
+
+
+def _mnist_depth_val_ties(root: Path) -> str:
+    """How the validation selection breaks ties (the earliest epoch), and how many runs of
+    results/mnist-depth-val have one, with the spread of test error across their tied epochs."""
+    ties = validation_ties(Path(root) / "mnist-depth-val")
+    tied = ties["tied"]
+    text = ("When several epochs share a run's lowest validation error, the selection takes the earliest of "
+            "them, as early stopping would")
+    if not tied:
+        return text + f" (no run of the {ties['runs']} has such a tie)."
+    spread = max(max(t["test"]) - min(t["test"]) for t in tied.values())
+    return (text + f": {len(tied)} of the {ties['runs']} runs have a tie ({', '.join(sorted(tied))}), and their test "
+            f"errors at the tied epochs differ by up to {spread:.2f} points.")

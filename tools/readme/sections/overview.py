@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from throughway.report.stats import SIGNIFICANCE
+
 from .common import _json
 from .gate_family import _finished_depths
 from .gates import _gates_numbers
@@ -149,6 +151,13 @@ def _gate_family_row(root: Path) -> str:
         for r in tests:
             counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
         outcome = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        # a verdict is p < SIGNIFICANCE uncorrected: say so, and how many pass the Bonferroni threshold
+        tested = [r for r in tests if len(r["seeds"]) >= 3 and r["test"]["p_value"] is not None]
+        significant = sum(1 for r in tested if r["verdict"] not in ("no significant difference", "too few"))
+        if significant and tested:
+            passing = sum(1 for r in tested if r["test"]["p_value"] < SIGNIFICANCE / len(tested))
+            outcome += (f" (the {significant} at p < {SIGNIFICANCE} uncorrected; {passing} pass{'es' if passing == 1 else ''} "
+                        f"Bonferroni over the {len(tested)})")
         pending = [d for d in study["config"]["depths"] if d not in done]
         trained = (f"trained, d = {', '.join(map(str, done))} ({seeds} seeds): {len(tests)} paired tests of gated "
                    f"against each family, {outcome}") if done else "trained: no depth finished yet"
