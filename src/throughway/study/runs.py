@@ -71,7 +71,7 @@ _INVOKED: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVa
 @contextlib.contextmanager
 def invoked_with(argv: Sequence[str]) -> Iterator[None]:
     """While the block runs, `command_line()` is `throughway ARGV...`: the arguments `cli.main` parsed,
-    which differ from the process's sys.argv when main([...]) is called from Python (issue 31, item 14)."""
+    which differ from the process's sys.argv when main([...]) is called from Python."""
     token = _INVOKED.set(tuple(argv))
     try:
         yield
@@ -94,7 +94,7 @@ def command_line() -> str:
 def damaged_finished_runs(specs: Sequence[RunSpec], out: str | os.PathLike[str]) -> dict[str, str]:
     """{name: error} of the finished runs of `specs` (results.json final) whose model file is missing or
     damaged and cannot be rebuilt from a checkpoint (`train.run.check_finished_model` rebuilds it where it
-    can), each error saying how to retrain that run alone (issue 31, item 12): checked run by run, so
+    can), each error saying how to retrain that run alone: checked run by run, so
     that a damaged run fails alone, never its batch-mates."""
     from ..train.rundir import RunDir
     from ..train.run import check_finished_model

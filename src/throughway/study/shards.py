@@ -183,8 +183,7 @@ def study_lock(out: str | os.PathLike[str], shard: str | None = None, merge: boo
     """Hold the locks a study process needs in its folder `out` while the block runs.
 
     Unsharded (`shard` None or 'i/1'), training: the study lock, exclusively, for the whole study: a
-    second study process on the folder fails at once with RunLockedError naming the holder (issue 25,
-    finding 15), as does one while a shard of the folder is running. Shard 'i/N' with N > 1: the
+    second study process on the folder fails at once with RunLockedError naming the holder, as does one while a shard of the folder is running. Shard 'i/N' with N > 1: the
     shard's own lock (`shard_folder`), so shards run side by side, after checking that no unsharded
     process holds the study lock and that the folder was not split into another number of shards
     (ValueError: shards of 1/4 and 1/8 would train the same runs). `merge`: no lock here (the summary

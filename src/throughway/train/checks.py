@@ -1,4 +1,4 @@
-"""What `fit` checks before its first optimiser step (issue 31): what flows through the loop, and the
+"""What `fit` checks before its first optimiser step: what flows through the loop, and the
 user's callables and callbacks.
 
 `fit` checks its containers in `inputs.resolve_data`; this module checks their contents and the

@@ -1,4 +1,4 @@
-"""A stack's epoch without host synchronisation: `GraphedStep`, the CUDA path of `train_batched` (issue 35).
+"""A stack's epoch without host synchronisation: `GraphedStep`, the CUDA path of `train_batched`.
 
 On a GPU the MNIST studies' tiny models (width 50) are bound by kernel launches, not arithmetic: a
 depth-100 stack launches thousands of small kernels per step. `GraphedStep` runs one epoch of a
