@@ -5,7 +5,7 @@ each split, 2 epochs, 1 thread; its COMMAND.txt has the command). The test train
 recorded config with its recorded thread count and asserts that every number of every epoch, and
 every weight of the saved model, is identical. Bit-for-bit equality holds only in the recorded
 environment, so the test is skipped, with the difference named, where the torch version, the CPU
-model or the data set (its recorded SHA-256s) differ, or where the real MNIST is not cached here
+model, the instruction set torch dispatches to (`cpu_capability`) or the data set (its recorded SHA-256s) differ, or where the real MNIST is not cached here
 (the tests never download)."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def test_the_reference_run_records_what_a_rerun_needs():
 def test_the_reference_run_reruns_bit_for_bit(tmp_path):
     recorded = json.loads((REFERENCE / "results.json").read_text())
     then, now = recorded["environment"], environment_info()
-    for key in ("torch_version", "cpu_model"):
-        if then[key] != now[key]:
+    for key in ("torch_version", "cpu_model", "cpu_capability"):
+        if then.get(key) != now[key]:
             pytest.skip(f"recorded {key} {then[key]!r}, here {now[key]!r}: bit-for-bit equality is not expected")
     if not (data_root() / "mnist" / "manifest.json").is_file():
         pytest.skip(f"the real MNIST is not cached in {data_root()} (`throughway data mnist` fetches it)")

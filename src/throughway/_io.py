@@ -203,6 +203,9 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
 
         info["torch_version"] = torch.__version__
         info["threads"] = torch.get_num_threads()
+        # The vector instruction set torch dispatches to (AVX2, AVX512, ...): CPUs sold under one model
+        # name (a VM's "AMD EPYC") may differ here, and with it the last bits of every sum.
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         info["cuda_available"] = bool(torch.cuda.is_available())
         if device is not None:
             info["device"] = str(device)
