@@ -53,6 +53,8 @@ from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figu
                                _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
 from .sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
 from .sections.overview import _reproductions_table
+from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_orders,
+                                         _transformer_gates_table)
 from .sections.timings import _benchmarks, _main_job_time, _test_suite_time
 
 __all__ = ["RENDERERS", "BLOCK", "REPOSITORY", "block_names", "render_text", "differing_blocks", "update_file",
@@ -80,6 +82,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
     "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,
+    "transformer-gates-findings": _transformer_gates_findings,
+    "transformer-gates-table": _transformer_gates_table,
+    "transformer-gates-orders": _transformer_gates_orders,
     "gate-family-init-table": _gate_family_init_table,
     "gate-family-trained": _gate_family_trained,
     "highway-paper-scale-estimate": _paper_scale_estimate,

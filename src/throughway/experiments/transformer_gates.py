@@ -68,14 +68,14 @@ class Config:
     """The study's settings (ours; see the module docstring for why)."""
 
     depths: tuple[int, ...] = option((1, 2, 4), "transformer layers (two gated branches each), shallowest first",
-                                     quick=(2, 4), minimum=1)
+                                     quick=(1, 4), minimum=1)
     families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
     epochs: int = option(6, "epochs per run", quick=1, minimum=1)
-    seeds: int = option(5, "seeds per cell: mean ± std and paired tests of gated against each family", quick=2,
+    seeds: int = option(5, "seeds per cell: mean ± std and paired tests of gated against each family", quick=1,
                         minimum=1)
-    width: int = option(32, "channels per token", minimum=1)
+    width: int = option(32, "channels per token", quick=8, minimum=1)
     limit: int | None = option(10000, "keep only the first N images of each split (train, validation, test)",
-                               quick=500, minimum=2)
+                               quick=64, minimum=2)
     recipe: str = option("gresnet-mnist", "training recipe (NAdam, lr 0.002, batch 128)", cli=False)
     shard: str = shard_option()
     merge: bool = merge_option()
@@ -250,6 +250,10 @@ def table_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _layers(depth: int) -> str:
+    return f"{depth} layer" + ("" if depth == 1 else "s")
+
+
 def findings_markdown(summary: dict[str, Any]) -> str:
     """The findings in words, exactly as the tests support them: per depth the family with the lowest
     mean error, every significant paired test with its uncorrected p and whether it survives
@@ -261,7 +265,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
         finished = {f: by[(f, depth)]["test_error_pct"] for f in summary["config"]["families"]
                     if by[(f, depth)]["test_error_pct"]["n"]}
         if not finished:
-            lines.append(f"- {depth} layers: pending.")
+            lines.append(f"- {_layers(depth)}: pending.")
             continue
         best = min(finished, key=lambda f: finished[f]["mean"])
         tests = [r for r in summary.get("comparisons", []) if r["depth"] == depth and "p_bonferroni" in r]
@@ -270,7 +274,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
                          f"{', survives Bonferroni' if r['p_bonferroni'] < SIGNIFICANCE else ', not after Bonferroni'})"
                          for r in significant)
         seeds = min(v["n"] for v in finished.values())
-        lines.append(f"- {depth} layers: lowest mean test error (validation-selected epoch) {best} "
+        lines.append(f"- {_layers(depth)}: lowest mean test error (validation-selected epoch) {best} "
                      f"({finished[best]['mean']:.2f} ± "
                      f"{finished[best]['std']:.2f}%, n={finished[best]['n']}); "
                      + (f"too few seeds for a verdict (n = {seeds})" if seeds < MIN_SEEDS else
@@ -281,15 +285,20 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             for c in summary["cells"] if c["family"] == "gated" and c["gates"]]
     if dead:
         lines.append("- Dead relu gates (k ≤ 0) at the end, summed over seeds: "
-                     + "; ".join(f"{d} layers {n}/{total}" for d, n, total in dead) + ".")
+                     + "; ".join(f"{_layers(d)} {n}/{total}" for d, n, total in dead) + ".")
     removal = [r for r in summary.get("removal_tests", []) if "p_bonferroni" in r]
     if removal:
         kept = [r for r in removal if r["test"]["p_value"] < SIGNIFICANCE]
         lines.append(f"- Removing half the layers, smallest |gate| first against random orders ({len(removal)} paired "
                      f"tests): " + ("; ".join(
-                         f"{r['family']} at {r['depth']} layers {r['kept_difference']:+.1f} points kept (p = "
+                         f"{r['family']} at {r['depth']} layers: smallest |gate| first keeps {abs(r['kept_difference']):.1f} "
+                         f"points {'more' if r['kept_difference'] > 0 else 'less'} than random orders (p = "
                          f"{r['test']['p_value']:.2g}, {'survives' if r['p_bonferroni'] < SIGNIFICANCE else 'not after'}"
-                         f" Bonferroni)" for r in kept) if kept else "no order keeps significantly more (uncorrected)") + ".")
+                         f" Bonferroni)" for r in kept) if kept else "no order keeps significantly more (uncorrected)")
+                     + ("; not significant (uncorrected): " + ", ".join(
+                         f"{r['family']} at {r['depth']} layers ({r['kept_difference']:+.1f} points, p = "
+                         f"{r['test']['p_value']:.2g})" for r in removal if r not in kept) if len(kept) < len(removal)
+                        else "") + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -166,6 +166,23 @@ def _gate_family_row(root: Path) -> str:
             f"gate against its successors on the MNIST protocol | — | {init}; {trained} | {verdict} |")
 
 
+def _transformer_gates_row(root: Path) -> str:
+    # Ours: the 2017 gate in a small ViT; the counts of its paired tests, corrected and not.
+    summary = _json(root, "transformer-gates/results.json")
+    config = summary["config"]
+    tests = [r for r in summary["comparisons"] if "p_bonferroni" in r]
+    significant = sum(1 for r in tests if r["test"]["p_value"] < SIGNIFICANCE)
+    removal = [r for r in summary["removal_tests"] if "p_bonferroni" in r]
+    worse = [r for r in removal if r["p_bonferroni"] < SIGNIFICANCE and r["kept_difference"] < 0]
+    said = "; ".join(f"smallest \\|gate\\| first keeps {abs(r['kept_difference']):.1f} points less than random orders "
+                     f"({r['family']}, {r['depth']} layers, Bonferroni p = {r['p_bonferroni']:.2g})" for r in worse)
+    return (f"| [The 2017 gate in a transformer](docs/reproductions/transformer-gates.md) (ours): relu(k) gates via "
+            f"add_gates in a small ViT on MNIST, against pre-norm, ReZero, LayerScale | — | "
+            f"{', '.join(map(str, config['depths']))} layers, {config['seeds']} seeds: {significant} of {len(tests)} "
+            f"paired tests of gated against each family significant (uncorrected p < {SIGNIFICANCE})"
+            + (f"; {said}" if said else "") + " | measured |")
+
+
 def _reproductions_table(root: Path) -> str:
     """The README's table: one row per reproduced claim, each linking to its page under docs/reproductions.
     A new study (e.g. the gate family, the Table 1 selection) adds its row function here."""
@@ -176,5 +193,5 @@ def _reproductions_table(root: Path) -> str:
         _hessian_row(root), _highway_depth_row(root), _conv_row(root),
         "| [Convolutional networks](docs/reproductions/cifar.md): gated-residual-v2 Tables 3, 4, Wide Gated "
         "ResNet on CIFAR-10 / 100, test error (%) | 3.65 / 18.27 | not run: no CIFAR data or GPU here | pending |",
-        _gate_family_row(root),
+        _gate_family_row(root), _transformer_gates_row(root),
     ])
