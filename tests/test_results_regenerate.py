@@ -437,6 +437,7 @@ SMALL: dict[str, dict[str, list[str] | None]] = {
     "identity-distance": {"--depth": ["2"], "--epochs": ["1"]},
     "gate-family-init": {},  # --quick: d = 2, 6, 2 seeds, width-3 Hessian proxies on 32 images
     "gate-family": {},  # --quick: d = 2, 10, 2 seeds, 2 epochs, 2,000 images
+    "transformer-gates": {"--depths": None},  # --quick: 1 and 4 layers, 1 seed, 1 epoch, 64 images, width 8
 }
 
 

@@ -174,6 +174,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                    for row in gated_comparisons(summary, other)]
     removal_tests = [row for row in removal_comparisons(summary) if row["family"] in GATE_SYMBOL]
     for rows in (comparisons, removal_tests):
+        for row in rows:
+            row["p_bonferroni"] = None  # not tested: fewer than MIN_SEEDS pairs or no p
         tested = [row for row in rows if len(row["seeds"]) >= MIN_SEEDS and row["test"]["p_value"] is not None]
         for row, corrected in zip(tested, bonferroni([row["test"]["p_value"] for row in tested])):
             row["p_bonferroni"] = corrected
@@ -188,7 +190,7 @@ def _mean_std(stat: dict[str, Any], digits: int = 2) -> str:
 
 
 def _p(row: dict[str, Any]) -> str:
-    if "p_bonferroni" not in row:
+    if row.get("p_bonferroni") is None:
         return "—"
     return f"{row['test']['p_value']:.3g} / {row['p_bonferroni']:.3g}"
 
@@ -268,7 +270,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- {_layers(depth)}: pending.")
             continue
         best = min(finished, key=lambda f: finished[f]["mean"])
-        tests = [r for r in summary.get("comparisons", []) if r["depth"] == depth and "p_bonferroni" in r]
+        tests = [r for r in summary.get("comparisons", []) if r["depth"] == depth and r.get("p_bonferroni") is not None]
         significant = [r for r in tests if r["test"]["p_value"] < SIGNIFICANCE]
         said = ", ".join(f"gated − {r['b']} {r['test']['mean_difference']:+.2f} points (p = {r['test']['p_value']:.2g}"
                          f"{', survives Bonferroni' if r['p_bonferroni'] < SIGNIFICANCE else ', not after Bonferroni'})"
@@ -286,7 +288,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     if dead:
         lines.append("- Dead relu gates (k ≤ 0) at the end, summed over seeds: "
                      + "; ".join(f"{_layers(d)} {n}/{total}" for d, n, total in dead) + ".")
-    removal = [r for r in summary.get("removal_tests", []) if "p_bonferroni" in r]
+    removal = [r for r in summary.get("removal_tests", []) if r.get("p_bonferroni") is not None]
     if removal:
         kept = [r for r in removal if r["test"]["p_value"] < SIGNIFICANCE]
         lines.append(f"- Removing half the layers, smallest |gate| first against random orders ({len(removal)} paired "

@@ -170,9 +170,9 @@ def _transformer_gates_row(root: Path) -> str:
     # Ours: the 2017 gate in a small ViT; the counts of its paired tests, corrected and not.
     summary = _json(root, "transformer-gates/results.json")
     config = summary["config"]
-    tests = [r for r in summary["comparisons"] if "p_bonferroni" in r]
+    tests = [r for r in summary["comparisons"] if r["p_bonferroni"] is not None]
     significant = sum(1 for r in tests if r["test"]["p_value"] < SIGNIFICANCE)
-    removal = [r for r in summary["removal_tests"] if "p_bonferroni" in r]
+    removal = [r for r in summary["removal_tests"] if r["p_bonferroni"] is not None]
     worse = [r for r in removal if r["p_bonferroni"] < SIGNIFICANCE and r["kept_difference"] < 0]
     said = "; ".join(f"smallest \\|gate\\| first keeps {abs(r['kept_difference']):.1f} points less than random orders "
                      f"({r['family']}, {r['depth']} layers, Bonferroni p = {r['p_bonferroni']:.2g})" for r in worse)
