@@ -195,7 +195,7 @@ def test_authors_recipes_give_caffes_multipliers():
     by_param = {}
     for group in parameter_groups(model, recipe):
         for p in group["params"]:
-            by_param[id(p)] = (group["lr"], group["weight_decay"])
+            by_param[id(p)] = (recipe.lr * group["lr_mult"], group["weight_decay"])  # the loop sets lr = lr × lr_mult
     for name, p in model.named_parameters():
         if name.endswith(".bias"):  # every bias: lr_mult 2, decay_mult 0
             assert by_param[id(p)] == (2 * recipe.lr, 0.0), name
