@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json, environment_info, read_json
+from .._io import environment_info, read_json
 from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
-from ..study.runs import (check_study_folder, RunSpec, StudySummary, mean_std, read_runs, remake_report)
+from ..study.runs import (RunSpec, StudySummary, check_study_folder, mean_std, read_runs, rebuild_from_runs,
+                          remake_report)
 from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
@@ -250,18 +251,7 @@ def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
     curves of gated runs finished since (removal.json), then table.md and the figures. For rendering a
     study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
     rewrites results.json."""
-    out = Path(out)
-    previous = read_json(out / RESULTS_FILE)
-    known = {f.name for f in fields(Config)}
-    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
-                              if k in known}
-    config = Config(**stored)
-    _update_removal(config, out)
-    summary = summarize(config, out)
-    summary.update({k: previous[k] for k in ("command", "environment", "errors") if k in previous})
-    atomic_write_json(out / RESULTS_FILE, summary)
-    write_report(out)
-    return summary
+    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

@@ -30,13 +30,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, read_json
+from .._io import atomic_write_text, environment_info, read_json
 from ..analysis.gates import block_gates
 from ..models import create_model
 from ..analysis.blocks import gate_value
@@ -44,7 +44,7 @@ from ..report.stats import SIGNIFICANCE, bonferroni
 from ..study.options import add_options, check_known, option, quick_config
 from ..study.options import config_from_args as study_config_from_args
 from ..study.shards import merge_option, shard_option
-from ..study.runs import RunSpec, StudySummary, check_study_folder, mean_std, read_runs, run_many
+from ..study.runs import RunSpec, StudySummary, rebuild_from_runs, check_study_folder, mean_std, read_runs, run_many
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
 from .mnist_depth import read_back
@@ -411,15 +411,4 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Rebuild `out`/results.json and the report from the run folders as they stand, without training."""
-    out = Path(out)
-    previous = read_json(out / RESULTS_FILE)
-    known = {f.name for f in fields(Config)}
-    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
-                              if k in known}
-    config = Config(**stored)
-    _update_removal(config, out)
-    summary = summarize(config, out)
-    summary.update({k: previous[k] for k in ("command", "environment", "errors") if k in previous})
-    atomic_write_json(out / RESULTS_FILE, summary)
-    write_report(out)
-    return summary
+    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal)

@@ -16,19 +16,19 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overload
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, read_json_object
+from .._io import atomic_write_json, atomic_write_text, read_json, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
 
 __all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
-           "StudySummary", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
+           "StudySummary", "rebuild_from_runs", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
            "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
 
 # The thread count that `--threads` asks for, for this process and every worker it starts (issue 23: a
@@ -468,3 +468,26 @@ def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: boo
     if not resume and not finished:
         raise FileExistsError(f"{out} holds an unfinished {name} study; pass --resume to continue it")
     return True
+
+
+def rebuild_from_runs(out: str | os.PathLike[str], config_cls: type, summarize: Callable[[Any, Path], dict[str, Any]],
+                      write_report: Callable[[Path], Any],
+                      before: Callable[[Any, Path], Any] | None = None) -> dict[str, Any]:
+    """Rebuild a study's `out`/results.json from its run folders as they stand, without training: the
+    config that results.json records (the fields `config_cls` knows, lists as tuples), `before(config,
+    out)` (e.g. removal curves of runs finished since), `summarize(config, out)` with the stored command,
+    environment and errors kept, then `write_report(out)`. Returns the summary. For rendering a study
+    that is still training elsewhere, run it on a copy of the folder."""
+    out = Path(out)
+    previous = read_json(out / RESULTS_FILE)
+    known = {f.name for f in fields(config_cls)}
+    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
+                              if k in known}
+    config = config_cls(**stored)
+    if before is not None:
+        before(config, out)
+    summary = summarize(config, out)
+    summary.update({k: previous[k] for k in ("command", "environment", "errors") if k in previous})
+    atomic_write_json(out / RESULTS_FILE, summary)
+    write_report(out)
+    return summary
