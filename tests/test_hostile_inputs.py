@@ -251,12 +251,22 @@ def test_two_processes_on_one_out(tmp_path, fake_mnist_root, capsys):
     """
     out = tmp_path / "run"
     env = {**os.environ, "THROUGHWAY_DATA": str(fake_mnist_root)}
-    first = subprocess.Popen([sys.executable, "-m", "throughway", *ARGS, "--epochs", "100000", "--out", str(out)],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The child's output goes to files, not pipes: a pipe nobody reads while the second run works can fill and
+    # block the child, and a pipe inherited by any process the child starts keeps `communicate` waiting after
+    # the child itself has ended (the test hung twice in full runs under load with pipes).
+    # The child starts with Ctrl-C at its default, as from a terminal. A pytest started in the background
+    # (`nohup ... &` from a script) has SIGINT ignored, an ignored SIGINT is inherited through exec, and a
+    # Python started so installs no KeyboardInterrupt handler: the toolkit rightly ignores Ctrl-C then, and the
+    # test waited 120 s for a Ctrl-C that only landed if it hit an epoch's checkpoint write (which defers it).
+    parent_handler = signal.getsignal(signal.SIGINT)
+    with open(tmp_path / "first.out", "w") as stdout, open(tmp_path / "first.err", "w") as stderr_file:
+        first = subprocess.Popen([sys.executable, "-m", "throughway", *ARGS, "--epochs", "100000", "--out", str(out)],
+                                 env=env, stdout=stdout, stderr=stderr_file, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (out / "checkpoint.json").is_file():  # the lock is held and an epoch is finished
-            assert first.poll() is None, first.communicate()
+            assert first.poll() is None, (tmp_path / "first.err").read_text()
             assert time.monotonic() < deadline, "the first process did not start its run"
             time.sleep(0.05)
         code, err = _run(capsys, ARGS + ["--epochs", "100000", "--out", str(out)])
@@ -264,13 +274,14 @@ def test_two_processes_on_one_out(tmp_path, fake_mnist_root, capsys):
     finally:
         first.send_signal(signal.SIGINT)
         try:
-            stdout, stderr = first.communicate(timeout=120)
+            first.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            # Seen twice in full cold-cache runs on a loaded 2-core machine (never alone): the first Ctrl-C
-            # did not end the process within 300 s. Press it again, as a user would; the asserts below
-            # still require exit 130 and an intact checkpoint. Not understood yet: see the session notes.
-            first.send_signal(signal.SIGINT)
-            stdout, stderr = first.communicate(timeout=300)
+            first.kill()
+            first.wait()
+            raise AssertionError(f"Ctrl-C did not end the first process within 120 s (this process's SIGINT "
+                                 f"handler: {parent_handler!r}); its stderr: "
+                                 + (tmp_path / "first.err").read_text()[-2000:]) from None
+    stderr = (tmp_path / "first.err").read_text()
     assert still_running, "the first process ended before the second tried; the test proved nothing"
     assert code == 2 and f"pid {first.pid}" in err and "in use" in err
     assert first.returncode == 130, stderr
