@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,26 @@ def fake_mnist_root(tmp_path, monkeypatch, fake_arrays):
     save_cache(root / "mnist", fake_arrays, "test fixture")
     monkeypatch.setenv("THROUGHWAY_DATA", str(root))
     return root
+
+
+# The suite runs in worker processes (pytest-xdist: `-n auto --dist loadgroup` in pyproject.toml). Each worker
+# trains on one thread, so two workers share 2 cores without oversubscribing them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+# Fixtures that train for a minute are made once per worker that asks for them, so each one's tests share a
+# group (one worker); a test module can name its own group with `pytestmark = pytest.mark.xdist_group(...)`.
+_GROUP_BY_FIXTURE = {"gate_family_quick": "gate-family-quick", "analyses": "recorded-analyses"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            for fixture, group in _GROUP_BY_FIXTURE.items():
+                if fixture in getattr(item, "fixturenames", ()):
+                    item.add_marker(pytest.mark.xdist_group(group))
+                    break
 
 
 @pytest.fixture(autouse=True)

@@ -53,9 +53,12 @@ def _in_own_process(name: str) -> bool:
     process checks the same things without that state."""
     if os.environ.get("THROUGHWAY_TEST_IN_PROCESS") == name:
         return False
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{name}"],
-                          env={**os.environ, "THROUGHWAY_TEST_IN_PROCESS": name}, capture_output=True, text=True,
-                          timeout=600)
+    # -n 0: in that process itself, not in workers of its own; without PYTEST_XDIST_WORKER, so with torch's
+    # default thread count (conftest.py gives each worker 1 thread, and fit refuses channels_last on 1 CPU thread)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                           f"{__file__}::{name}"], env={**env, "THROUGHWAY_TEST_IN_PROCESS": name},
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     return True
 

@@ -492,9 +492,18 @@ def committed_output(command: Recorded) -> Path:
     return command.source.parent
 
 
+def _run_group(command: Recorded) -> pytest.MarkDecorator:
+    """The aspects of one quick run are checked in one worker (pytest-xdist), which trains it once; the
+    gate-family ones share the session's quick study (conftest.py) with tests/test_gate_family.py."""
+    argv = _without_jobs(quick_variant(command))
+    if argv == _without_jobs(GATE_FAMILY_QUICK_ARGV):
+        return pytest.mark.xdist_group("gate-family-quick")
+    return pytest.mark.xdist_group("quick " + " ".join(argv))
+
+
 REPRODUCE = _by_kind("reproduce")
 REPRODUCE_CASES = [
-    pytest.param(c, aspect, id=f"{c.id()}-{aspect}", marks=_known(f"{c.id()}-{aspect}"))
+    pytest.param(c, aspect, id=f"{c.id()}-{aspect}", marks=[*_known(f"{c.id()}-{aspect}"), _run_group(c)])
     for c in REPRODUCE
     for aspect in (("estimate",) if c.stdout else ("files", "top-level keys", "row keys", "config keys"))
 ]
