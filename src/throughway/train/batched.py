@@ -63,7 +63,7 @@ from ..data import DataSplits, load_dataset
 from .checkpoint import (STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state,
                          save_batch_state)
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
-from .loop import EpochStats, History, Member, TrainState, epoch_starts, progress_entry, restore_progress, run_loop
+from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
 from .optim import BatchedOptimizer
 from .rundir import BATCH_FILE, RunDir
@@ -72,6 +72,7 @@ from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family,
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
+from .state import History, TrainState
 
 __all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
 

@@ -24,9 +24,10 @@ from torch import nn
 from ..layers.shortcut import ShortcutUnit
 from ..models import create_model
 from ..models.shortcut import ShortcutNet
-from .loop import EpochStats, History, Member, TrainState, run_loop
+from .loop import EpochStats, Member, run_loop
 from .optim import update_rows
 from .recipes import Recipe
+from .state import History, TrainState
 
 __all__ = ["BatchedGD", "train_full_batch"]
 

@@ -40,9 +40,10 @@ marked, its weights go back to the end of its last finished epoch, it leaves the
 `on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record
 (`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
 
-The file reads top to bottom: what the loop keeps per model (`History`, `TrainState`, `Callback`,
-the one resume path `restore_progress`), the loop (`Engine`, `Member`, `run_loop`), evaluation,
-then `fit` and its engine. The hooks' contract does
+What the loop keeps per model and shows its callbacks (`History`, `TrainState`, `Callback`) is in
+train.state, a leaf that names no trainer (re-exported here). The file reads top to bottom: the
+callbacks' calls and the one resume path (`call`, `progress_entry`, `restore_progress`), the loop
+(`Engine`, `Member`, `run_loop`), evaluation, then `fit` and its engine. The hooks' contract does
 not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
 numbers belong in the record (a record's value may be a list, as `k` already is).
@@ -60,7 +61,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -76,9 +77,7 @@ from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_eval_b
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
-
-if TYPE_CHECKING:
-    from .full_batch import BatchedGD
+from .state import Callback, History, TrainState
 
 __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
            "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
@@ -86,88 +85,8 @@ __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "resto
 
 
 # ----------------------------------------------------------------------------------------------
-# What the loop keeps per model and shows its callbacks
+# Calling the callbacks; the one resume path
 # ----------------------------------------------------------------------------------------------
-@dataclass
-class History:
-    """Per-epoch records and the run's outcome.
-
-    Each record holds: `epoch` (1-based), `lr`, `train_loss` (mean mini-batch loss during the
-    epoch, in training mode, as Keras reports it and the paper's figure 4 plots),
-    `train_error_pct` (mini-batch errors during the epoch; None when the outputs are not class
-    scores for integer labels), `val_loss`/`val_error_pct` (None when training on the full set or
-    without a validation split), `test_loss`/`test_error_pct` (None without evaluation data), `k`
-    and `k_mean` for models with scalar gates, `epoch_time_s` and `elapsed_s`; and
-    `stopped_at_step` for an epoch a callback ended early.
-    """
-
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    diverged: bool = False
-    diverged_at: dict[str, Any] | None = None
-
-    def last(self) -> dict[str, Any] | None:
-        """The last epoch's record, or None before the first epoch ends."""
-        return self.epochs[-1] if self.epochs else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The history as a JSON-able dict (for checkpoints and results files)."""
-        return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "History":
-        """Rebuild a History from `to_dict`'s output."""
-        return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
-
-
-@dataclass
-class TrainState:
-    """What callbacks see and may change.
-
-    `epoch` counts finished epochs and `step` finished optimiser steps (both continue across a
-    resume); `steps_per_epoch` is None for a DataLoader without a length. `data` is the DataSplits
-    `fit` was given, else None. Setting `stop = True` ends training (see the module docstring).
-    `optimizer` is a torch.optim.Optimizer for `fit` and for the members of a stack (they share one
-    `optim.BatchedOptimizer`, whose group holds per-model rates), and the full-batch trainer
-    (`full_batch.BatchedGD`) for the Demystifying studies.
-    """
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer | BatchedGD
-    recipe: Recipe
-    data: DataSplits | None
-    generator: torch.Generator
-    history: History
-    epoch: int = 0
-    elapsed_s: float = 0.0
-    stop: bool = False
-    step: int = 0
-    steps_per_epoch: int | None = None
-
-
-class Callback(Protocol):
-    """Hooks called by `fit`; every method is optional (`fit` calls only those a callback has).
-
-    The contract is the same whatever the number of models the loop trains (module docstring)."""
-
-    def on_fit_start(self, state: TrainState) -> None:
-        """Called once before training; may restore a checkpoint into `state`."""
-
-    def on_epoch_start(self, state: TrainState) -> None:
-        """Called before each epoch's first step (`state.epoch` is the number of finished epochs)."""
-
-    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
-        """Called after each optimiser step: `step` is the run's step count (1-based, continuing across
-        epochs and resumes; equal to `state.step`), `loss` the batch's mean training loss as a Python
-        float (the loss the step minimised; under data parallelism, the global batch's). Setting
-        `state.stop = True` ends the epoch after this step and then training."""
-
-    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
-        """Called after each finished epoch with its record (already in `state.history`)."""
-
-    def on_fit_end(self, state: TrainState) -> None:
-        """Called once when training ends (finished, diverged or stopped)."""
-
-
 def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
     """Call `hook(*args)` on every callback that has it, in order (every hook is optional)."""
     for callback in callbacks:
