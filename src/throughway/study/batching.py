@@ -26,8 +26,7 @@ from torch.nn import functional as F
 
 from ..data import DataSplits, Split, load_dataset
 from ..train.batched import PER_MODEL_RECIPE_FIELDS, batch_key, train_batched
-from ..train.optim import BatchedOptimizer
-from ..train.stacked import BatchedStep, StackedModels
+from ..train.stacked import BatchedStep, StackedModels, StackedOptimizer
 from ..train.config import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, damaged_finished_runs, prepare_data, worker_threads
@@ -100,7 +99,7 @@ def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int,
     start = time.perf_counter()
     recipes = [resolve_recipe(c) for c in configs]
     stack = StackedModels([build_model(c, fake) for c in configs], device=configs[0].device)
-    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
+    optimizer = StackedOptimizer(stack, recipes, compile=compile)
     step = BatchedStep(stack, optimizer, compile=compile)
     built = time.perf_counter() - start
     n, size = stack.n, recipes[0].batch_size

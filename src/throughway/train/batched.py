@@ -8,8 +8,8 @@ models of one architecture shape into tensors with a leading model dimension and
 together: activations are held feature-major, (N models, C channels, B samples), so that every
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
-parameter matrix. The stacked model is `train.stacked.StackedModels`, its optimiser
-`train.optim.BatchedOptimizer` (the toolkit's one update rule over the (N, P) rows), their step
+parameter matrix. The stacked model is `train.stacked.StackedModels`; its optimiser
+`StackedOptimizer` (the toolkit's one update rule, train.optim, over the (N, P) rows), their step
 (`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the batch's checkpoint in
 `train.checkpoint`; here is the trainer: the stack's engine of the one epoch loop
 (`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
@@ -65,10 +65,9 @@ from .checkpoint import (STATE_JSON, check_batch_members, check_batch_tensors, c
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
 from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
-from .optim import BatchedOptimizer
 from .rundir import BATCH_FILE, RunDir
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
+from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, StackedOptimizer, batch_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
@@ -225,7 +224,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
         raise ValueError("the training split needs at least 2 samples")
     models = [build_model(c, data) for c in configs]
     stack = StackedModels(models, device=first.device)
-    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
+    optimizer = StackedOptimizer(stack, recipes, compile=compile)
     members, writers = [], []
     for i, (c, d, r, model) in enumerate(zip(configs, dirs, recipes, models)):
         header = results_header(c, r, model, data)
@@ -346,7 +345,7 @@ class _StackEngine:
     epoch's end (its slices never mix with the others') and is then rolled back, as `fit` rolls back.
     `state.model` of each member holds its weights from the end of every epoch (`sync`)."""
 
-    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, recipes: list[Recipe], data: DataSplits,
+    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, recipes: list[Recipe], data: DataSplits,
                  eval_chunk: int, compile: bool, cuda_graph: bool = True) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk

@@ -41,8 +41,7 @@ from .rundir import BATCH_FILE, CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, Ru
 
 if TYPE_CHECKING:
     from .config import RunConfig
-    from .optim import BatchedOptimizer
-    from .stacked import StackedModels
+    from .stacked import StackedModels, StackedOptimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "has_checkpoint", "save_model", "load_model",
            "read_checkpoint_meta", "verify_checkpoint_file", "check_history", "check_model_config", "CHECKPOINT_JSON", "MODEL_FILE",
@@ -410,7 +409,7 @@ def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relat
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def save_batch_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: BatchedOptimizer,
+def save_batch_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
                      members: Sequence[dict[str, Any]], generators: dict[int, torch.Generator]) -> None:
     """Checkpoint the batch after `epoch` finished epochs. `members` holds, per model of the batch, its
     progress entry (`loop.progress_entry`) and "done" (whether it has ended); `generators` maps the

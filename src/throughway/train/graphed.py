@@ -31,8 +31,8 @@ import torch
 from torch.nn import functional as F
 
 from .loop import epoch_starts
-from .optim import BatchedOptimizer, EAGER, Kernels
-from .stacked import EpochTotals, StackedModels, backward
+from .optim import EAGER, Kernels
+from .stacked import EpochTotals, StackedModels, StackedOptimizer, backward
 
 __all__ = ["GraphedStep", "update_rows_on_device"]
 
@@ -84,7 +84,7 @@ class GraphedStep:
     `capture`: None (default) captures on a CUDA device and runs eagerly elsewhere; True demands a CUDA
     device. `compile=True` passes the forward and loss through torch.compile before the capture."""
 
-    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, *, capture: bool | None = None,
+    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, *, capture: bool | None = None,
                  compile: bool = False, warmup: int = _WARMUP_STEPS) -> None:
         cuda = stack.device.type == "cuda"
         if capture and not cuda:
