@@ -10,7 +10,6 @@ import torch
 
 from throughway.data import load_dataset
 from throughway.train import RunConfig, RunExistsError, load_model, read_results, run_training
-from throughway.train import checkpoint
 from throughway.train import batched as batched_module
 from throughway.train.batched import batch_key, train_batched
 
@@ -386,24 +385,24 @@ def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, m
     _interrupt_after_epoch_1(configs, dirs, data, monkeypatch)
     states = tmp_path / "study" / "runs" / ".batched"
     (name,) = [p.name for p in states.iterdir()]
-    assert name == checkpoint.config_hash(configs, dirs)
+    assert name == batched_module.config_hash(configs, dirs)
     if legacy:  # a state folder named as before (absolute paths), resumed where it was written
-        name = checkpoint.config_hash(configs, dirs, relative=False)
-        (states / checkpoint.config_hash(configs, dirs)).rename(states / name)
+        name = batched_module.config_hash(configs, dirs, relative=False)
+        (states / batched_module.config_hash(configs, dirs)).rename(states / name)
         moved = dirs
     else:  # the study folder moved: relative names find the state again
         (tmp_path / "study").rename(tmp_path / "elsewhere")
         moved = [tmp_path / "elsewhere" / "runs" / d.name for d in dirs]
         states = tmp_path / "elsewhere" / "runs" / ".batched"
     resumed_from = {}
-    real_load = checkpoint.load_batch_state
+    real_load = batched_module.load_stack_state
 
     def spy(state_dir):
         out = real_load(state_dir)
         resumed_from["epoch"] = out[0]["epoch"] if out else None
         return out
 
-    monkeypatch.setattr(batched_module, "load_batch_state", spy)
+    monkeypatch.setattr(batched_module, "load_stack_state", spy)
     train_batched(configs, moved, progress=False, data=data, resume=True)
     assert resumed_from["epoch"] == 1  # continued, not restarted
     assert all(len(read_results(d)["history"]) == 2 and read_results(d)["final"] is not None for d in moved)

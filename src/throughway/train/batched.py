@@ -10,8 +10,8 @@ Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, 
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
 parameter matrix. The stacked model is `train.stacked.StackedModels`; its optimiser
 `StackedOptimizer` (the toolkit's one update rule, train.optim, over the (N, P) rows), their step
-(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the batch's checkpoint in
-`train.checkpoint`; here is the trainer: the stack's engine of the one epoch loop
+(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the stack's checkpoint is
+here with the trainer: the stack's engine of the one epoch loop
 (`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
 
 Design choices, measured by benchmarks/batched_throughput.py (results/batched/
@@ -50,6 +50,7 @@ resumes where it stopped and ends with the same numbers.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -57,15 +58,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from safetensors.torch import load_file, save
 
-from .._io import read_json
+from .._io import read_json, read_json_object, sha256_file
 from ..data import DataSplits, load_dataset
-from .checkpoint import (STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state,
-                         save_batch_state)
+from .checkpoint import check_history, is_int, is_number
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
 from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
-from .rundir import BATCH_FILE, RunDir
+from .rundir import BATCH_FILE, RunDir, member_file, write_rotating
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, StackedOptimizer, batch_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
@@ -195,7 +196,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
                   resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
                   compile: bool, label: str, callbacks: Sequence[Any], cuda_graph: bool) -> list[dict[str, Any]]:
-    saved = load_batch_state(state_path) if (resume and checkpoint) else None
+    saved = load_stack_state(state_path) if (resume and checkpoint) else None
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
     for i, (c, d) in enumerate(zip(configs, dirs)):
@@ -240,7 +241,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
-        check_batch_members(state_path, meta, len(members))
+        check_stack_members(state_path, meta, len(members))
         steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))
         if meta["epoch"] > recipes[0].epochs or meta["step_count"] != meta["epoch"] * steps_per_epoch:
             raise ValueError(f"{state_path / STATE_JSON}: fields 'epoch' ({meta['epoch']}) and 'step_count' "
@@ -253,7 +254,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                     **{f"running.{k}": v for k, v in stack.running.items()},
                     **{f"optim.{k}": v for k, v in optimizer.state_tensors().items()},
                     **{f"generator.{i}": members[i].state.generator.get_state() for i in active}}
-        check_batch_tensors(state_path, meta, tensors, expected)
+        check_stack_tensors(state_path, meta, tensors, expected)
         stack.flat.copy_(tensors["flat"])
         stack.steps.copy_(tensors["steps"])
         for name, v in stack.running.items():
@@ -279,7 +280,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     def after_epoch(running: Sequence[Member]) -> None:
         epoch = running[0].state.epoch
         if checkpoint:
-            save_batch_state(state_path, epoch, stack, optimizer,
+            save_stack_state(state_path, epoch, stack, optimizer,
                              [{**progress_entry(m.state), "done": m.ended} for m in members],
                              {members.index(m): m.state.generator for m in running})
         if progress:
@@ -419,3 +420,118 @@ class _StackEngine:
         self.recipes = [self.recipes[p] for p in positions]
         self.snap = {k: v.index_select(0, torch.tensor(list(positions), dtype=torch.long, device=v.device))
                      for k, v in self.snap.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The stack's checkpoint (`train_stacked`): the same pair as a run's (train.checkpoint) in the
+# stack's state folder. `batch-eNNNN.safetensors` holds the stacked parameters, running statistics,
+# optimiser state and each member's data-order generator; `batch.json` names that file with its
+# SHA-256 and holds, per member, the progress entry every checkpoint stores (`loop.progress_entry`:
+# history and elapsed seconds, read back by `loop.restore_progress`, the one resume path) and whether
+# it has ended. The file names and the format string keep the word "batch" they were written with.
+# ----------------------------------------------------------------------------------------------
+
+_STATE_FORMAT = "throughway-batched-1"
+STATE_JSON = "batch.json"
+
+
+def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relative: bool = True) -> str:
+    """A short hash of the stack's configs and run folders: the default name of its state folder.
+
+    The run folders enter as paths relative to the first one's parent, so a study folder that is
+    moved or copied keeps its stack states; `relative=False` gives the name used before, from the
+    resolved absolute paths (still looked for on resume, see `train_stacked`).
+    """
+    root = Path(out_dirs[0]).resolve().parent
+    paths = [os.path.relpath(Path(d).resolve(), root) if relative else str(Path(d).resolve()) for d in out_dirs]
+    text = json.dumps([[path, c.to_dict()] for c, path in zip(configs, paths)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
+                     members: Sequence[dict[str, Any]], generators: dict[int, torch.Generator]) -> None:
+    """Checkpoint the stack after `epoch` finished epochs. `members` holds, per model of the stack, its
+    progress entry (`loop.progress_entry`) and "done" (whether it has ended); `generators` maps the
+    index of every model still in the stack, in the stack's order, to its data-order generator."""
+    active = list(generators)
+    tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
+    tensors.update({f"running.{k}": v for k, v in stack.running.items()})
+    tensors.update({f"optim.{k}": v for k, v in optimizer.state_tensors().items()})
+    for i, generator in generators.items():
+        tensors[f"generator.{i}"] = generator.get_state()
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    write_rotating(state_dir, STATE_JSON, f"batch-e{epoch:04d}.safetensors", save(tensors), {
+        "format": _STATE_FORMAT, "epoch": epoch, "active": list(active), "step_count": optimizer.step_count,
+        "members": list(members),
+    }, BATCH_FILE)
+
+
+def load_stack_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """(batch.json, the tensors it names) of a stack's `state_dir`, checked (format, checksum, field types), or
+    None when there is no batch.json; ValueError naming the file otherwise."""
+    meta_path = state_dir / STATE_JSON
+    if not meta_path.is_file():
+        return None
+    meta = read_json_object(meta_path, "a batch's state")
+    if meta.get("format") != _STATE_FORMAT:
+        raise ValueError(f"{meta_path}: unknown batch-state format {meta.get('format')!r}")
+    path = _state_file(state_dir, meta.get("file"))
+    if not path.is_file() or sha256_file(path) != meta.get("sha256"):
+        raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
+    if not (is_int(meta.get("epoch")) and meta["epoch"] >= 0 and is_int(meta.get("step_count"))
+            and meta["step_count"] >= 0
+            and isinstance(meta.get("active"), list) and all(is_int(i) for i in meta["active"])
+            and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
+        raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers ≥ 0), 'active' (list of integers) or "
+                         f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
+    members, active = meta["members"], meta["active"]
+    # `active`: the members still in the stack, in the stack's (ascending) order; every other member has ended.
+    if not active or active != sorted(set(active)) or active[0] < 0 or active[-1] >= len(members):
+        raise ValueError(f"{meta_path}: field 'active' is {active}; accepted: distinct member indices in ascending "
+                         f"order, 0..{len(members) - 1} (the file was edited or damaged); delete {state_dir} to "
+                         f"restart the batch")
+    for i, entry in enumerate(members):
+        running = i in active
+        check_history(meta_path, f"members[{i}].history", entry.get("history"),
+                      epochs=meta["epoch"] if running else None, ended=not running)
+        if not running and len(entry["history"]["epochs"]) > meta["epoch"]:
+            raise ValueError(f"{meta_path}: field 'members[{i}].history.epochs' holds more records than the batch's "
+                             f"'epoch' ({meta['epoch']}); delete {state_dir} to restart the batch")
+        if not (is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
+            raise ValueError(f"{meta_path}: field 'members[{i}]' needs 'elapsed_s' (a number of seconds) and 'done' "
+                             f"(bool); the file was edited or damaged; delete {state_dir} to restart the batch")
+    try:
+        return meta, load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); delete {state_dir} to restart the batch") from exc
+
+
+def _state_file(state_dir: Path, name: Any) -> Path:
+    return member_file(state_dir, name, BATCH_FILE, source=state_dir / STATE_JSON, field="file")
+
+
+def check_stack_members(state_dir: Path, meta: dict[str, Any], members: int) -> None:
+    """ValueError naming batch.json unless its 'members' has one entry per model of the stack (`members`)."""
+    if len(meta["members"]) != members:
+        raise ValueError(f"{state_dir / STATE_JSON}: field 'members' holds {len(meta['members'])} entries; this batch "
+                         f"has {members} models (the file belongs to another batch or was edited); delete "
+                         f"{state_dir} to restart the batch")
+
+
+def check_stack_tensors(state_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                        expected: dict[str, torch.Tensor]) -> None:
+    """Check a loaded stack state (`load_stack_state`) against the stack it should resume: exactly the
+    tensors of `expected` (name -> a tensor of the resumed stack and optimiser, for its shape).
+    ValueError naming the files otherwise; nothing is changed."""
+    meta_path = state_dir / STATE_JSON
+    path = state_dir / str(meta["file"])
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != tuple(expected[k].shape))
+    if missing or extra or wrong:
+        details = "; ".join(part for part in (
+            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+            ", ".join(f"{k}: file {tuple(tensors[k].shape)}, batch {tuple(expected[k].shape)}" for k in wrong[:3]))
+            if part)
+        raise ValueError(f"{path} with {meta_path}: does not fit this batch ({details}); the state belongs to another "
+                         f"batch or was edited; delete {state_dir} to restart the batch")
