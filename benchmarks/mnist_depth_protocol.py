@@ -33,7 +33,7 @@ import time
 import torch
 
 from throughway.data import DataSplits, Split
-from throughway.study.batching import makespan
+from throughway.study.stacking import makespan
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
 from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, train_epoch

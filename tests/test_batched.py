@@ -272,7 +272,7 @@ def test_mnist_depth_trains_seeds_together_and_reports_mean_std(tmp_path, fake_m
 
 def test_highway_search_layer_count_init_and_activation_batches(tmp_path):
     from throughway.experiments import get_experiment
-    from throughway.study.batching import group_specs
+    from throughway.study.stacking import group_specs
 
     study = get_experiment("highway-depth")
     config = dataclasses.replace(study.Config(), layers=(10,), trials=12)
@@ -327,7 +327,7 @@ def test_highway_observations_verdicts():
 
 def test_search_cost_estimate_pieces(fake_mnist_root):
     from throughway.experiments import get_experiment
-    from throughway.study.batching import group_specs, makespan, time_batch
+    from throughway.study.stacking import group_specs, makespan, time_batch
 
     assert makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0 and makespan([1.0, 1.0, 1.0], 1) == 3.0
     assert makespan([2.0, 2.0, 1.0], 2) == 3.0

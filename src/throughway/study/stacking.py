@@ -1,9 +1,13 @@
-"""Running a study's runs as batches of models trained together (`throughway.train.batched`).
+"""Running a study's runs as stacks: models trained together (`throughway.train.batched`).
 
 Runs whose configs share `batch_key` and the recipe's shared fields (same model shape, data,
-optimiser kind, batch size, epochs) train as one batched computation; the others go in other
-batches. Batches are independent, so `jobs` > 1 spreads them over spawned worker processes as
-`run_many` does for single runs. Each run still gets its own ordinary run directory.
+optimiser kind, mini-batch size, epochs) train as one stack; the others go in other stacks. Stacks
+are independent, so `jobs` > 1 spreads them over spawned worker processes as `run_many` does for
+single runs. Each run still gets its own ordinary run directory.
+
+(This module was study/batching.py before. Some of its names and of the dictionaries it
+returns still say "batch" for a stack: `run_batched`, `time_batch`, `BatchTiming`, `batch_seconds`,
+`project_batches` and its "batches"/"batch" keys.)
 """
 
 from __future__ import annotations
@@ -198,7 +202,7 @@ def worker_start_s() -> float:
     """Seconds a fresh worker process of `run_batched` (spawned) takes to start and import the toolkit:
     measured by starting one."""
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import throughway.study.batching"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", "import throughway.study.stacking"], check=True, capture_output=True)
     return time.perf_counter() - began
 
 
