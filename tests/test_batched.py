@@ -406,3 +406,12 @@ def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, m
     train_batched(configs, moved, progress=False, data=data, resume=True)
     assert resumed_from["epoch"] == 1  # continued, not restarted
     assert all(len(read_results(d)["history"]) == 2 and read_results(d)["final"] is not None for d in moved)
+
+
+def test_the_former_names_of_the_stack_trainer_still_import():
+    # Issue 33 renamed "batch" (a stack) to "stack"; the former names stay importable, as the same objects.
+    from throughway.train import batched, full_batch, stacked
+
+    assert batched.train_batched is batched.train_stacked and batched.batch_key is batched.stack_key
+    assert stacked.BatchedOptimizer is stacked.StackedOptimizer and stacked.BatchedStep is stacked.StackedStep
+    assert stacked.batch_family is stacked.stack_family and full_batch.BatchedGD is full_batch.StackedGD

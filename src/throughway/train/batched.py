@@ -1,18 +1,19 @@
-"""Many small models of one shape trained as one batched computation (`train_batched`).
+"""Many small models of one shape trained together as one stack (`train_stacked`).
 
 The MNIST studies train many tiny networks (width 50): the gated residual paper reports means over
 seeds, the highway paper's section 3.1 runs a random search of 100 trials per depth and
 architecture. One such model leaves the machine idle between operations: per-operation overhead,
-not arithmetic, sets its speed (docs/design.md "Speed on this platform"). `train_batched` stacks N
+not arithmetic, sets its speed (docs/design.md "Speed on this platform"). `train_stacked` stacks N
 models of one architecture shape into tensors with a leading model dimension and trains them
 together: activations are held feature-major, (N models, C channels, B samples), so that every
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
 parameter matrix. The stacked model is `train.stacked.StackedModels`; its optimiser
 `StackedOptimizer` (the toolkit's one update rule, train.optim, over the (N, P) rows), their step
-(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the stack's checkpoint is
-here with the trainer: the stack's engine of the one epoch loop
-(`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
+(`StackedStep`) and epoch (`train_epoch`) are in `train.stacked` too. Here are the trainer (the
+stack's engine of the one epoch loop, `train.loop.run_loop`, shared with `fit`, and the run
+directories of its members: `train_stacked`) and the stack's checkpoint (`save_stack_state`).
+The module keeps its name, batched.py.
 
 Design choices, measured by benchmarks/batched_throughput.py (results/batched/
 benchmark_batched_throughput.txt, its "design" lines, N = 32 depth-20 gated residual nets): stacked
@@ -36,15 +37,15 @@ Per-model semantics are those of `fit` run on each model alone (tests/test_batch
   factor and weight decay, and the per-model schedule `learning_rate_at`; the other recipe fields
   (optimiser, betas, batch size, epochs, schedule kind) must be shared;
 * a model whose loss becomes NaN or infinite is marked diverged, its parameters are restored to the
-  end of its last finished epoch (as `fit` does), its files are written, and it leaves the batch at
+  end of its last finished epoch (as `fit` does), its files are written, and it leaves the stack at
   the end of that epoch; the other models are not disturbed (their slices of every operation are
   independent).
 
 Each model gets an ordinary run directory: results.json with the keys of `run_training`'s
-(`environment` additionally holds `batched`: the batch size and what `epoch_time_s` means here) and
-model.safetensors loadable by `load_model`. The batch checkpoints itself after every epoch (one
-safetensors file and one JSON file, written atomically, in `state_dir`), so an interrupted batch
-resumes where it stopped and ends with the same numbers.
+(`environment` additionally holds `batched`: the stack's size and what `epoch_time_s` means here;
+the key keeps its old name) and model.safetensors loadable by `load_model`. The stack checkpoints
+itself after every epoch (one safetensors file and one JSON file, written atomically, in
+`state_dir`), so an interrupted stack resumes where it stopped and ends with the same numbers.
 """
 
 from __future__ import annotations
@@ -68,35 +69,36 @@ from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_prog
 from .recipes import Recipe, learning_rate_at
 from .rundir import BATCH_FILE, RunDir, member_file, write_rotating
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, StackedOptimizer, batch_family, train_epoch
+from .stacked import SUPPORTED_MODELS, StackedStep, StackedModels, StackedOptimizer, stack_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
 from .state import History, TrainState
 
-__all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
+__all__ = ["train_stacked", "stack_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS",
+           "train_batched", "batch_key"]  # the former names of train_stacked and stack_key (issue 33)
 
-# Model arguments that change only initial values, so models of one batch may differ in them.
+# Model arguments that change only initial values, so models of one stack may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
-# Recipe fields that may differ between the models of one batch.
+# Recipe fields that may differ between the models of one stack.
 PER_MODEL_RECIPE_FIELDS = frozenset({"lr", "momentum", "lr_decay", "weight_decay", "milestone_factor",
                                      "name", "source", "notes"})
 # Every other recipe field must be shared; these matter most (the computation's shape, the optimiser's kind).
 SHARED_RECIPE_FIELDS = frozenset({"optimizer", "epochs", "batch_size", "betas", "eps", "momentum_decay",
                                   "nesterov", "k_decay", "schedule", "milestones"})
-# RunConfig fields shared by a batch (one data set, one device).
+# RunConfig fields shared by a stack (one data set, one device).
 _SHARED_CONFIG_FIELDS = ("model", "depth", "dataset", "train_on_full", "device", "limit", "data_dir")
 
 
-def batch_key(config: RunConfig) -> tuple[Any, ...]:
-    """Configs with equal keys can share one batch: same model family (`batch_family`), depth, shape
+def stack_key(config: RunConfig) -> tuple[Any, ...]:
+    """Configs with equal keys can share one stack: same model family (`stack_family`), depth, shape
     arguments, data and device.
 
     Seeds, initial values (INIT_ONLY_KWARGS) and the per-model recipe fields may differ; the
-    recipe's shared fields are checked by `train_batched` once the recipes are resolved.
+    recipe's shared fields are checked by `train_stacked` once the recipes are resolved.
     """
     shape = {k: v for k, v in config.model_kwargs.items() if k not in INIT_ONLY_KWARGS}
-    shared = [batch_family(config.model) if f == "model" else getattr(config, f) for f in _SHARED_CONFIG_FIELDS]
+    shared = [stack_family(config.model) if f == "model" else getattr(config, f) for f in _SHARED_CONFIG_FIELDS]
     return (*shared, config.recipe, config.epochs, json.dumps(shape, sort_keys=True))
 
 
@@ -105,12 +107,12 @@ def batch_key(config: RunConfig) -> tuple[Any, ...]:
 # ----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
+def _check_stack(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
     for i, c in enumerate(configs):
         if c.model not in SUPPORTED_MODELS:
             raise ValueError(f"configs[{i}].model={c.model!r}: batched training supports {list(SUPPORTED_MODELS)}")
     for f in _SHARED_CONFIG_FIELDS:
-        values = {json.dumps(batch_family(c.model) if f == "model" else getattr(c, f), default=str) for c in configs}
+        values = {json.dumps(stack_family(c.model) if f == "model" else getattr(c, f), default=str) for c in configs}
         if len(values) > 1:
             raise ValueError(f"config field {f!r} differs within the batch ({sorted(values)}); a batch shares it")
     shapes = {json.dumps({k: v for k, v in c.model_kwargs.items() if k not in INIT_ONLY_KWARGS}, sort_keys=True)
@@ -135,7 +137,7 @@ def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> Non
                              f"recipe field except {sorted(PER_MODEL_RECIPE_FIELDS)}")
 
 
-def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
+def train_stacked(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
                   resume: bool = False, progress: bool = True, data: DataSplits | None = None,
                   state_dir: str | os.PathLike[str] | None = None, checkpoint: bool = True,
                   eval_chunk: int = _EVAL_CHUNK, compile: bool = False,
@@ -145,16 +147,16 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     return their results dicts (those of `run_training`).
 
     The configs must share model, depth, shape arguments, data set and device, and the recipes'
-    SHARED_RECIPE_FIELDS (check with `batch_key`). `resume` continues an interrupted batch from
+    SHARED_RECIPE_FIELDS (check with `stack_key`). `resume` continues an interrupted stack from
     `state_dir` (default: `<parent of out_dirs[0]>/.batched/<hash of configs and folders>`), and
     skips models whose results are final; without `resume` an existing results.json raises
-    RunExistsError, as `run_training` does. `checkpoint=False` writes no batch state (not resumable).
-    `compile=True` trains through BatchedStep(compile=True): torch.compile over the forward, loss and
-    backward and over the optimiser's update (minutes of compilation per batch, again once when a
-    diverged model first leaves it; worth it only for long batches: measure with
+    RunExistsError, as `run_training` does. `checkpoint=False` writes no stack state (not resumable).
+    `compile=True` trains through StackedStep(compile=True): torch.compile over the forward, loss and
+    backward and over the optimiser's update (minutes of compilation per stack, again once when a
+    diverged model first leaves it; worth it only for long stacks: measure with
     benchmarks/batched_throughput.py --compile).
-    `label` starts every progress line of the batch as `[label]` (default: the first and last run
-    directories' names, `first..last`), so that batches trained in parallel can be told apart.
+    `label` starts every progress line of the stack as `[label]` (default: the first and last run
+    directories' names, `first..last`), so that stacks trained in parallel can be told apart.
     On a CUDA device each epoch runs as replays of the step captured as a CUDA graph
     (`graphed.GraphedStep`: data orders drawn on the device, no host synchronisation inside an epoch);
     `cuda_graph=False` keeps the eager step there. Elsewhere `cuda_graph` changes nothing.
@@ -165,7 +167,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("out_dirs must be distinct")
     recipes = [check_config(c) for c in configs]  # cheap checks first: device, recipe, model arguments
-    _check_batch(configs, recipes)
+    _check_stack(configs, recipes)
     if state_dir is not None:
         state_path = Path(state_dir)
     else:
@@ -182,7 +184,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
             raise ValueError(f"{folder}: the batch's state folder is a symbolic link (to {os.readlink(folder)}); "
                              f"refused, nothing was read, written or deleted; remove the link to train the batch")
     with contextlib.ExitStack() as locks:
-        # Every run directory of the batch is locked for the batch's lifetime (see rundir.RunDir).
+        # Every run directory of the stack is locked for the stack's lifetime (see rundir.RunDir).
         for d in dirs:
             locks.enter_context(RunDir(d).locked())
         RunDir(state_path).clean_tmp()
@@ -191,6 +193,11 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
         return _train_locked(configs, dirs, recipes, state_path, resume=resume, progress=progress, data=data,
                              checkpoint=checkpoint, eval_chunk=eval_chunk, compile=compile, label=label,
                              callbacks=callbacks, cuda_graph=cuda_graph)
+
+
+# The former names (before issue 33, "batch" meant a stack there): the same functions, no warning.
+train_batched = train_stacked
+batch_key = stack_key
 
 
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
@@ -324,7 +331,7 @@ def order_generator(device: torch.device) -> torch.Generator:
 
 
 class _DivergenceNote:
-    """Callback: one progress line when a member of a batch ends diverged (the others go on)."""
+    """Callback: one progress line when a member of a stack ends diverged (the others go on)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -338,7 +345,7 @@ class _DivergenceNote:
 
 
 class _StackEngine:
-    """`train_batched`'s engine (train.loop.Engine): the active members as one `StackedModels`.
+    """`train_stacked`'s engine (train.loop.Engine): the active members as one `StackedModels`.
 
     Differences from `fit`'s engine, by construction of a stacked step: `on_step_end` is not called
     (it would cost a device synchronisation per step for N models), so a member's `state.stop` takes
@@ -350,7 +357,7 @@ class _StackEngine:
                  eval_chunk: int, compile: bool, cuda_graph: bool = True) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk
-        self.step = BatchedStep(stack, optimizer, compile=compile)
+        self.step = StackedStep(stack, optimizer, compile=compile)
         # On a GPU the epoch is replays of one captured step (issue 35); the CPU keeps the eager step.
         self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
@@ -394,7 +401,7 @@ class _StackEngine:
         return list(zip(losses, errors))
 
     def gate_values(self) -> list[list[float]]:
-        """Each member's k in block order; [] for members without gates (plain nets of a mixed batch)."""
+        """Each member's k in block order; [] for members without gates (plain nets of a mixed stack)."""
         names = self.stack.scalar_gate_names()
         if not names:
             return [[] for _ in range(self.stack.n)]

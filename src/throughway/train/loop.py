@@ -29,7 +29,7 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `run.run_training` adds.
 
-The epoch loop itself is `run_loop`, shared with `batched.train_batched` (many stacked models) and
+The epoch loop itself is `run_loop`, shared with `batched.train_stacked` (many models as one stack) and
 `full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
 one model and for many. What differs between them is only how an epoch of steps is computed,
 evaluated and rolled back, the `Engine` (the one narrow seam); `fit` supplies the engine of one
@@ -98,13 +98,13 @@ def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
 def progress_entry(state: TrainState) -> dict[str, Any]:
     """What a checkpoint stores of a member's progress besides tensors (JSON-able): its history and
     elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's
-    checkpoint.json, a batch's batch.json) store exactly this per model, read back by `restore_progress`."""
+    checkpoint.json, a stack's batch.json) store exactly this per model, read back by `restore_progress`."""
     return {"history": state.history.to_dict(), "elapsed_s": state.elapsed_s}
 
 
 def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
     """Set `state`'s history, epoch (finished epochs = the history's records) and elapsed seconds from a
-    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_batched`."""
+    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_stacked`."""
     state.history = History.from_dict(entry["history"])
     state.epoch = len(state.history.epochs)
     state.elapsed_s = float(entry.get("elapsed_s", 0.0))
@@ -115,7 +115,7 @@ def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 def epoch_starts(n: int, batch_size: int, world: int = 1) -> list[int]:
     """The first index of each mini-batch of an epoch over n samples, for every path (fit's in-memory
-    data, train_batched's stacks): consecutive batches of `batch_size`, except that a final batch of
+    data, train_stacked's stacks): consecutive batches of `batch_size`, except that a final batch of
     fewer than two samples per rank (`world` data-parallel processes) is folded away, since it would
     break BatchNorm's training statistics."""
     return [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
@@ -213,11 +213,11 @@ def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
     already ended (`Member.ended`) are skipped throughout. Per epoch, in order: the learning rates,
     `on_epoch_start`, the engine's epoch of steps, divergence (per member: history marked, weights
     rolled back, `on_fit_end`, out of the loop), evaluation on val and test, the record appended to
-    each member's history, `after_epoch(active members)` (e.g. a batch checkpoint), `on_epoch_end`;
+    each member's history, `after_epoch(active members)` (e.g. a stack's checkpoint), `on_epoch_end`;
     then members whose callbacks set `state.stop` end. `on_fit_end` runs once per member.
 
     The divergence rule, the same for every engine: a member whose training loss in a step is not
-    finite (full-batch descent: or at least its bound, `BatchedGD.divergence_loss`) is reported by
+    finite (full-batch descent: or at least its bound, `StackedGD.divergence_loss`) is reported by
     the engine in `EpochStats.diverged`; here its history is marked (`diverged_at`: the 1-based epoch,
     the step within it, the loss), its weights go back to the end of its last finished epoch, its
     `on_fit_end` runs and it leaves the loop, the others going on undisturbed. Deep plain nets are

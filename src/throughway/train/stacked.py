@@ -1,6 +1,6 @@
-"""N small models of one shape held as stacked tensors: `StackedModels`, the batched model that
+"""N small models of one shape held as stacked tensors: `StackedModels`, the stack that
 `train.batched` drives (issue 15: the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
-and its computation: one step of every model (`BatchedStep`), one epoch (`train_epoch`) and the
+and its computation: one step of every model (`StackedStep`), one epoch (`train_epoch`) and the
 evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_members`).
 
 Activations are held feature-major, (N models, C channels, B samples), so that every Linear is one
@@ -33,21 +33,22 @@ from .loop import epoch_starts, evaluate_members
 from .optim import EAGER, closure_loss, compiled_kernels, update_rows
 from .recipes import Recipe, parameter_groups
 
-__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "own_name", "batch_family", "SUPPORTED_MODELS",
-           "MIXABLE_MODELS", "BatchedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
-           "BatchedOptimizer"]  # BatchedOptimizer: StackedOptimizer's former name
+__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "own_name", "stack_family", "SUPPORTED_MODELS",
+           "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
+           # The former names (before issue 33, "batch" meant a stack), the same objects:
+           "BatchedOptimizer", "BatchedStep", "batch_family"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented", "mlp_rezero",
                     "mlp_layerscale")
 # The gated residual paper's three MLPs of one depth share every Linear and BatchNorm shape and differ
-# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one batch can hold all three
+# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one stack can hold all three
 # (issue 16). Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
 MIXABLE_MODELS: dict[str, tuple[bool, bool]] = {"mlp_plain": (False, False), "mlp_residual": (True, False),
                                                "mlp_gated_residual": (True, True)}
 _MIXED_FAMILY = "mlp_plain|mlp_residual|mlp_gated_residual"
 
 
-def batch_family(model: str) -> str:
+def stack_family(model: str) -> str:
     """The name under which models can share a stack: the model's own, or one name for the three
     MIXABLE_MODELS (plain, residual and gated residual MLPs of one depth train together)."""
     return _MIXED_FAMILY if model in MIXABLE_MODELS else model
@@ -81,7 +82,7 @@ def _structure(module: nn.Module) -> list[str]:
 
 
 def canonical_name(kind: str, name: str) -> str:
-    """The name of a plain/residual/gated MLP's tensor in a mixed batch (the gated residual layout):
+    """The name of a plain/residual/gated MLP's tensor in a mixed stack (the gated residual layout):
     plain layer j's `blocks.j.branch.X` is `blocks.{j // 2}.branch.{j % 2}.X`; others are unchanged."""
     if kind == "mlp_plain" and name.startswith("blocks.") and ".branch." in name:
         _, layer, rest = name.split(".", 2)
@@ -91,7 +92,7 @@ def canonical_name(kind: str, name: str) -> str:
 
 
 def own_name(kind: str, name: str) -> str:
-    """The inverse of `canonical_name`: a mixed batch's tensor name as model kind `kind` calls it."""
+    """The inverse of `canonical_name`: a mixed stack's tensor name as model kind `kind` calls it."""
     if kind == "mlp_plain" and name.startswith("blocks."):
         _, block, _branch, half, rest = name.split(".", 4)
         return f"blocks.{2 * int(block) + int(half)}.branch.{rest}"
@@ -104,7 +105,7 @@ def _config_of(model: nn.Module) -> dict[str, Any]:
 
 
 def _mixed_template(models: Sequence[nn.Module]) -> nn.Module:
-    # The gated residual layout: a gated model of the batch, else one built with the batch's shape.
+    # The gated residual layout: a gated model of the stack, else one built with the stack's shape.
     for m in models:
         if _config_of(m)["name"] == "mlp_gated_residual":
             return m
@@ -153,7 +154,7 @@ class StackedModels:
         if not models:
             raise ValueError("StackedModels needs at least one model")
         kinds = [str(_config_of(m).get("name")) for m in models]
-        # Plain, residual and gated residual MLPs in one batch: all are held in the gated residual
+        # Plain, residual and gated residual MLPs in one stack: all are held in the gated residual
         # layout (`canonical_name`), with a per-model shortcut and gate mask (module docstring).
         self.mixed = len(set(kinds)) > 1 and all(k in MIXABLE_MODELS for k in kinds)
         self.kinds = list(kinds)
@@ -376,7 +377,7 @@ class StackedModels:
 
 
 # ----------------------------------------------------------------------------------------------
-# The stacked step, epoch and evaluation (train_batched's inner loop)
+# The stacked step, epoch and evaluation (train_stacked's inner loop)
 # ----------------------------------------------------------------------------------------------
 
 EVAL_CHUNK = 2500
@@ -393,7 +394,7 @@ def evaluate_stack(stack: StackedModels, split: Split, chunk: int = EVAL_CHUNK) 
     return [loss for loss, _ in results], [error if error is not None else math.nan for _, error in results]
 
 
-class BatchedStep:
+class StackedStep:
     """One training step of every model of a stack: forward in training mode, per-model mean
     cross-entropy, backward into the flat gradient, and the optimiser's update with per-model
     learning rates; `fit`'s inner loop for N models at once (tests/test_batched.py).
@@ -402,7 +403,7 @@ class BatchedStep:
     activations and the gates' elementwise work; the backward is compiled with it) and the
     optimiser's update through its own compiled function. Compilation happens on the first call
     (tens of seconds to minutes, more with depth), and again when the number of models changes
-    (a diverged model leaves the batch), so it pays only for long batches.
+    (a diverged model leaves the stack), so it pays only for long stacks.
     """
 
     def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, compile: bool = False) -> None:
@@ -438,13 +439,13 @@ class EpochTotals:
     seen: int
 
 
-def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
+def train_epoch(step: StackedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
                 batch_size: int) -> EpochTotals:
     """One epoch of every model of `step`'s stack: model i visits the flattened training inputs
     `train_x` (n, features) and labels `train_y` (n,) in the order `orders[i]` (a permutation of
     range(n)), in mini-batches of `batch_size` (`epoch_starts`). A model whose loss stops being
     finite keeps stepping to the epoch's end (its slices never mix with the others'); the caller
-    restores and drops it (see `train_batched`)."""
+    restores and drops it (see `train_stacked`)."""
     k, n = orders.shape
     device = step.stack.device
     loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
@@ -588,5 +589,7 @@ class StackedOptimizer(torch.optim.Optimizer):
         return f"StackedOptimizer({self.kind}, {self.stack.n} models of {self.stack.size} values)"
 
 
-# The name before issue 33 ("batched" meant a stack there): the same class.
+# The former names (before issue 33, "batch" meant a stack there): the same objects, no warning.
 BatchedOptimizer = StackedOptimizer
+BatchedStep = StackedStep
+batch_family = stack_family
