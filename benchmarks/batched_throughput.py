@@ -43,8 +43,7 @@ from throughway.data import DataSplits, Split
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
 from throughway.train.loop import epoch_starts
-from throughway.train.optim import BatchedOptimizer
-from throughway.train.stacked import BatchedStep, StackedModels, backward, train_epoch
+from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, backward, train_epoch
 
 MODEL, WIDTH, FEATURES, CLASSES = "mlp_gated_residual", 50, 784, 10
 RECIPE = get_recipe("gresnet-mnist")
@@ -88,7 +87,7 @@ def batched_epoch(n: int, depth: int, data: DataSplits, compile: bool = False) -
     """The batched step of n models and a function that trains one epoch of them, as
     `train_batched` does (a permutation per model from its own generator), and returns its seconds."""
     stack = StackedModels(build(n, depth))
-    step = BatchedStep(stack, BatchedOptimizer(stack, [RECIPE] * n, compile=compile), compile=compile)
+    step = BatchedStep(stack, StackedOptimizer(stack, [RECIPE] * n, compile=compile), compile=compile)
     generators = [torch.Generator().manual_seed(seed) for seed in range(n)]
     samples = len(data.train)
 
@@ -207,7 +206,7 @@ def time_vmap_vs_bmm(n: int, depth: int, steps: int) -> tuple[float, float]:
 
 def time_optimizers(n: int, depth: int, steps: int) -> tuple[float, float]:
     """Seconds per NAdam step for n models: torch.optim.NAdam(foreach=True) over every model's
-    parameters (one multi-tensor optimiser, n·P tensors), and BatchedOptimizer over the flat matrix."""
+    parameters (one multi-tensor optimiser, n·P tensors), and StackedOptimizer over the flat matrix."""
     models = build(n, depth)
     params = [p for m in models for p in m.parameters()]
     for p in params:
@@ -215,7 +214,7 @@ def time_optimizers(n: int, depth: int, steps: int) -> tuple[float, float]:
     torch_opt = torch.optim.NAdam(params, lr=RECIPE.lr, momentum_decay=RECIPE.momentum_decay, foreach=True)
     stack = StackedModels(models)
     stack.grad.normal_()
-    ours = BatchedOptimizer(stack, [RECIPE] * n)
+    ours = StackedOptimizer(stack, [RECIPE] * n)
     out = []
     for fn in (torch_opt.step, ours.step):
         for _ in range(2):

@@ -33,11 +33,10 @@ import time
 import torch
 
 from throughway.data import DataSplits, Split
-from throughway.study.batching import makespan
+from throughway.study.stacking import makespan
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
-from throughway.train.optim import BatchedOptimizer
-from throughway.train.stacked import BatchedStep, StackedModels, train_epoch
+from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, train_epoch
 
 ARCHS = {"plain": "mlp_plain", "residual": "mlp_residual", "gated": "mlp_gated_residual"}
 RECIPE = get_recipe("gresnet-mnist")
@@ -79,7 +78,7 @@ def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = Fa
             torch.manual_seed(seed)
             models.append(create_model(name, depth=depth))
     stack = StackedModels(models)
-    step = BatchedStep(stack, BatchedOptimizer(stack, [RECIPE] * len(models), compile=compile), compile=compile)
+    step = BatchedStep(stack, StackedOptimizer(stack, [RECIPE] * len(models), compile=compile), compile=compile)
     n = len(data.train)
     x, y = data.train.x.flatten(1), data.train.y
     orders = torch.stack([torch.randperm(n) for _ in models])

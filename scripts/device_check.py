@@ -154,8 +154,7 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     from throughway.train import get_recipe
     from throughway.train.batched import order_generator
     from throughway.train.graphed import GraphedStep
-    from throughway.train.optim import BatchedOptimizer
-    from throughway.train.stacked import StackedModels, evaluate_stack
+    from throughway.train.stacked import StackedModels, StackedOptimizer, evaluate_stack
 
     recipe = get_recipe("gresnet-mnist", batch_size=batch_size)
     models = []
@@ -164,7 +163,7 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
             torch.manual_seed(seed)
             models.append(create_model(name, depth=depth, width=width))
     stack = StackedModels(models, device=device)
-    optimizer = BatchedOptimizer(stack, [recipe] * len(models))
+    optimizer = StackedOptimizer(stack, [recipe] * len(models))
     optimizer.param_groups[0]["lr"] = torch.full((len(models), 1), recipe.lr, device=device)
     step = GraphedStep(stack, optimizer)
     x, y = data.train.x.flatten(1), data.train.y

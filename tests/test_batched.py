@@ -10,7 +10,6 @@ import torch
 
 from throughway.data import load_dataset
 from throughway.train import RunConfig, RunExistsError, load_model, read_results, run_training
-from throughway.train import checkpoint
 from throughway.train import batched as batched_module
 from throughway.train.batched import batch_key, train_batched
 
@@ -273,7 +272,7 @@ def test_mnist_depth_trains_seeds_together_and_reports_mean_std(tmp_path, fake_m
 
 def test_highway_search_layer_count_init_and_activation_batches(tmp_path):
     from throughway.experiments import get_experiment
-    from throughway.study.batching import group_specs
+    from throughway.study.stacking import group_specs
 
     study = get_experiment("highway-depth")
     config = dataclasses.replace(study.Config(), layers=(10,), trials=12)
@@ -328,7 +327,7 @@ def test_highway_observations_verdicts():
 
 def test_search_cost_estimate_pieces(fake_mnist_root):
     from throughway.experiments import get_experiment
-    from throughway.study.batching import group_specs, makespan, time_batch
+    from throughway.study.stacking import group_specs, makespan, time_batch
 
     assert makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0 and makespan([1.0, 1.0, 1.0], 1) == 3.0
     assert makespan([2.0, 2.0, 1.0], 2) == 3.0
@@ -386,24 +385,33 @@ def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, m
     _interrupt_after_epoch_1(configs, dirs, data, monkeypatch)
     states = tmp_path / "study" / "runs" / ".batched"
     (name,) = [p.name for p in states.iterdir()]
-    assert name == checkpoint.config_hash(configs, dirs)
+    assert name == batched_module.config_hash(configs, dirs)
     if legacy:  # a state folder named as before (absolute paths), resumed where it was written
-        name = checkpoint.config_hash(configs, dirs, relative=False)
-        (states / checkpoint.config_hash(configs, dirs)).rename(states / name)
+        name = batched_module.config_hash(configs, dirs, relative=False)
+        (states / batched_module.config_hash(configs, dirs)).rename(states / name)
         moved = dirs
     else:  # the study folder moved: relative names find the state again
         (tmp_path / "study").rename(tmp_path / "elsewhere")
         moved = [tmp_path / "elsewhere" / "runs" / d.name for d in dirs]
         states = tmp_path / "elsewhere" / "runs" / ".batched"
     resumed_from = {}
-    real_load = checkpoint.load_batch_state
+    real_load = batched_module.load_stack_state
 
     def spy(state_dir):
         out = real_load(state_dir)
         resumed_from["epoch"] = out[0]["epoch"] if out else None
         return out
 
-    monkeypatch.setattr(batched_module, "load_batch_state", spy)
+    monkeypatch.setattr(batched_module, "load_stack_state", spy)
     train_batched(configs, moved, progress=False, data=data, resume=True)
     assert resumed_from["epoch"] == 1  # continued, not restarted
     assert all(len(read_results(d)["history"]) == 2 and read_results(d)["final"] is not None for d in moved)
+
+
+def test_the_former_names_of_the_stack_trainer_still_import():
+    # Issue 33 renamed "batch" (a stack) to "stack"; the former names stay importable, as the same objects.
+    from throughway.train import batched, full_batch, stacked
+
+    assert batched.train_batched is batched.train_stacked and batched.batch_key is batched.stack_key
+    assert stacked.BatchedOptimizer is stacked.StackedOptimizer and stacked.BatchedStep is stacked.StackedStep
+    assert stacked.batch_family is stacked.stack_family and full_batch.BatchedGD is full_batch.StackedGD

@@ -123,18 +123,18 @@ def test_version_and_top_level_help_list_every_command():
 # A study's progress, its compile default and the arithmetic of --estimate
 
 def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root, monkeypatch):
-    from throughway.study import batching
+    from throughway.study import stacking
     from throughway.train.batched import epoch_starts
 
-    monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(0.01, 1e-5, 0.5))
-    monkeypatch.setattr(batching, "batch_overhead_s", lambda *a, **k: 2.0)  # larger than the 0.5 timed: it wins
-    monkeypatch.setattr(batching, "worker_start_s", lambda: 3.0)
-    monkeypatch.setattr(batching, "contention", lambda batch, jobs, *a: 1.0 if jobs == 1 else 1.5)
+    monkeypatch.setattr(stacking, "time_batch", lambda *a, **k: stacking.BatchTiming(0.01, 1e-5, 0.5))
+    monkeypatch.setattr(stacking, "batch_overhead_s", lambda *a, **k: 2.0)  # larger than the 0.5 timed: it wins
+    monkeypatch.setattr(stacking, "worker_start_s", lambda: 3.0)
+    monkeypatch.setattr(stacking, "contention", lambda batch, jobs, *a: 1.0 if jobs == 1 else 1.5)
     study = get_experiment("highway-depth")
     config = dataclasses.replace(study.QUICK, layers=(3,), trials=4, epochs=2, limit=300)
     specs = study.specs(config)
     # measure_all: every measurement, as a study of more than SHORT_STUDY_S gets it
-    one, two = batching.project_batches(specs, jobs=1, measure_all=True), batching.project_batches(specs, jobs=2, measure_all=True)
+    one, two = stacking.project_batches(specs, jobs=1, measure_all=True), stacking.project_batches(specs, jobs=2, measure_all=True)
     steps = len(epoch_starts(one["train_images"], 100))  # highway-mnist: batch 100
     for row in one["batches"]:
         assert row["setup_s"] == 2.0 and not row["compiled"]
@@ -147,38 +147,38 @@ def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root,
         assert two["fixed_s"] >= 6.0 and two["contention"] == 1.5
         for row, alone in zip(two["batches"], one["batches"]):
             assert row["epoch_s"] == pytest.approx(1.5 * alone["epoch_s"])
-        assert two["wall_s"] == pytest.approx(two["fixed_s"] + batching.makespan([r["total_s"] for r in two["batches"]], 2))
-    text = batching.projection_markdown("t", one, [])
+        assert two["wall_s"] == pytest.approx(two["fixed_s"] + stacking.makespan([r["total_s"] for r in two["batches"]], 2))
+    text = stacking.projection_markdown("t", one, [])
     assert "s for all epochs" in text and "set-up" in text and text.strip().splitlines()[-1].startswith("serial sum")
 
 
 def test_estimate_of_a_short_study_skips_the_costly_measurements(fake_mnist_root, monkeypatch):
     # `reproduce gate-family --quick --estimate` took 65 s to project a 34 s study: a study whose timed
     # steps project under SHORT_STUDY_S is projected without contention, one-epoch runs or a process start.
-    from throughway.study import batching
+    from throughway.study import stacking
 
     def refuse(*a, **k):
         raise AssertionError("measured for a short study")
 
-    monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(0.01, 1e-5, 0.5))
+    monkeypatch.setattr(stacking, "time_batch", lambda *a, **k: stacking.BatchTiming(0.01, 1e-5, 0.5))
     for name in ("batch_overhead_s", "worker_start_s", "contention"):
-        monkeypatch.setattr(batching, name, refuse)
+        monkeypatch.setattr(stacking, name, refuse)
     specs = get_experiment("gate-family").specs(dataclasses.replace(get_experiment("gate-family").QUICK, limit=300))
-    two = batching.project_batches(specs, jobs=2)
+    two = stacking.project_batches(specs, jobs=2)
     assert two["measured_all"] is False and two["contention"] == 1.0
     assert all(row["setup_s"] == 0.5 for row in two["batches"])  # time_batch's own set-up
     assert two["fixed_s"] > 0  # this process's age stands in for a worker's start
-    assert two["serial_s"] < batching.SHORT_STUDY_S + two["fixed_s"]
-    text = batching.projection_markdown("t", two, [])
+    assert two["serial_s"] < stacking.SHORT_STUDY_S + two["fixed_s"]
+    text = stacking.projection_markdown("t", two, [])
     assert "short study" in text and text.strip().splitlines()[-1].startswith("serial sum")
     # a long study measures everything
-    monkeypatch.setattr(batching, "time_batch", lambda *a, **k: batching.BatchTiming(10.0, 1e-5, 0.5))
+    monkeypatch.setattr(stacking, "time_batch", lambda *a, **k: stacking.BatchTiming(10.0, 1e-5, 0.5))
     with pytest.raises(AssertionError, match="measured for a short study"):
-        batching.project_batches(specs, jobs=2)
+        stacking.project_batches(specs, jobs=2)
 
 
 def test_batch_seconds_is_set_up_plus_epochs():
-    from throughway.study.batching import BatchTiming, batch_seconds
+    from throughway.study.stacking import BatchTiming, batch_seconds
 
     seconds = batch_seconds(BatchTiming(step_s=0.02, eval_s=1e-4, setup_s=100.0), epochs=3, steps_per_epoch=390,
                             eval_samples=20_000)
@@ -187,7 +187,7 @@ def test_batch_seconds_is_set_up_plus_epochs():
 
 
 def test_full_runs_compile_by_default_and_quick_runs_and_tests_do_not():
-    from throughway.study.batching import COMPILE_MIN_STEPS, compiles, group_specs
+    from throughway.study.stacking import COMPILE_MIN_STEPS, compiles, group_specs
     from throughway.train.batched import epoch_starts
 
     study = get_experiment("mnist-depth")
@@ -203,7 +203,7 @@ def test_full_runs_compile_by_default_and_quick_runs_and_tests_do_not():
 
 
 def test_a_study_shows_one_progress_line_per_batch_with_an_eta_and_nothing_when_quiet():
-    from throughway.study.batching import StudyProgress
+    from throughway.study.stacking import StudyProgress
 
     stream = io.StringIO()  # not a terminal: one line per finished batch, tqdm's format
     bar = StudyProgress(10, "study: runs", stream=stream)
@@ -221,6 +221,6 @@ def test_a_study_shows_one_progress_line_per_batch_with_an_eta_and_nothing_when_
 
 
 def test_contention_is_one_for_a_single_worker():
-    from throughway.study.batching import contention
+    from throughway.study.stacking import contention
 
     assert contention([], 1, 2, (784,), 10) == 1.0  # nothing is measured for one worker

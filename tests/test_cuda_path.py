@@ -15,8 +15,8 @@ from throughway.train import RunConfig, get_recipe, read_results
 from throughway.train import batched as batched_module
 from throughway.train.batched import order_generator, train_batched
 from throughway.train.graphed import GraphedStep, update_rows_on_device
-from throughway.train.optim import BatchedOptimizer, update_rows
-from throughway.train.stacked import BatchedStep, StackedModels, train_epoch
+from throughway.train.optim import update_rows
+from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, train_epoch
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,7 +30,7 @@ def _stack(device: str = "cpu", depth: int = 4, recipe: str = "gresnet-mnist", *
             models.append(create_model(name, depth=depth, width=8, in_features=20, num_classes=4))
     stack = StackedModels(models, device=device)
     recipes = [get_recipe(recipe, **overrides).replace(lr=0.002 * (1 + i % 3)) for i in range(len(models))]
-    optimizer = BatchedOptimizer(stack, recipes)
+    optimizer = StackedOptimizer(stack, recipes)
     optimizer.param_groups[0]["lr"] = torch.tensor([r.lr for r in recipes], device=device).view(-1, 1)
     return stack, optimizer
 
@@ -43,7 +43,7 @@ def _data(n: int = 70, device: str = "cpu", seed: int = 0):
     return x, y, orders
 
 
-def _state(stack: StackedModels, optimizer: BatchedOptimizer) -> dict[str, torch.Tensor]:
+def _state(stack: StackedModels, optimizer: StackedOptimizer) -> dict[str, torch.Tensor]:
     out = {"flat": stack.flat.clone(), "steps": stack.steps.clone()}
     out.update({f"running.{k}": v.clone() for k, v in stack.running.items()})
     out.update({f"optim.{k}": v.clone() for k, v in optimizer.state_tensors().items()})

@@ -19,8 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from throughway.cli import main
 from throughway.train import RunConfig
-from throughway.train.checkpoint import STATE_JSON, config_hash
-from throughway.train.batched import train_batched
+from throughway.train.batched import STATE_JSON, config_hash, train_batched
 from conftest import Crash
 
 CONFIGS = [RunConfig(model="mlp_gated_residual", depth=2, epochs=3, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]

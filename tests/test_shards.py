@@ -15,7 +15,7 @@ import pytest
 from throughway.cli import main
 from throughway.cli.parser import build_parser
 from throughway.experiments import EXPERIMENTS, get_experiment
-from throughway.study.batching import group_specs
+from throughway.study.stacking import group_specs
 from throughway.study.shards import resolve_shard, select_shard
 
 ROOT = Path(__file__).resolve().parents[1]

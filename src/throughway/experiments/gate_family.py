@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import environment_info, read_json
-from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
+from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config

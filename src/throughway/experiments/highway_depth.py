@@ -73,9 +73,9 @@ from typing import Any
 from .._io import environment_info
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
-from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
+from ..study.stacking import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
-from ..study.batching import group_specs
+from ..study.stacking import group_specs
 from ..study.runs import RunSpec, StudySummary, check_run_results, check_same_settings, read_summary, remake_report
 from ..study.shards import merge_option, parse_shard, select_shard, shard_option
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,

@@ -27,7 +27,7 @@ from ..study.options import option, quick_config
 from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
-from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
+from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..report.stats import paired_t_test, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)

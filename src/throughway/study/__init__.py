@@ -1,6 +1,6 @@
 """What the experiments share (issue 15): how an experiment declares its options (`options`),
 running a study's runs and its resume checks (`runs`), a study computed piece by piece into one
-results.json (`resumable`), batching runs into stacked models (`batching`), the shortcut-network
+results.json (`resumable`), grouping runs into stacks of models trained together (`stacking`), the shortcut-network
 data and settings of the Demystifying studies (`shortcut`), the papers' reported numbers
 (`papers`), and the `analyze` command (`analyze`, `analyze_prune`, `analysis_runs`).
 `experiments` holds one module per paper table or figure, built from these.

@@ -9,10 +9,10 @@ and hands `config.shard` to `run_batched` / `run_many` (which train only this sh
 `StudySummary` (which writes the shared summary under the summary lock). `throughway reproduce`
 takes `study_lock(out, shard, merge)` around the study.
 
-What a shard is: the study's stacked batches (`batching.group_specs` over *all* its runs, the
-batches an unsharded study trains; for `run_many` each run is a batch of one), dealt in the study's
-order: shard i takes batches i, i + N, i + 2N, ... So each shard is a whole number of the same
-batches, and a run's numbers do not depend on how the study was split.
+What a shard is: the study's stacks (`stacking.group_specs` over *all* its runs, the
+stacks an unsharded study trains; for `run_many` each run is a stack of one), dealt in the study's
+order: shard i takes stacks i, i + N, i + 2N, ... So each shard is a whole number of the same
+stacks, and a run's numbers do not depend on how the study was split.
 
 Shards of one study run at the same time into one shared folder (a cluster's shared file system):
 

@@ -3,7 +3,8 @@ single runs, stacks of models and full-batch descent; docs/design.md draws how t
 
 from .callbacks import METRICS_FILE, EarlyStopping, MetricsCSV, ModelCheckpoint, ProgressPrinter, TensorBoardLogger, read_metrics_csv, write_metrics_csv
 from .checkpoint import load_model, save_model
-from .loop import Callback, History, TrainState, evaluate, fit
+from .loop import evaluate, fit
+from .state import Callback, History, TrainState
 from .optim import FlatOptimizer, build_optimizer
 from .recipes import RECIPES, Recipe, get_recipe, learning_rate_at, list_recipes, param_groups, parameter_groups
 from .config import RunConfig, RunExistsError

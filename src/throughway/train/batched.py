@@ -1,18 +1,19 @@
-"""Many small models of one shape trained as one batched computation (`train_batched`).
+"""Many small models of one shape trained together as one stack (`train_stacked`).
 
 The MNIST studies train many tiny networks (width 50): the gated residual paper reports means over
 seeds, the highway paper's section 3.1 runs a random search of 100 trials per depth and
 architecture. One such model leaves the machine idle between operations: per-operation overhead,
-not arithmetic, sets its speed (docs/design.md "Speed on this platform"). `train_batched` stacks N
+not arithmetic, sets its speed (docs/design.md "Speed on this platform"). `train_stacked` stacks N
 models of one architecture shape into tensors with a leading model dimension and trains them
 together: activations are held feature-major, (N models, C channels, B samples), so that every
 Linear is one `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view
 without a copy; the optimiser is a handful of elementwise operations over one flat (N, P)
-parameter matrix. The stacked model is `train.stacked.StackedModels`, its optimiser
-`train.optim.BatchedOptimizer` (the toolkit's one update rule over the (N, P) rows), their step
-(`BatchedStep`) and epoch (`train_epoch`) are in `train.stacked` too, the batch's checkpoint in
-`train.checkpoint`; here is the trainer: the stack's engine of the one epoch loop
-(`train.loop.run_loop`, shared with `fit`) and the run directories of its members (`train_batched`).
+parameter matrix. The stacked model is `train.stacked.StackedModels`; its optimiser
+`StackedOptimizer` (the toolkit's one update rule, train.optim, over the (N, P) rows), their step
+(`StackedStep`) and epoch (`train_epoch`) are in `train.stacked` too. Here are the trainer (the
+stack's engine of the one epoch loop, `train.loop.run_loop`, shared with `fit`, and the run
+directories of its members: `train_stacked`) and the stack's checkpoint (`save_stack_state`).
+The module keeps its name, batched.py.
 
 Design choices, measured by benchmarks/batched_throughput.py (results/batched/
 benchmark_batched_throughput.txt, its "design" lines, N = 32 depth-20 gated residual nets): stacked
@@ -36,20 +37,21 @@ Per-model semantics are those of `fit` run on each model alone (tests/test_batch
   factor and weight decay, and the per-model schedule `learning_rate_at`; the other recipe fields
   (optimiser, betas, batch size, epochs, schedule kind) must be shared;
 * a model whose loss becomes NaN or infinite is marked diverged, its parameters are restored to the
-  end of its last finished epoch (as `fit` does), its files are written, and it leaves the batch at
+  end of its last finished epoch (as `fit` does), its files are written, and it leaves the stack at
   the end of that epoch; the other models are not disturbed (their slices of every operation are
   independent).
 
 Each model gets an ordinary run directory: results.json with the keys of `run_training`'s
-(`environment` additionally holds `batched`: the batch size and what `epoch_time_s` means here) and
-model.safetensors loadable by `load_model`. The batch checkpoints itself after every epoch (one
-safetensors file and one JSON file, written atomically, in `state_dir`), so an interrupted batch
-resumes where it stopped and ends with the same numbers.
+(`environment` additionally holds `batched`: the stack's size and what `epoch_time_s` means here;
+the key keeps its old name) and model.safetensors loadable by `load_model`. The stack checkpoints
+itself after every epoch (one safetensors file and one JSON file, written atomically, in
+`state_dir`), so an interrupted stack resumes where it stopped and ends with the same numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -57,45 +59,46 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from safetensors.torch import load_file, save
 
-from .._io import read_json
+from .._io import read_json, read_json_object, sha256_file
 from ..data import DataSplits, load_dataset
-from .checkpoint import (STATE_JSON, check_batch_members, check_batch_tensors, config_hash, load_batch_state,
-                         save_batch_state)
+from .checkpoint import check_history, is_int, is_number
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
-from .loop import EpochStats, History, Member, TrainState, epoch_starts, progress_entry, restore_progress, run_loop
+from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_progress, run_loop
 from .recipes import Recipe, learning_rate_at
-from .optim import BatchedOptimizer
-from .rundir import BATCH_FILE, RunDir
+from .rundir import BATCH_FILE, RunDir, member_file, write_rotating
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
-from .stacked import SUPPORTED_MODELS, BatchedStep, StackedModels, batch_family, train_epoch
+from .stacked import SUPPORTED_MODELS, StackedStep, StackedModels, StackedOptimizer, stack_family, train_epoch
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
+from .state import History, TrainState
 
-__all__ = ["train_batched", "batch_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
+__all__ = ["train_stacked", "stack_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS",
+           "train_batched", "batch_key"]  # the former names of train_stacked and stack_key (issue 33)
 
-# Model arguments that change only initial values, so models of one batch may differ in them.
+# Model arguments that change only initial values, so models of one stack may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
-# Recipe fields that may differ between the models of one batch.
+# Recipe fields that may differ between the models of one stack.
 PER_MODEL_RECIPE_FIELDS = frozenset({"lr", "momentum", "lr_decay", "weight_decay", "milestone_factor",
                                      "name", "source", "notes"})
 # Every other recipe field must be shared; these matter most (the computation's shape, the optimiser's kind).
 SHARED_RECIPE_FIELDS = frozenset({"optimizer", "epochs", "batch_size", "betas", "eps", "momentum_decay",
                                   "nesterov", "k_decay", "schedule", "milestones"})
-# RunConfig fields shared by a batch (one data set, one device).
+# RunConfig fields shared by a stack (one data set, one device).
 _SHARED_CONFIG_FIELDS = ("model", "depth", "dataset", "train_on_full", "device", "limit", "data_dir")
 
 
-def batch_key(config: RunConfig) -> tuple[Any, ...]:
-    """Configs with equal keys can share one batch: same model family (`batch_family`), depth, shape
+def stack_key(config: RunConfig) -> tuple[Any, ...]:
+    """Configs with equal keys can share one stack: same model family (`stack_family`), depth, shape
     arguments, data and device.
 
     Seeds, initial values (INIT_ONLY_KWARGS) and the per-model recipe fields may differ; the
-    recipe's shared fields are checked by `train_batched` once the recipes are resolved.
+    recipe's shared fields are checked by `train_stacked` once the recipes are resolved.
     """
     shape = {k: v for k, v in config.model_kwargs.items() if k not in INIT_ONLY_KWARGS}
-    shared = [batch_family(config.model) if f == "model" else getattr(config, f) for f in _SHARED_CONFIG_FIELDS]
+    shared = [stack_family(config.model) if f == "model" else getattr(config, f) for f in _SHARED_CONFIG_FIELDS]
     return (*shared, config.recipe, config.epochs, json.dumps(shape, sort_keys=True))
 
 
@@ -104,12 +107,12 @@ def batch_key(config: RunConfig) -> tuple[Any, ...]:
 # ----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
+def _check_stack(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
     for i, c in enumerate(configs):
         if c.model not in SUPPORTED_MODELS:
             raise ValueError(f"configs[{i}].model={c.model!r}: batched training supports {list(SUPPORTED_MODELS)}")
     for f in _SHARED_CONFIG_FIELDS:
-        values = {json.dumps(batch_family(c.model) if f == "model" else getattr(c, f), default=str) for c in configs}
+        values = {json.dumps(stack_family(c.model) if f == "model" else getattr(c, f), default=str) for c in configs}
         if len(values) > 1:
             raise ValueError(f"config field {f!r} differs within the batch ({sorted(values)}); a batch shares it")
     shapes = {json.dumps({k: v for k, v in c.model_kwargs.items() if k not in INIT_ONLY_KWARGS}, sort_keys=True)
@@ -134,7 +137,7 @@ def _check_batch(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> Non
                              f"recipe field except {sorted(PER_MODEL_RECIPE_FIELDS)}")
 
 
-def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
+def train_stacked(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.PathLike[str]], *,
                   resume: bool = False, progress: bool = True, data: DataSplits | None = None,
                   state_dir: str | os.PathLike[str] | None = None, checkpoint: bool = True,
                   eval_chunk: int = _EVAL_CHUNK, compile: bool = False,
@@ -144,16 +147,16 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     return their results dicts (those of `run_training`).
 
     The configs must share model, depth, shape arguments, data set and device, and the recipes'
-    SHARED_RECIPE_FIELDS (check with `batch_key`). `resume` continues an interrupted batch from
+    SHARED_RECIPE_FIELDS (check with `stack_key`). `resume` continues an interrupted stack from
     `state_dir` (default: `<parent of out_dirs[0]>/.batched/<hash of configs and folders>`), and
     skips models whose results are final; without `resume` an existing results.json raises
-    RunExistsError, as `run_training` does. `checkpoint=False` writes no batch state (not resumable).
-    `compile=True` trains through BatchedStep(compile=True): torch.compile over the forward, loss and
-    backward and over the optimiser's update (minutes of compilation per batch, again once when a
-    diverged model first leaves it; worth it only for long batches: measure with
+    RunExistsError, as `run_training` does. `checkpoint=False` writes no stack state (not resumable).
+    `compile=True` trains through StackedStep(compile=True): torch.compile over the forward, loss and
+    backward and over the optimiser's update (minutes of compilation per stack, again once when a
+    diverged model first leaves it; worth it only for long stacks: measure with
     benchmarks/batched_throughput.py --compile).
-    `label` starts every progress line of the batch as `[label]` (default: the first and last run
-    directories' names, `first..last`), so that batches trained in parallel can be told apart.
+    `label` starts every progress line of the stack as `[label]` (default: the first and last run
+    directories' names, `first..last`), so that stacks trained in parallel can be told apart.
     On a CUDA device each epoch runs as replays of the step captured as a CUDA graph
     (`graphed.GraphedStep`: data orders drawn on the device, no host synchronisation inside an epoch);
     `cuda_graph=False` keeps the eager step there. Elsewhere `cuda_graph` changes nothing.
@@ -164,7 +167,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     if len({d.resolve() for d in dirs}) != len(dirs):
         raise ValueError("out_dirs must be distinct")
     recipes = [check_config(c) for c in configs]  # cheap checks first: device, recipe, model arguments
-    _check_batch(configs, recipes)
+    _check_stack(configs, recipes)
     if state_dir is not None:
         state_path = Path(state_dir)
     else:
@@ -181,7 +184,7 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
             raise ValueError(f"{folder}: the batch's state folder is a symbolic link (to {os.readlink(folder)}); "
                              f"refused, nothing was read, written or deleted; remove the link to train the batch")
     with contextlib.ExitStack() as locks:
-        # Every run directory of the batch is locked for the batch's lifetime (see rundir.RunDir).
+        # Every run directory of the stack is locked for the stack's lifetime (see rundir.RunDir).
         for d in dirs:
             locks.enter_context(RunDir(d).locked())
         RunDir(state_path).clean_tmp()
@@ -192,10 +195,15 @@ def train_batched(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
                              callbacks=callbacks, cuda_graph=cuda_graph)
 
 
+# The former names (before issue 33, "batch" meant a stack there): the same functions, no warning.
+train_batched = train_stacked
+batch_key = stack_key
+
+
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
                   resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
                   compile: bool, label: str, callbacks: Sequence[Any], cuda_graph: bool) -> list[dict[str, Any]]:
-    saved = load_batch_state(state_path) if (resume and checkpoint) else None
+    saved = load_stack_state(state_path) if (resume and checkpoint) else None
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
     for i, (c, d) in enumerate(zip(configs, dirs)):
@@ -224,7 +232,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
         raise ValueError("the training split needs at least 2 samples")
     models = [build_model(c, data) for c in configs]
     stack = StackedModels(models, device=first.device)
-    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
+    optimizer = StackedOptimizer(stack, recipes, compile=compile)
     members, writers = [], []
     for i, (c, d, r, model) in enumerate(zip(configs, dirs, recipes, models)):
         header = results_header(c, r, model, data)
@@ -240,7 +248,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
-        check_batch_members(state_path, meta, len(members))
+        check_stack_members(state_path, meta, len(members))
         steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))
         if meta["epoch"] > recipes[0].epochs or meta["step_count"] != meta["epoch"] * steps_per_epoch:
             raise ValueError(f"{state_path / STATE_JSON}: fields 'epoch' ({meta['epoch']}) and 'step_count' "
@@ -253,7 +261,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                     **{f"running.{k}": v for k, v in stack.running.items()},
                     **{f"optim.{k}": v for k, v in optimizer.state_tensors().items()},
                     **{f"generator.{i}": members[i].state.generator.get_state() for i in active}}
-        check_batch_tensors(state_path, meta, tensors, expected)
+        check_stack_tensors(state_path, meta, tensors, expected)
         stack.flat.copy_(tensors["flat"])
         stack.steps.copy_(tensors["steps"])
         for name, v in stack.running.items():
@@ -279,7 +287,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     def after_epoch(running: Sequence[Member]) -> None:
         epoch = running[0].state.epoch
         if checkpoint:
-            save_batch_state(state_path, epoch, stack, optimizer,
+            save_stack_state(state_path, epoch, stack, optimizer,
                              [{**progress_entry(m.state), "done": m.ended} for m in members],
                              {members.index(m): m.state.generator for m in running})
         if progress:
@@ -323,7 +331,7 @@ def order_generator(device: torch.device) -> torch.Generator:
 
 
 class _DivergenceNote:
-    """Callback: one progress line when a member of a batch ends diverged (the others go on)."""
+    """Callback: one progress line when a member of a stack ends diverged (the others go on)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -337,7 +345,7 @@ class _DivergenceNote:
 
 
 class _StackEngine:
-    """`train_batched`'s engine (train.loop.Engine): the active members as one `StackedModels`.
+    """`train_stacked`'s engine (train.loop.Engine): the active members as one `StackedModels`.
 
     Differences from `fit`'s engine, by construction of a stacked step: `on_step_end` is not called
     (it would cost a device synchronisation per step for N models), so a member's `state.stop` takes
@@ -345,11 +353,11 @@ class _StackEngine:
     epoch's end (its slices never mix with the others') and is then rolled back, as `fit` rolls back.
     `state.model` of each member holds its weights from the end of every epoch (`sync`)."""
 
-    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, recipes: list[Recipe], data: DataSplits,
+    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, recipes: list[Recipe], data: DataSplits,
                  eval_chunk: int, compile: bool, cuda_graph: bool = True) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk
-        self.step = BatchedStep(stack, optimizer, compile=compile)
+        self.step = StackedStep(stack, optimizer, compile=compile)
         # On a GPU the epoch is replays of one captured step (issue 35); the CPU keeps the eager step.
         self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
@@ -393,7 +401,7 @@ class _StackEngine:
         return list(zip(losses, errors))
 
     def gate_values(self) -> list[list[float]]:
-        """Each member's k in block order; [] for members without gates (plain nets of a mixed batch)."""
+        """Each member's k in block order; [] for members without gates (plain nets of a mixed stack)."""
         names = self.stack.scalar_gate_names()
         if not names:
             return [[] for _ in range(self.stack.n)]
@@ -419,3 +427,118 @@ class _StackEngine:
         self.recipes = [self.recipes[p] for p in positions]
         self.snap = {k: v.index_select(0, torch.tensor(list(positions), dtype=torch.long, device=v.device))
                      for k, v in self.snap.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The stack's checkpoint (`train_stacked`): the same pair as a run's (train.checkpoint) in the
+# stack's state folder. `batch-eNNNN.safetensors` holds the stacked parameters, running statistics,
+# optimiser state and each member's data-order generator; `batch.json` names that file with its
+# SHA-256 and holds, per member, the progress entry every checkpoint stores (`loop.progress_entry`:
+# history and elapsed seconds, read back by `loop.restore_progress`, the one resume path) and whether
+# it has ended. The file names and the format string keep the word "batch" they were written with.
+# ----------------------------------------------------------------------------------------------
+
+_STATE_FORMAT = "throughway-batched-1"
+STATE_JSON = "batch.json"
+
+
+def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relative: bool = True) -> str:
+    """A short hash of the stack's configs and run folders: the default name of its state folder.
+
+    The run folders enter as paths relative to the first one's parent, so a study folder that is
+    moved or copied keeps its stack states; `relative=False` gives the name used before, from the
+    resolved absolute paths (still looked for on resume, see `train_stacked`).
+    """
+    root = Path(out_dirs[0]).resolve().parent
+    paths = [os.path.relpath(Path(d).resolve(), root) if relative else str(Path(d).resolve()) for d in out_dirs]
+    text = json.dumps([[path, c.to_dict()] for c, path in zip(configs, paths)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
+                     members: Sequence[dict[str, Any]], generators: dict[int, torch.Generator]) -> None:
+    """Checkpoint the stack after `epoch` finished epochs. `members` holds, per model of the stack, its
+    progress entry (`loop.progress_entry`) and "done" (whether it has ended); `generators` maps the
+    index of every model still in the stack, in the stack's order, to its data-order generator."""
+    active = list(generators)
+    tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
+    tensors.update({f"running.{k}": v for k, v in stack.running.items()})
+    tensors.update({f"optim.{k}": v for k, v in optimizer.state_tensors().items()})
+    for i, generator in generators.items():
+        tensors[f"generator.{i}"] = generator.get_state()
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    write_rotating(state_dir, STATE_JSON, f"batch-e{epoch:04d}.safetensors", save(tensors), {
+        "format": _STATE_FORMAT, "epoch": epoch, "active": list(active), "step_count": optimizer.step_count,
+        "members": list(members),
+    }, BATCH_FILE)
+
+
+def load_stack_state(state_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """(batch.json, the tensors it names) of a stack's `state_dir`, checked (format, checksum, field types), or
+    None when there is no batch.json; ValueError naming the file otherwise."""
+    meta_path = state_dir / STATE_JSON
+    if not meta_path.is_file():
+        return None
+    meta = read_json_object(meta_path, "a batch's state")
+    if meta.get("format") != _STATE_FORMAT:
+        raise ValueError(f"{meta_path}: unknown batch-state format {meta.get('format')!r}")
+    path = _state_file(state_dir, meta.get("file"))
+    if not path.is_file() or sha256_file(path) != meta.get("sha256"):
+        raise ValueError(f"{path}: missing or damaged (checksum differs from {meta_path}); delete {state_dir} to restart the batch")
+    if not (is_int(meta.get("epoch")) and meta["epoch"] >= 0 and is_int(meta.get("step_count"))
+            and meta["step_count"] >= 0
+            and isinstance(meta.get("active"), list) and all(is_int(i) for i in meta["active"])
+            and isinstance(meta.get("members"), list) and all(isinstance(m, dict) for m in meta["members"])):
+        raise ValueError(f"{meta_path}: fields 'epoch', 'step_count' (integers ≥ 0), 'active' (list of integers) or "
+                         f"'members' (list of objects) malformed; delete {state_dir} to restart the batch")
+    members, active = meta["members"], meta["active"]
+    # `active`: the members still in the stack, in the stack's (ascending) order; every other member has ended.
+    if not active or active != sorted(set(active)) or active[0] < 0 or active[-1] >= len(members):
+        raise ValueError(f"{meta_path}: field 'active' is {active}; accepted: distinct member indices in ascending "
+                         f"order, 0..{len(members) - 1} (the file was edited or damaged); delete {state_dir} to "
+                         f"restart the batch")
+    for i, entry in enumerate(members):
+        running = i in active
+        check_history(meta_path, f"members[{i}].history", entry.get("history"),
+                      epochs=meta["epoch"] if running else None, ended=not running)
+        if not running and len(entry["history"]["epochs"]) > meta["epoch"]:
+            raise ValueError(f"{meta_path}: field 'members[{i}].history.epochs' holds more records than the batch's "
+                             f"'epoch' ({meta['epoch']}); delete {state_dir} to restart the batch")
+        if not (is_number(entry.get("elapsed_s", 0.0)) and isinstance(entry.get("done", False), bool)):
+            raise ValueError(f"{meta_path}: field 'members[{i}]' needs 'elapsed_s' (a number of seconds) and 'done' "
+                             f"(bool); the file was edited or damaged; delete {state_dir} to restart the batch")
+    try:
+        return meta, load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); delete {state_dir} to restart the batch") from exc
+
+
+def _state_file(state_dir: Path, name: Any) -> Path:
+    return member_file(state_dir, name, BATCH_FILE, source=state_dir / STATE_JSON, field="file")
+
+
+def check_stack_members(state_dir: Path, meta: dict[str, Any], members: int) -> None:
+    """ValueError naming batch.json unless its 'members' has one entry per model of the stack (`members`)."""
+    if len(meta["members"]) != members:
+        raise ValueError(f"{state_dir / STATE_JSON}: field 'members' holds {len(meta['members'])} entries; this batch "
+                         f"has {members} models (the file belongs to another batch or was edited); delete "
+                         f"{state_dir} to restart the batch")
+
+
+def check_stack_tensors(state_dir: Path, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                        expected: dict[str, torch.Tensor]) -> None:
+    """Check a loaded stack state (`load_stack_state`) against the stack it should resume: exactly the
+    tensors of `expected` (name -> a tensor of the resumed stack and optimiser, for its shape).
+    ValueError naming the files otherwise; nothing is changed."""
+    meta_path = state_dir / STATE_JSON
+    path = state_dir / str(meta["file"])
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != tuple(expected[k].shape))
+    if missing or extra or wrong:
+        details = "; ".join(part for part in (
+            f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+            ", ".join(f"{k}: file {tuple(tensors[k].shape)}, batch {tuple(expected[k].shape)}" for k in wrong[:3]))
+            if part)
+        raise ValueError(f"{path} with {meta_path}: does not fit this batch ({details}); the state belongs to another "
+                         f"batch or was edited; delete {state_dir} to restart the batch")

@@ -30,7 +30,7 @@ from . import distributed
 from .checkpoint import save_model
 
 if TYPE_CHECKING:
-    from .loop import TrainState
+    from .state import TrainState
 
 __all__ = ["ProgressPrinter", "MetricsCSV", "TensorBoardLogger", "EarlyStopping", "ModelCheckpoint", "METRICS_FILE", "METRICS_COLUMNS",
            "metrics_table", "write_metrics_csv", "read_metrics_csv", "require_tensorboard", "TENSORBOARD_EXTRA"]

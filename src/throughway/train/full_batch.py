@@ -1,12 +1,12 @@
 """Full-batch gradient descent of many n-shortcut networks at once (Demystifying ResNet §5).
 
-`BatchedGD` trains R shortcut networks of one architecture (seeds, learning rates) together on one
+`StackedGD` trains R shortcut networks of one architecture (seeds, learning rates) together on one
 full batch, as the paper's figures 3 to 8 do; it moved here from the shortcut experiments
 so that every trainer lives in `train`. Its update is the toolkit's one rule (`optim.update_rows`):
 SGD without momentum, p ← p − lr·g, over the (R, P) rows of the R networks' weights.
 
 `train_full_batch(gd, x, y, epochs)` trains them through the toolkit's one epoch loop
-(`loop.run_loop`, as `fit` and `train_batched` do): each network is a member with its own
+(`loop.run_loop`, as `fit` and `train_stacked` do): each network is a member with its own
 `TrainState` and `History`, one full-batch step is its epoch, and divergence follows the loop's rule
 (the history marks it, the weights go back to the end of the last finished epoch, the network
 leaves the loop). The studies (experiments.shortcut_lr, hessian_dynamics, weight_norms) read what
@@ -24,14 +24,15 @@ from torch import nn
 from ..layers.shortcut import ShortcutUnit
 from ..models import create_model
 from ..models.shortcut import ShortcutNet
-from .loop import EpochStats, History, Member, TrainState, run_loop
+from .loop import EpochStats, Member, run_loop
 from .optim import update_rows
 from .recipes import Recipe
+from .state import History, TrainState
 
-__all__ = ["BatchedGD", "train_full_batch"]
+__all__ = ["StackedGD", "train_full_batch", "BatchedGD"]  # BatchedGD: StackedGD's former name (issue 33)
 
 
-class BatchedGD:
+class StackedGD:
     """R shortcut networks of one architecture trained together by full-batch gradient descent.
 
     Args:
@@ -129,6 +130,10 @@ class BatchedGD:
         return model
 
 
+# The former name (before issue 33, "batched" meant a stack there): the same class, no warning.
+BatchedGD = StackedGD
+
+
 def _copy_into(model: nn.Module, weights: torch.Tensor) -> None:
     with torch.no_grad():
         for w, v in zip(cast(ShortcutNet, model).weight_matrices(), weights):
@@ -139,7 +144,7 @@ class _FullBatchEngine:
     """`train_full_batch`'s engine (train.loop.Engine): one full-batch GD step of every active network is
     an epoch. Positions are the active networks in order; `rows` maps them to rows of `gd`."""
 
-    def __init__(self, gd: BatchedGD, x: torch.Tensor, y: torch.Tensor) -> None:
+    def __init__(self, gd: StackedGD, x: torch.Tensor, y: torch.Tensor) -> None:
         self.gd, self.x, self.y = gd, x, y
         self.rows = list(range(len(gd.weights)))
         self.snapshot = gd.weights.detach().clone()
@@ -154,7 +159,7 @@ class _FullBatchEngine:
         return [lrs[r] for r in self.rows]
 
     def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
-        """One step of BatchedGD; records the loss before it, the gradient norm and the mean ‖W‖_F after it."""
+        """One step of StackedGD; records the loss before it, the gradient norm and the mean ‖W‖_F after it."""
         was_active = self.gd.active.tolist()
         losses, gnorm = self.gd.step(self.x, self.y)
         active, loss, norm = self.gd.active.tolist(), losses.tolist(), gnorm.tolist()
@@ -195,7 +200,7 @@ class _FullBatchEngine:
         self.rows = [self.rows[p] for p in positions]
 
 
-def train_full_batch(gd: BatchedGD, x: torch.Tensor, y: torch.Tensor, epochs: int,
+def train_full_batch(gd: StackedGD, x: torch.Tensor, y: torch.Tensor, epochs: int,
                      callbacks: Sequence[Sequence[Any]] | None = None) -> list[History]:
     """Train the R networks of `gd` on the full batch (x, y) for `epochs` steps through the one epoch loop
     (`loop.run_loop`); return each network's History.
@@ -204,7 +209,7 @@ def train_full_batch(gd: BatchedGD, x: torch.Tensor, y: torch.Tensor, epochs: in
     end of every epoch (`gd.model_at`), with the recipe of plain full-batch GD (SGD, its lr, no
     momentum, the whole set as one batch) and the callbacks `callbacks[r]`. Its record per epoch:
     `lr`, `train_loss` (the loss before the epoch's step), `gradient_norm` (before the step),
-    `avg_frobenius` (the mean ‖W‖_F after it), the times. Divergence (see BatchedGD) ends a network
+    `avg_frobenius` (the mean ‖W‖_F after it), the times. Divergence (see StackedGD) ends a network
     by the loop's rule: `history.diverged_at` holds the 1-based epoch, `gd.diverged_at[r]` the
     0-based one, its weights are those before that step.
     """

@@ -1,4 +1,4 @@
-"""A stack's epoch without host synchronisation: `GraphedStep`, the CUDA path of `train_batched`.
+"""A stack's epoch without host synchronisation: `GraphedStep`, the CUDA path of `train_stacked`.
 
 On a GPU the MNIST studies' tiny models (width 50) are bound by kernel launches, not arithmetic: a
 depth-100 stack launches thousands of small kernels per step. `GraphedStep` runs one epoch of a
@@ -31,8 +31,8 @@ import torch
 from torch.nn import functional as F
 
 from .loop import epoch_starts
-from .optim import BatchedOptimizer, EAGER, Kernels
-from .stacked import EpochTotals, StackedModels, backward
+from .optim import EAGER, Kernels
+from .stacked import EpochTotals, StackedModels, StackedOptimizer, backward
 
 __all__ = ["GraphedStep", "update_rows_on_device"]
 
@@ -79,12 +79,12 @@ def update_rows_on_device(kind: str, p: torch.Tensor, g: torch.Tensor, state: di
 class GraphedStep:
     """Every step of an epoch of `stack` (trained by `optimizer`) from static buffers, captured as CUDA
     graphs on a CUDA device (module docstring). `epoch(train_x, train_y, orders, batch_size)` is
-    `stacked.train_epoch(BatchedStep(stack, optimizer), ...)` with the same totals and semantics.
+    `stacked.train_epoch(StackedStep(stack, optimizer), ...)` with the same totals and semantics.
 
     `capture`: None (default) captures on a CUDA device and runs eagerly elsewhere; True demands a CUDA
     device. `compile=True` passes the forward and loss through torch.compile before the capture."""
 
-    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, *, capture: bool | None = None,
+    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, *, capture: bool | None = None,
                  compile: bool = False, warmup: int = _WARMUP_STEPS) -> None:
         cuda = stack.device.type == "cuda"
         if capture and not cuda:

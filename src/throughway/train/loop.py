@@ -29,7 +29,7 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `run.run_training` adds.
 
-The epoch loop itself is `run_loop`, shared with `batched.train_batched` (many stacked models) and
+The epoch loop itself is `run_loop`, shared with `batched.train_stacked` (many models as one stack) and
 `full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
 one model and for many. What differs between them is only how an epoch of steps is computed,
 evaluated and rolled back, the `Engine` (the one narrow seam); `fit` supplies the engine of one
@@ -40,9 +40,10 @@ marked, its weights go back to the end of its last finished epoch, it leaves the
 `on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record
 (`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
 
-The file reads top to bottom: what the loop keeps per model (`History`, `TrainState`, `Callback`,
-the one resume path `restore_progress`), the loop (`Engine`, `Member`, `run_loop`), evaluation,
-then `fit` and its engine. The hooks' contract does
+What the loop keeps per model and shows its callbacks (`History`, `TrainState`, `Callback`) is in
+train.state, a leaf that names no trainer (re-exported here). The file reads top to bottom: the
+callbacks' calls and the one resume path (`call`, `progress_entry`, `restore_progress`), the loop
+(`Engine`, `Member`, `run_loop`), evaluation, then `fit` and its engine. The hooks' contract does
 not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
 numbers belong in the record (a record's value may be a list, as `k` already is).
@@ -60,7 +61,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -76,9 +77,7 @@ from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_eval_b
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
-
-if TYPE_CHECKING:
-    from .full_batch import BatchedGD
+from .state import Callback, History, TrainState
 
 __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
            "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
@@ -86,88 +85,8 @@ __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "resto
 
 
 # ----------------------------------------------------------------------------------------------
-# What the loop keeps per model and shows its callbacks
+# Calling the callbacks; the one resume path
 # ----------------------------------------------------------------------------------------------
-@dataclass
-class History:
-    """Per-epoch records and the run's outcome.
-
-    Each record holds: `epoch` (1-based), `lr`, `train_loss` (mean mini-batch loss during the
-    epoch, in training mode, as Keras reports it and the paper's figure 4 plots),
-    `train_error_pct` (mini-batch errors during the epoch; None when the outputs are not class
-    scores for integer labels), `val_loss`/`val_error_pct` (None when training on the full set or
-    without a validation split), `test_loss`/`test_error_pct` (None without evaluation data), `k`
-    and `k_mean` for models with scalar gates, `epoch_time_s` and `elapsed_s`; and
-    `stopped_at_step` for an epoch a callback ended early.
-    """
-
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    diverged: bool = False
-    diverged_at: dict[str, Any] | None = None
-
-    def last(self) -> dict[str, Any] | None:
-        """The last epoch's record, or None before the first epoch ends."""
-        return self.epochs[-1] if self.epochs else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The history as a JSON-able dict (for checkpoints and results files)."""
-        return {"epochs": self.epochs, "diverged": self.diverged, "diverged_at": self.diverged_at}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "History":
-        """Rebuild a History from `to_dict`'s output."""
-        return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
-
-
-@dataclass
-class TrainState:
-    """What callbacks see and may change.
-
-    `epoch` counts finished epochs and `step` finished optimiser steps (both continue across a
-    resume); `steps_per_epoch` is None for a DataLoader without a length. `data` is the DataSplits
-    `fit` was given, else None. Setting `stop = True` ends training (see the module docstring).
-    `optimizer` is a torch.optim.Optimizer for `fit` and for the members of a stack (they share one
-    `optim.BatchedOptimizer`, whose group holds per-model rates), and the full-batch trainer
-    (`full_batch.BatchedGD`) for the Demystifying studies.
-    """
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer | BatchedGD
-    recipe: Recipe
-    data: DataSplits | None
-    generator: torch.Generator
-    history: History
-    epoch: int = 0
-    elapsed_s: float = 0.0
-    stop: bool = False
-    step: int = 0
-    steps_per_epoch: int | None = None
-
-
-class Callback(Protocol):
-    """Hooks called by `fit`; every method is optional (`fit` calls only those a callback has).
-
-    The contract is the same whatever the number of models the loop trains (module docstring)."""
-
-    def on_fit_start(self, state: TrainState) -> None:
-        """Called once before training; may restore a checkpoint into `state`."""
-
-    def on_epoch_start(self, state: TrainState) -> None:
-        """Called before each epoch's first step (`state.epoch` is the number of finished epochs)."""
-
-    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
-        """Called after each optimiser step: `step` is the run's step count (1-based, continuing across
-        epochs and resumes; equal to `state.step`), `loss` the batch's mean training loss as a Python
-        float (the loss the step minimised; under data parallelism, the global batch's). Setting
-        `state.stop = True` ends the epoch after this step and then training."""
-
-    def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
-        """Called after each finished epoch with its record (already in `state.history`)."""
-
-    def on_fit_end(self, state: TrainState) -> None:
-        """Called once when training ends (finished, diverged or stopped)."""
-
-
 def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
     """Call `hook(*args)` on every callback that has it, in order (every hook is optional)."""
     for callback in callbacks:
@@ -179,13 +98,13 @@ def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
 def progress_entry(state: TrainState) -> dict[str, Any]:
     """What a checkpoint stores of a member's progress besides tensors (JSON-able): its history and
     elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's
-    checkpoint.json, a batch's batch.json) store exactly this per model, read back by `restore_progress`."""
+    checkpoint.json, a stack's batch.json) store exactly this per model, read back by `restore_progress`."""
     return {"history": state.history.to_dict(), "elapsed_s": state.elapsed_s}
 
 
 def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
     """Set `state`'s history, epoch (finished epochs = the history's records) and elapsed seconds from a
-    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_batched`."""
+    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_stacked`."""
     state.history = History.from_dict(entry["history"])
     state.epoch = len(state.history.epochs)
     state.elapsed_s = float(entry.get("elapsed_s", 0.0))
@@ -196,7 +115,7 @@ def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 def epoch_starts(n: int, batch_size: int, world: int = 1) -> list[int]:
     """The first index of each mini-batch of an epoch over n samples, for every path (fit's in-memory
-    data, train_batched's stacks): consecutive batches of `batch_size`, except that a final batch of
+    data, train_stacked's stacks): consecutive batches of `batch_size`, except that a final batch of
     fewer than two samples per rank (`world` data-parallel processes) is folded away, since it would
     break BatchNorm's training statistics."""
     return [s for s in range(0, n, batch_size) if n - s > 2 * world - 1 or s == 0]
@@ -294,11 +213,11 @@ def run_loop(engine: Engine, members: Sequence[Member], epochs: int, *,
     already ended (`Member.ended`) are skipped throughout. Per epoch, in order: the learning rates,
     `on_epoch_start`, the engine's epoch of steps, divergence (per member: history marked, weights
     rolled back, `on_fit_end`, out of the loop), evaluation on val and test, the record appended to
-    each member's history, `after_epoch(active members)` (e.g. a batch checkpoint), `on_epoch_end`;
+    each member's history, `after_epoch(active members)` (e.g. a stack's checkpoint), `on_epoch_end`;
     then members whose callbacks set `state.stop` end. `on_fit_end` runs once per member.
 
     The divergence rule, the same for every engine: a member whose training loss in a step is not
-    finite (full-batch descent: or at least its bound, `BatchedGD.divergence_loss`) is reported by
+    finite (full-batch descent: or at least its bound, `StackedGD.divergence_loss`) is reported by
     the engine in `EpochStats.diverged`; here its history is marked (`diverged_at`: the 1-based epoch,
     the step within it, the loss), its weights go back to the end of its last finished epoch, its
     `on_fit_end` runs and it leaves the loop, the others going on undisturbed. Deep plain nets are

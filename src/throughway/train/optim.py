@@ -4,9 +4,10 @@ Every path of the toolkit updates its parameters through `update_rows`, written 
 
 * `FlatOptimizer` (`fit`, `throughway train`): a real `torch.optim.Optimizer` whose groups each hold
   one flat vector, the concatenation of the group's parameters (a model as one row);
-* `BatchedOptimizer` (`train_batched`): the (N, P) parameter matrix of a `StackedModels`, one row per
-  model, with per-row learning rate, momentum and weight decay;
-* `BatchedGD` (train.full_batch, the Demystifying ResNet studies): plain gradient descent, which is
+* `StackedOptimizer` (train.stacked, beside the `StackedModels` it serves; `train_stacked`): the
+  (N, P) parameter matrix of a stack, one row per model, with per-row learning rate, momentum and
+  weight decay;
+* `StackedGD` (train.full_batch, the Demystifying ResNet studies): plain gradient descent, which is
   SGD without momentum over the (R, P) rows of R shortcut networks.
 
 The arithmetic is torch.optim's single-tensor implementation's (torch 2.x: `SGD`, `Adam`, `NAdam`
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -34,10 +35,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .recipes import Recipe, parameter_groups
 
-if TYPE_CHECKING:
-    from .stacked import StackedModels
-
-__all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "update_rows", "FlatOptimizer", "BatchedOptimizer",
+__all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "update_rows", "closure_loss", "FlatOptimizer",
            "build_optimizer"]
 
 KINDS = ("sgd", "adam", "nadam")
@@ -162,7 +160,7 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
     kernels.nadam(p, g, m, v, c_grad, c_avg, eps_t, beta1, beta2)
 
 
-def _closure_loss(closure: Callable[[], Any] | None) -> Any:
+def closure_loss(closure: Callable[[], Any] | None) -> Any:
     """What torch's optimisers do with `step(closure)`: call it with gradients on, return its loss."""
     if closure is None:
         return None
@@ -252,7 +250,7 @@ class FlatOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Gather parameters and gradients, update each flat vector (`update_rows`), copy the result back."""
-        loss = _closure_loss(closure)
+        loss = closure_loss(closure)
         for params, group in zip(self._group_params, self.param_groups):
             flat = group["params"][0]
             # One C++ call each way (torch's flatten/unflatten helpers, as DDP uses): a Python loop
@@ -354,125 +352,3 @@ def build_optimizer(model: nn.Module, recipe: Recipe) -> FlatOptimizer:
     groups = [{**group, "lr": recipe.lr * group["lr_mult"]} for group in parameter_groups(model, recipe)]
     return FlatOptimizer(recipe.optimizer, groups, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.nesterov,
                          betas=recipe.betas, eps=recipe.eps, momentum_decay=recipe.momentum_decay)
-
-
-# ----------------------------------------------------------------------------------------------
-# N models: the (N, P) parameter matrix of a StackedModels
-# ----------------------------------------------------------------------------------------------
-
-class BatchedOptimizer(torch.optim.Optimizer):
-    """SGD (with momentum, optionally Nesterov), NAdam or Adam (`update_rows`) over the flat (N, P)
-    parameter matrix of a `StackedModels` (`stack.flat`, gradient `stack.grad`), with per-model
-    learning rate, momentum and weight decay taken from `recipes` (one per model; the optimiser,
-    betas, eps and Nesterov are the first recipe's and must be shared). Row i follows what
-    `FlatOptimizer` does to model i alone, up to rounding. `compile=True` runs the elementwise update
-    through torch.compile (`compiled_kernels`).
-
-    A `torch.optim.Optimizer` with one parameter group, whose one parameter is `stack.flat`: the
-    group's "lr" and "momentum" are (N, 1) tensors, one row per model, and "weight_decay" is the
-    (N, P) decay of every entry (None without decay). `step()` applies the group's current rates, so
-    per-model schedules set `param_groups[0]["lr"]` (as `train_batched` does each epoch) and a
-    callback reading `state.optimizer` of a stacked member finds a torch optimiser like any other.
-    The state (`self.state[stack.flat]`) keeps torch's names: "step", NAdam's "mu_product",
-    "momentum_buffer" or "exp_avg" / "exp_avg_sq" as (N, P) matrices."""
-
-    def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
-        first = recipes[0]
-        if any(r.param_rules for r in recipes):
-            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by batched "
-                             "training; train these runs one at a time (throughway train)")
-        self.kernels = compiled_kernels() if compile else EAGER
-        self.kind = first.optimizer
-        self.stack = stack
-        device, dtype = stack.device, stack.flat.dtype
-        rows = {key: torch.tensor([getattr(r, key) for r in recipes], dtype=dtype, device=device).view(-1, 1)
-                for key in ("lr", "momentum")}
-        # Which entries are weight-decayed: the recipe's parameter groups, on the template.
-        decayed = {id(p) for g in parameter_groups(stack.template, first) if g["group"] == "decay" for p in g["params"]}
-        mask = torch.zeros(stack.size, dtype=dtype)
-        for (name, p) in stack.template.named_parameters():
-            if id(p) in decayed:
-                o = stack.offsets[name]
-                mask[o:o + p.numel()] = 1.0
-        wd = torch.tensor([r.weight_decay for r in recipes], dtype=dtype).view(-1, 1)
-        decay = (wd * mask.view(1, -1)).to(device) if bool((wd != 0).any()) else None
-        super().__init__([{"params": [stack.flat], **rows, "weight_decay": decay}],
-                         {"betas": first.betas, "eps": first.eps, "momentum_decay": first.momentum_decay,
-                          "nesterov": first.nesterov})
-        state = self.state[stack.flat]
-        state["step"] = torch.zeros((), dtype=torch.float32)
-        if self.kind == "nadam":
-            state["mu_product"] = torch.ones((), dtype=torch.float32)
-        if self.kind == "sgd":
-            state["momentum_buffer"] = torch.zeros_like(stack.flat)
-        else:
-            state["exp_avg"] = torch.zeros_like(stack.flat)
-            state["exp_avg_sq"] = torch.zeros_like(stack.flat)
-
-    @property
-    def _group(self) -> dict[str, Any]:
-        return self.param_groups[0]
-
-    @property
-    def _state(self) -> dict[str, Any]:
-        return self.state[self._group["params"][0]]
-
-    @property
-    def step_count(self) -> int:
-        """Steps taken (continues across a resumed checkpoint)."""
-        return int(self._state["step"])
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the stack's flat gradient (`stack.grad`, which the stack's leaves write into; it is
-        never set to None, whatever `set_to_none` says, since the leaves are views of it)."""
-        self.stack.grad.zero_()
-
-    def select(self, keep: Sequence[int]) -> None:
-        """Keep the rates and the optimiser state of the models at positions `keep`, after
-        `StackedModels.select` has replaced `stack.flat` by its kept rows."""
-        index = torch.tensor(list(keep), dtype=torch.long, device=self.stack.device)
-        group, state = self._group, self.state.pop(self._group["params"][0])
-        for key in ("lr", "momentum", "weight_decay"):
-            if group[key] is not None:
-                group[key] = group[key].index_select(0, index)
-        for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
-            if name in state:
-                state[name] = state[name].index_select(0, index).contiguous()
-        group["params"] = [self.stack.flat]
-        self.state[self.stack.flat] = state
-
-    # The batch checkpoint's names (train.checkpoint) for the state's tensors.
-    _CHECKPOINT_NAMES = {"momentum_buffer": "buf", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The optimiser's state as named tensors (for the batch's safetensors checkpoint)."""
-        state = self._state
-        out = {"mu_product": state.get("mu_product", torch.ones((), dtype=torch.float32)).clone()}
-        for name, saved in self._CHECKPOINT_NAMES.items():
-            if name in state:
-                out[saved] = state[name]
-        return out
-
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
-        """Restore the state written by `state_tensors` after `step_count` steps."""
-        state = self._state
-        state["step"] = torch.tensor(float(step_count), dtype=torch.float32)
-        if "mu_product" in state:
-            state["mu_product"] = tensors["mu_product"].clone()
-        for name, saved in self._CHECKPOINT_NAMES.items():
-            if name in state:
-                state[name].copy_(tensors[saved])
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One update of every row with the group's per-model rates (`param_groups[0]["lr"]`, (N, 1))."""
-        loss = _closure_loss(closure)
-        group = self._group
-        update_rows(self.kind, self.stack.flat, self.stack.grad, self._state, lr=group["lr"],
-                    momentum=group["momentum"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
-                    eps=float(group["eps"]), momentum_decay=float(group["momentum_decay"]),
-                    nesterov=bool(group["nesterov"]), kernels=self.kernels)
-        return loss
-
-    def __repr__(self) -> str:
-        return f"BatchedOptimizer({self.kind}, {self.stack.n} models of {self.stack.size} values)"

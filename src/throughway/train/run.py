@@ -41,7 +41,7 @@ from .checkpoint import (check_model_config, has_checkpoint, load_checkpoint, lo
                          save_checkpoint, save_model, verify_checkpoint_file)
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
-from .optim import BatchedOptimizer
+from .stacked import BatchedOptimizer
 from .recipes import Recipe
 from .rundir import MODEL_FILE, RESULTS_FILE, RunDir, interrupts_deferred
 

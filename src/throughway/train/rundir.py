@@ -1,6 +1,6 @@
 """The run directory as untrusted input: its paths, an exclusive lock, validated file names, cleanup.
 
-Single runs (`run.run_training`) and batches (`batched.train_batched`) write their files through
+Single runs (`run.run_training`) and stacks (`batched.train_stacked`) write their files through
 a `RunDir`, which promises:
 
 * nothing outside the directory is read or deleted because of a name found in one of its JSON
@@ -116,7 +116,6 @@ class RunDir:
     def __init__(self, path: str | os.PathLike[str], option: str = "--out") -> None:
         self.path = Path(path)
         self.option = option
-        self._lock: filelock.BaseFileLock | None = None
 
     # -- paths ----------------------------------------------------------------------------------
     @property
@@ -233,7 +232,6 @@ class RunDir:
         except filelock.Timeout:
             raise RunLockedError(f"{self.path} is in use by another throughway process ({self.holder()}); "
                                  f"wait for it to end, or choose another {self.option}") from None
-        self._lock = lock
         written: bytes | None = None
         try:
             self._check_lock_file()
@@ -248,7 +246,6 @@ class RunDir:
             with contextlib.suppress(OSError):
                 if written is not None and not self.lock_file.is_symlink() and self.lock_file.read_bytes() == written:
                     self.lock_file.unlink()
-            self._lock = None
             lock.release()
 
     def _check_lock_file(self) -> None:

@@ -1,6 +1,6 @@
-"""N small models of one shape held as stacked tensors: `StackedModels`, the batched model that
-`train.batched` drives (issue 15: the stacked *model*; its optimiser is `train.optim.BatchedOptimizer`),
-and its computation: one step of every model (`BatchedStep`), one epoch (`train_epoch`) and the
+"""N small models of one shape held as stacked tensors: `StackedModels`, the stack that
+`train.batched` drives (issue 15: the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
+and its computation: one step of every model (`StackedStep`), one epoch (`train_epoch`) and the
 evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_members`).
 
 Activations are held feature-major, (N models, C channels, B samples), so that every Linear is one
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from torch import nn
@@ -30,24 +30,25 @@ from ..layers.gates import GATE_FUNCTIONS
 from ..data import Split
 from ..models import create_model
 from .loop import epoch_starts, evaluate_members
+from .optim import EAGER, closure_loss, compiled_kernels, update_rows
+from .recipes import Recipe, parameter_groups
 
-if TYPE_CHECKING:
-    from .optim import BatchedOptimizer
-
-__all__ = ["StackedModels", "backward", "canonical_name", "own_name", "batch_family", "SUPPORTED_MODELS", "MIXABLE_MODELS",
-           "BatchedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK"]
+__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "own_name", "stack_family", "SUPPORTED_MODELS",
+           "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
+           # The former names (before issue 33, "batch" meant a stack), the same objects:
+           "BatchedOptimizer", "BatchedStep", "batch_family"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented", "mlp_rezero",
                     "mlp_layerscale")
 # The gated residual paper's three MLPs of one depth share every Linear and BatchNorm shape and differ
-# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one batch can hold all three
+# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one stack can hold all three
 # (issue 16). Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
 MIXABLE_MODELS: dict[str, tuple[bool, bool]] = {"mlp_plain": (False, False), "mlp_residual": (True, False),
                                                "mlp_gated_residual": (True, True)}
 _MIXED_FAMILY = "mlp_plain|mlp_residual|mlp_gated_residual"
 
 
-def batch_family(model: str) -> str:
+def stack_family(model: str) -> str:
     """The name under which models can share a stack: the model's own, or one name for the three
     MIXABLE_MODELS (plain, residual and gated residual MLPs of one depth train together)."""
     return _MIXED_FAMILY if model in MIXABLE_MODELS else model
@@ -81,7 +82,7 @@ def _structure(module: nn.Module) -> list[str]:
 
 
 def canonical_name(kind: str, name: str) -> str:
-    """The name of a plain/residual/gated MLP's tensor in a mixed batch (the gated residual layout):
+    """The name of a plain/residual/gated MLP's tensor in a mixed stack (the gated residual layout):
     plain layer j's `blocks.j.branch.X` is `blocks.{j // 2}.branch.{j % 2}.X`; others are unchanged."""
     if kind == "mlp_plain" and name.startswith("blocks.") and ".branch." in name:
         _, layer, rest = name.split(".", 2)
@@ -91,7 +92,7 @@ def canonical_name(kind: str, name: str) -> str:
 
 
 def own_name(kind: str, name: str) -> str:
-    """The inverse of `canonical_name`: a mixed batch's tensor name as model kind `kind` calls it."""
+    """The inverse of `canonical_name`: a mixed stack's tensor name as model kind `kind` calls it."""
     if kind == "mlp_plain" and name.startswith("blocks."):
         _, block, _branch, half, rest = name.split(".", 4)
         return f"blocks.{2 * int(block) + int(half)}.branch.{rest}"
@@ -104,7 +105,7 @@ def _config_of(model: nn.Module) -> dict[str, Any]:
 
 
 def _mixed_template(models: Sequence[nn.Module]) -> nn.Module:
-    # The gated residual layout: a gated model of the batch, else one built with the batch's shape.
+    # The gated residual layout: a gated model of the stack, else one built with the stack's shape.
     for m in models:
         if _config_of(m)["name"] == "mlp_gated_residual":
             return m
@@ -153,7 +154,7 @@ class StackedModels:
         if not models:
             raise ValueError("StackedModels needs at least one model")
         kinds = [str(_config_of(m).get("name")) for m in models]
-        # Plain, residual and gated residual MLPs in one batch: all are held in the gated residual
+        # Plain, residual and gated residual MLPs in one stack: all are held in the gated residual
         # layout (`canonical_name`), with a per-model shortcut and gate mask (module docstring).
         self.mixed = len(set(kinds)) > 1 and all(k in MIXABLE_MODELS for k in kinds)
         self.kinds = list(kinds)
@@ -376,7 +377,7 @@ class StackedModels:
 
 
 # ----------------------------------------------------------------------------------------------
-# The stacked step, epoch and evaluation (train_batched's inner loop)
+# The stacked step, epoch and evaluation (train_stacked's inner loop)
 # ----------------------------------------------------------------------------------------------
 
 EVAL_CHUNK = 2500
@@ -393,7 +394,7 @@ def evaluate_stack(stack: StackedModels, split: Split, chunk: int = EVAL_CHUNK) 
     return [loss for loss, _ in results], [error if error is not None else math.nan for _, error in results]
 
 
-class BatchedStep:
+class StackedStep:
     """One training step of every model of a stack: forward in training mode, per-model mean
     cross-entropy, backward into the flat gradient, and the optimiser's update with per-model
     learning rates; `fit`'s inner loop for N models at once (tests/test_batched.py).
@@ -402,10 +403,10 @@ class BatchedStep:
     activations and the gates' elementwise work; the backward is compiled with it) and the
     optimiser's update through its own compiled function. Compilation happens on the first call
     (tens of seconds to minutes, more with depth), and again when the number of models changes
-    (a diverged model leaves the batch), so it pays only for long batches.
+    (a diverged model leaves the stack), so it pays only for long stacks.
     """
 
-    def __init__(self, stack: StackedModels, optimizer: BatchedOptimizer, compile: bool = False) -> None:
+    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, compile: bool = False) -> None:
         self.stack, self.optimizer = stack, optimizer
         self._forward_loss = torch.compile(self._forward_loss_eager) if compile else self._forward_loss_eager
 
@@ -438,13 +439,13 @@ class EpochTotals:
     seen: int
 
 
-def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
+def train_epoch(step: StackedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
                 batch_size: int) -> EpochTotals:
     """One epoch of every model of `step`'s stack: model i visits the flattened training inputs
     `train_x` (n, features) and labels `train_y` (n,) in the order `orders[i]` (a permutation of
     range(n)), in mini-batches of `batch_size` (`epoch_starts`). A model whose loss stops being
     finite keeps stepping to the epoch's end (its slices never mix with the others'); the caller
-    restores and drops it (see `train_batched`)."""
+    restores and drops it (see `train_stacked`)."""
     k, n = orders.shape
     device = step.stack.device
     loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
@@ -464,3 +465,131 @@ def train_epoch(step: BatchedStep, train_x: torch.Tensor, train_y: torch.Tensor,
             wrong += batch_wrong
         seen += y.shape[1]
     return EpochTotals(loss_sum, wrong, bad_step, bad_loss, seen)
+
+
+# ----------------------------------------------------------------------------------------------
+# Its optimiser: the (N, P) parameter matrix of a StackedModels (train.optim's one update rule)
+# ----------------------------------------------------------------------------------------------
+
+class StackedOptimizer(torch.optim.Optimizer):
+    """SGD (with momentum, optionally Nesterov), NAdam or Adam (`update_rows`) over the flat (N, P)
+    parameter matrix of a `StackedModels` (`stack.flat`, gradient `stack.grad`), with per-model
+    learning rate, momentum and weight decay taken from `recipes` (one per model; the optimiser,
+    betas, eps and Nesterov are the first recipe's and must be shared). Row i follows what
+    `FlatOptimizer` does to model i alone, up to rounding. `compile=True` runs the elementwise update
+    through torch.compile (`compiled_kernels`).
+
+    A `torch.optim.Optimizer` with one parameter group, whose one parameter is `stack.flat`: the
+    group's "lr" and "momentum" are (N, 1) tensors, one row per model, and "weight_decay" is the
+    (N, P) decay of every entry (None without decay). `step()` applies the group's current rates, so
+    per-model schedules set `param_groups[0]["lr"]` (as `train_stacked` does each epoch) and a
+    callback reading `state.optimizer` of a stacked member finds a torch optimiser like any other.
+    The state (`self.state[stack.flat]`) keeps torch's names: "step", NAdam's "mu_product",
+    "momentum_buffer" or "exp_avg" / "exp_avg_sq" as (N, P) matrices."""
+
+    def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
+        first = recipes[0]
+        if any(r.param_rules for r in recipes):
+            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by batched "
+                             "training; train these runs one at a time (throughway train)")
+        self.kernels = compiled_kernels() if compile else EAGER
+        self.kind = first.optimizer
+        self.stack = stack
+        device, dtype = stack.device, stack.flat.dtype
+        rows = {key: torch.tensor([getattr(r, key) for r in recipes], dtype=dtype, device=device).view(-1, 1)
+                for key in ("lr", "momentum")}
+        # Which entries are weight-decayed: the recipe's parameter groups, on the template.
+        decayed = {id(p) for g in parameter_groups(stack.template, first) if g["group"] == "decay" for p in g["params"]}
+        mask = torch.zeros(stack.size, dtype=dtype)
+        for (name, p) in stack.template.named_parameters():
+            if id(p) in decayed:
+                o = stack.offsets[name]
+                mask[o:o + p.numel()] = 1.0
+        wd = torch.tensor([r.weight_decay for r in recipes], dtype=dtype).view(-1, 1)
+        decay = (wd * mask.view(1, -1)).to(device) if bool((wd != 0).any()) else None
+        super().__init__([{"params": [stack.flat], **rows, "weight_decay": decay}],
+                         {"betas": first.betas, "eps": first.eps, "momentum_decay": first.momentum_decay,
+                          "nesterov": first.nesterov})
+        state = self.state[stack.flat]
+        state["step"] = torch.zeros((), dtype=torch.float32)
+        if self.kind == "nadam":
+            state["mu_product"] = torch.ones((), dtype=torch.float32)
+        if self.kind == "sgd":
+            state["momentum_buffer"] = torch.zeros_like(stack.flat)
+        else:
+            state["exp_avg"] = torch.zeros_like(stack.flat)
+            state["exp_avg_sq"] = torch.zeros_like(stack.flat)
+
+    @property
+    def _group(self) -> dict[str, Any]:
+        return self.param_groups[0]
+
+    @property
+    def _state(self) -> dict[str, Any]:
+        return self.state[self._group["params"][0]]
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (continues across a resumed checkpoint)."""
+        return int(self._state["step"])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the stack's flat gradient (`stack.grad`, which the stack's leaves write into; it is
+        never set to None, whatever `set_to_none` says, since the leaves are views of it)."""
+        self.stack.grad.zero_()
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep the rates and the optimiser state of the models at positions `keep`, after
+        `StackedModels.select` has replaced `stack.flat` by its kept rows."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.stack.device)
+        group, state = self._group, self.state.pop(self._group["params"][0])
+        for key in ("lr", "momentum", "weight_decay"):
+            if group[key] is not None:
+                group[key] = group[key].index_select(0, index)
+        for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+            if name in state:
+                state[name] = state[name].index_select(0, index).contiguous()
+        group["params"] = [self.stack.flat]
+        self.state[self.stack.flat] = state
+
+    # The stack checkpoint's names (train.batched) for the state's tensors.
+    _CHECKPOINT_NAMES = {"momentum_buffer": "buf", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The optimiser's state as named tensors (for the stack's safetensors checkpoint)."""
+        state = self._state
+        out = {"mu_product": state.get("mu_product", torch.ones((), dtype=torch.float32)).clone()}
+        for name, saved in self._CHECKPOINT_NAMES.items():
+            if name in state:
+                out[saved] = state[name]
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        """Restore the state written by `state_tensors` after `step_count` steps."""
+        state = self._state
+        state["step"] = torch.tensor(float(step_count), dtype=torch.float32)
+        if "mu_product" in state:
+            state["mu_product"] = tensors["mu_product"].clone()
+        for name, saved in self._CHECKPOINT_NAMES.items():
+            if name in state:
+                state[name].copy_(tensors[saved])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every row with the group's per-model rates (`param_groups[0]["lr"]`, (N, 1))."""
+        loss = closure_loss(closure)
+        group = self._group
+        update_rows(self.kind, self.stack.flat, self.stack.grad, self._state, lr=group["lr"],
+                    momentum=group["momentum"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
+                    eps=float(group["eps"]), momentum_decay=float(group["momentum_decay"]),
+                    nesterov=bool(group["nesterov"]), kernels=self.kernels)
+        return loss
+
+    def __repr__(self) -> str:
+        return f"StackedOptimizer({self.kind}, {self.stack.n} models of {self.stack.size} values)"
+
+
+# The former names (before issue 33, "batch" meant a stack there): the same objects, no warning.
+BatchedOptimizer = StackedOptimizer
+BatchedStep = StackedStep
+batch_family = stack_family

@@ -1,9 +1,13 @@
-"""Running a study's runs as batches of models trained together (`throughway.train.batched`).
+"""Running a study's runs as stacks: models trained together (`throughway.train.batched`).
 
-Runs whose configs share `batch_key` and the recipe's shared fields (same model shape, data,
-optimiser kind, batch size, epochs) train as one batched computation; the others go in other
-batches. Batches are independent, so `jobs` > 1 spreads them over spawned worker processes as
-`run_many` does for single runs. Each run still gets its own ordinary run directory.
+Runs whose configs share `stack_key` and the recipe's shared fields (same model shape, data,
+optimiser kind, mini-batch size, epochs) train as one stack; the others go in other stacks. Stacks
+are independent, so `jobs` > 1 spreads them over spawned worker processes as `run_many` does for
+single runs. Each run still gets its own ordinary run directory.
+
+(This module was study/batching.py before. Some of its names and of the dictionaries it
+returns still say "batch" for a stack: `run_batched`, `time_batch`, `BatchTiming`, `batch_seconds`,
+`project_batches` and its "batches"/"batch" keys.)
 """
 
 from __future__ import annotations
@@ -25,9 +29,8 @@ import torch
 from torch.nn import functional as F
 
 from ..data import DataSplits, Split, load_dataset
-from ..train.batched import PER_MODEL_RECIPE_FIELDS, batch_key, train_batched
-from ..train.optim import BatchedOptimizer
-from ..train.stacked import BatchedStep, StackedModels
+from ..train.batched import PER_MODEL_RECIPE_FIELDS, stack_key, train_stacked
+from ..train.stacked import StackedStep, StackedModels, StackedOptimizer
 from ..train.config import build_model, resolve_recipe
 from .options import add_options
 from .runs import RunSpec, check_specs, damaged_finished_runs, prepare_data, worker_threads
@@ -46,7 +49,7 @@ def group_specs(specs: Sequence[RunSpec], max_batch: int = 64) -> list[list[RunS
     groups: dict[Any, list[RunSpec]] = {}
     for spec in specs:
         recipe = resolve_recipe(spec.config).to_dict()
-        key = (batch_key(spec.config), tuple((f, str(recipe[f])) for f in sorted(recipe) if f not in PER_MODEL_RECIPE_FIELDS))
+        key = (stack_key(spec.config), tuple((f, str(recipe[f])) for f in sorted(recipe) if f not in PER_MODEL_RECIPE_FIELDS))
         groups.setdefault(key, []).append(spec)
     out = []
     for members in groups.values():
@@ -100,8 +103,8 @@ def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int,
     start = time.perf_counter()
     recipes = [resolve_recipe(c) for c in configs]
     stack = StackedModels([build_model(c, fake) for c in configs], device=configs[0].device)
-    optimizer = BatchedOptimizer(stack, recipes, compile=compile)
-    step = BatchedStep(stack, optimizer, compile=compile)
+    optimizer = StackedOptimizer(stack, recipes, compile=compile)
+    step = StackedStep(stack, optimizer, compile=compile)
     built = time.perf_counter() - start
     n, size = stack.n, recipes[0].batch_size
     features = int(torch.tensor(input_shape).prod())
@@ -167,7 +170,7 @@ def batch_overhead_s(batch: Sequence[RunSpec], data: DataSplits, timing: BatchTi
     configs = [dataclasses.replace(s.config, epochs=1, device="cpu") for s in batch]
     with tempfile.TemporaryDirectory(prefix="throughway-estimate-") as folder:
         began = time.perf_counter()
-        train_batched(configs, [Path(folder) / s.name for s in batch], progress=False, data=tiny)
+        train_stacked(configs, [Path(folder) / s.name for s in batch], progress=False, data=tiny)
         wall = time.perf_counter() - began
     evaluated = len(tiny.test) + (len(tiny.val) if tiny.val is not None else 0)
     return max(0.0, wall - 2 * timing.step_s - evaluated * timing.eval_s)
@@ -199,7 +202,7 @@ def worker_start_s() -> float:
     """Seconds a fresh worker process of `run_batched` (spawned) takes to start and import the toolkit:
     measured by starting one."""
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import throughway.study.batching"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", "import throughway.study.stacking"], check=True, capture_output=True)
     return time.perf_counter() - began
 
 
@@ -378,7 +381,7 @@ def _data_for(config: Any) -> Any:
 
 def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, progress: bool,
                   compile: bool | None = None) -> list[tuple[list[str], str | None]]:
-    """Train `batch` (train_batched); return (names, error or None) per outcome: the batch's, and on
+    """Train `batch` (train_stacked); return (names, error or None) per outcome: the batch's, and on
     resume one per finished run whose model file is damaged beyond rebuilding (it fails alone)."""
     torch.set_num_threads(threads)
     names = [s.name for s in batch]
@@ -392,7 +395,7 @@ def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, pr
         if progress:
             what = "compiling its step first (minutes), then training" if compile else "training"
             _say(f"[batch of {len(batch)}: {names[0]} ...] {what}")
-        train_batched([s.config for s in batch], [Path(out) / s.name for s in batch], resume=resume, progress=progress,
+        train_stacked([s.config for s in batch], [Path(out) / s.name for s in batch], resume=resume, progress=progress,
                       data=_data_for(batch[0].config), compile=compile)
         return [(names, None)]
     except Exception as exc:  # noqa: BLE001 - one failed batch must not stop the study
@@ -451,8 +454,8 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     `specs` (study.shards), so a shard is a whole number of the unsharded study's batches.
 
     Batches are formed from all of `specs`, finished or not, so that an interrupted batch finds its
-    checkpoint again on `resume` (train_batched skips the finished runs of a batch). With jobs > 1, batches go to `jobs` spawned processes of `threads` threads each.
-    `compile` trains each batch through torch.compile (train_batched(compile=True)); None (the
+    checkpoint again on `resume` (train_stacked skips the finished runs of a batch). With jobs > 1, batches go to `jobs` spawned processes of `threads` threads each.
+    `compile` trains each batch through torch.compile (train_stacked(compile=True)); None (the
     default) compiles the batches that train at least COMPILE_MIN_STEPS steps (`compiles`).
     `on_done(name, error)` is called in this process for every run of a batch as the batch ends.
     """
