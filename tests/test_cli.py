@@ -103,3 +103,26 @@ def test_train_resolves_and_checks_its_config_once(tmp_path, fake_mnist_root, mo
     assert calls == {"check_config": 1, "resolve_recipe": 1}
     assert main([*argv, "--resume"]) == 0  # finished: skipped, after the same single check
     assert calls == {"check_config": 2, "resolve_recipe": 2}
+
+
+def test_train_help_imports_no_experiment():
+    # issue 33: the parser of `train` is built without the experiments' code or the studies' configs.
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom throughway.cli import main\ntry:\n    main(['train', '--help'])\n"
+            "except SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('throughway.experiments', 'throughway.study'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    assert "--model" in done.stdout
+
+
+def test_throughway_help_lists_every_command_with_its_help(capsys):
+    # the sub-commands not being run are built by name and help alone: --help is unchanged by it
+    from throughway.cli.parser import COMMANDS, build_parser, command_of
+
+    assert command_of(["--help"]) == "" and command_of(["train", "--help"]) == "train"
+    assert build_parser("").format_help() == build_parser().format_help()
+    for name, help in COMMANDS.items():
+        assert name in build_parser("").format_help() and help[:30] in build_parser("").format_help()

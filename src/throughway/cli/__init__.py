@@ -23,20 +23,25 @@ import sys
 from typing import Sequence
 
 from .commands import cmd_analyze, cmd_data, cmd_list, cmd_report, cmd_reproduce, cmd_sdi, cmd_train
-from .parser import build_parser
+from .parser import build_parser, command_of
 
 __all__ = ["main", "build_parser"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `throughway` console script; returns the exit status."""
+    """Entry point of the `throughway` console script; returns the exit status.
+
+    Parses `argv` with the parser of the sub-command being run (`command_of`: `train` imports no
+    experiment) and hands the arguments to that command's `cmd_*`, which checks what is its own."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_of(argv))
+    args = parser.parse_args(argv)
+    if args.command == "train":  # its results.json records its config, and it draws no figure
+        return _run(parser, args)
     from ..report.figures import figure_format
     from ..study.runs import invoked_with
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    # results.json records these arguments, not the process's sys.argv (issue 31, item 14)
+    # a study's results.json records these arguments, not the process's sys.argv (issue 31, item 14)
     with figure_format(getattr(args, "format", "png")), invoked_with(argv):  # `--format` of the commands that draw
         return _run(parser, args)
 
