@@ -85,7 +85,7 @@ def test_train_resolves_and_checks_its_config_once(tmp_path, fake_mnist_root, mo
 
     from throughway.train import config as config_module
 
-    calls = {"check_config": 0, "resolve_recipe": 0}
+    calls = {"check_config": 0, "resolve_recipe": 0, "check_device": 0}
     for name in calls:
         original = getattr(config_module, name)
 
@@ -100,9 +100,9 @@ def test_train_resolves_and_checks_its_config_once(tmp_path, fake_mnist_root, mo
     argv = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--epochs", "1", "--width", "8",
             "--limit", "64", "--out", str(tmp_path / "run"), "--quiet"]
     assert main(argv) == 0
-    assert calls == {"check_config": 1, "resolve_recipe": 1}
+    assert calls == {"check_config": 1, "resolve_recipe": 1, "check_device": 1}  # the device: in check_config only
     assert main([*argv, "--resume"]) == 0  # finished: skipped, after the same single check
-    assert calls == {"check_config": 2, "resolve_recipe": 2}
+    assert calls == {"check_config": 2, "resolve_recipe": 2, "check_device": 2}
 
 
 def test_train_help_imports_no_experiment():
