@@ -281,11 +281,11 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from ..study import analyze
+    from .. import analyze_runs
 
     if args.analysis == "redraw":
         try:
-            paths = analyze.redraw(args.dir, compare=args.compare)
+            paths = analyze_runs.redraw(args.dir, compare=args.compare)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(args.dir) in str(exc):
                 raise  # already names the file (read_json's "not valid JSON", say)
@@ -298,23 +298,22 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.analysis == "bn-stats":
         if args.batch_size < 2:
             raise ValueError(f"--batch-size {args.batch_size}: must be at least 2 (BatchNorm needs a batch variance)")
-        from ..study.analyze_bn import analyze_bn_stats
-        _, text = analyze_bn_stats(args.run_dirs, args.out, batch_size=args.batch_size, seed=args.seed,
+        _, text = analyze_runs.analyze_bn_stats(args.run_dirs, args.out, batch_size=args.batch_size, seed=args.seed,
                                    device=args.device, data_dir=args.data_dir)
         print(text)
         return 0
     common = {"device": args.device, "checkpoint": args.checkpoint}
     if args.analysis == "gates":
-        _, text = analyze.analyze_gates(args.run_dir, args.out, **common)
+        _, text = analyze_runs.analyze_gates(args.run_dir, args.out, **common)
     elif args.analysis == "prune":
-        _, text = analyze.analyze_prune(args.run_dir, args.out, strategy=args.strategy, orders=args.orders,
+        _, text = analyze_runs.analyze_prune(args.run_dir, args.out, strategy=args.strategy, orders=args.orders,
                                         seed=args.seed, compare=args.compare, data_dir=args.data_dir,
                                         progress=not args.quiet, **common)
     elif args.analysis == "highway":
-        _, text = analyze.analyze_highway(args.run_dir, args.out, classes=args.classes, sample=args.sample,
+        _, text = analyze_runs.analyze_highway(args.run_dir, args.out, classes=args.classes, sample=args.sample,
                                           seed=args.seed, data_dir=args.data_dir, **common)
     else:
-        _, text = analyze.analyze_lesion(args.run_dir, args.out, split=args.split, data_dir=args.data_dir,
+        _, text = analyze_runs.analyze_lesion(args.run_dir, args.out, split=args.split, data_dir=args.data_dir,
                                          progress=not args.quiet, **common)
     print(text)
     return 0
