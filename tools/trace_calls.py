@@ -13,7 +13,11 @@ From that sequence of first calls it prints:
 * files entered: the files of the first calls, consecutive calls in the same file merged;
 * distinct files: how many files the command enters;
 * moves: steps from one file to another in that sequence (files entered − 1);
-* returns: moves into a file entered before and left since.
+* returns: moves into a file entered before and left since;
+* calls across files: first calls whose caller (the nearest calling frame in the package, skipping
+  generated code, importlib and torch) is in another file, and of them those into a file that had a
+  first call before, listed (caller -> callee). Unlike the sequence, a function's first call of
+  another function of its own file after a call elsewhere has returned is not a move here.
 
 `--outside-loop` leaves out the training loop itself: every first call made while
 `throughway/train/loop.py`'s `fit` is running (what `fit` calls: the steps, the evaluation, the
@@ -46,15 +50,25 @@ def _is_function(code: types.CodeType) -> bool:
     return code.co_name == "<lambda>" or not code.co_name.startswith("<")  # not <listcomp>, <genexpr>, ...
 
 
+Call = tuple[str, int, str, bool, str]
+
+
 def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOOP_FIT,),
-          after_import: bool = False) -> tuple[int, list[tuple[str, int, str, bool]]]:
+          after_import: bool = False) -> tuple[int, list[Call]]:
     """Run `throughway ARGV` in-process; return (exit status, first calls as (file relative to the package,
-    line, qualified name, made while one of the `collapse` functions ("file:qualname") runs)).
+    line, qualified name, made while one of the `collapse` functions ("file:qualname") runs, the caller's
+    file: that of the nearest calling frame in the package, "" for none)).
     `after_import`: import throughway.cli before the profiler is set."""
     root = str(package_root) + "/"
     seen: set[types.CodeType] = set()
-    calls: list[tuple[str, int, str, bool]] = []
+    calls: list[Call] = []
     depth = 0  # how many `collapse` functions are running
+
+    def caller(frame: types.FrameType) -> str:
+        back = frame.f_back  # skipping frames outside the package: dataclasses' generated code, importlib, torch
+        while back is not None and not back.f_code.co_filename.startswith(root):
+            back = back.f_back
+        return back.f_code.co_filename[len(root):] if back is not None else ""
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         nonlocal depth
@@ -69,7 +83,7 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
             if event == "call":
                 if code not in seen:  # the collapsed function itself counts, as one entry into its file
                     seen.add(code)
-                    calls.append((relative, code.co_firstlineno, code.co_qualname, depth > 0))
+                    calls.append((relative, code.co_firstlineno, code.co_qualname, depth > 0, caller(frame)))
                 depth += 1
             else:
                 depth -= 1
@@ -77,7 +91,7 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
         if event != "call" or code in seen or not _is_function(code):
             return
         seen.add(code)
-        calls.append((relative, code.co_firstlineno, code.co_qualname, depth > 0))
+        calls.append((relative, code.co_firstlineno, code.co_qualname, depth > 0, caller(frame)))
 
     if after_import:
         import throughway.cli  # noqa: F401
@@ -92,6 +106,20 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
     finally:
         sys.setprofile(None)
     return status, calls
+
+
+def crossings(calls: list[Call]) -> tuple[list[Call], list[Call]]:
+    """(the first calls made from another file of the package, or from outside it: the calls that enter a
+    file; those of them that enter a file which had a first call before: the calls that go back)."""
+    entering, back = [], []
+    visited: set[str] = set()
+    for call in calls:
+        if call[4] != call[0]:
+            entering.append(call)
+            if call[0] in visited:
+                back.append(call)
+        visited.add(call[0])
+    return entering, back
 
 
 def summarise(files: list[str]) -> dict[str, Any]:
@@ -128,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     status, calls = trace(args, package_root, collapse, after_import=options.after_import)
     sys.stdout.flush()
     if options.list:
-        for file, line, name, in_fit in calls:
-            print(f"  {'(under) ' if in_fit else ''}{file}:{line} {name}")
+        for file, line, name, in_fit, by in calls:
+            print(f"  {'(under) ' if in_fit else ''}{file}:{line} {name}  <- {by or '(outside)'}")
     kept = [c for c in calls if not (options.outside_loop and c[3])]
     summary = summarise([c[0] for c in kept])
     print(f"throughway {' '.join(args)}  (exit status {status}; package {package_root})")
@@ -138,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{scope}{', after importing throughway.cli' if options.after_import else ''}: {len(kept)} functions")
     print("files entered: " + " → ".join(summary["entered"]))
     print(f"distinct files: {summary['distinct']}; moves: {summary['moves']}; returns: {summary['returns']}")
+    entering, back = crossings(kept)
+    print(f"calls across files: {len(entering)}; into a file already entered: {len(back)}"
+          + "".join(f"\n  {c[4] or '(outside)'} -> {c[0]}:{c[1]} {c[2]}" for c in back))
     return int(status or 0)
 
 
