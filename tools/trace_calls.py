@@ -95,6 +95,7 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
 
     if after_import:
         import throughway.cli  # noqa: F401
+    previous = sys.getprofile()
     sys.setprofile(profile)
     try:
         from throughway.cli import main
@@ -104,7 +105,7 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
         except SystemExit as exc:  # --help, argparse errors
             status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        sys.setprofile(None)
+        sys.setprofile(previous)
     return status, calls
 
 
