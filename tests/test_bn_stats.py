@@ -88,7 +88,7 @@ def test_analyze_bn_stats_refuses_bad_input_before_reading_data(fake_mnist_root,
 
     cases = [([run, run + "/"], "listed twice"), ([run, str(tmp_path / "missing")], "missing: run directory not found"),
              ([run, "--batch-size", "1"], "--batch-size 1")]
-    import throughway.study.analysis_runs as analysis_runs
+    import throughway.analyze_runs.run_files as analysis_runs
 
     original = analysis_runs.load_dataset
     monkeypatch.setattr(analysis_runs, "load_dataset", refuse)

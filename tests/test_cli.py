@@ -85,7 +85,7 @@ def test_train_resolves_and_checks_its_config_once(tmp_path, fake_mnist_root, mo
 
     from throughway.train import config as config_module
 
-    calls = {"check_config": 0, "resolve_recipe": 0}
+    calls = {"check_config": 0, "resolve_recipe": 0, "check_device": 0}
     for name in calls:
         original = getattr(config_module, name)
 
@@ -100,6 +100,29 @@ def test_train_resolves_and_checks_its_config_once(tmp_path, fake_mnist_root, mo
     argv = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--epochs", "1", "--width", "8",
             "--limit", "64", "--out", str(tmp_path / "run"), "--quiet"]
     assert main(argv) == 0
-    assert calls == {"check_config": 1, "resolve_recipe": 1}
+    assert calls == {"check_config": 1, "resolve_recipe": 1, "check_device": 1}  # the device: in check_config only
     assert main([*argv, "--resume"]) == 0  # finished: skipped, after the same single check
-    assert calls == {"check_config": 2, "resolve_recipe": 2}
+    assert calls == {"check_config": 2, "resolve_recipe": 2, "check_device": 2}
+
+
+def test_train_help_imports_no_experiment():
+    # issue 33: the parser of `train` is built without the experiments' code or the studies' configs.
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom throughway.cli import main\ntry:\n    main(['train', '--help'])\n"
+            "except SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('throughway.experiments', 'throughway.study'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    assert "--model" in done.stdout
+
+
+def test_throughway_help_lists_every_command_with_its_help(capsys):
+    # the sub-commands not being run are built by name and help alone: --help is unchanged by it
+    from throughway.cli.parser import COMMANDS, build_parser, command_of
+
+    assert command_of(["--help"]) == "" and command_of(["train", "--help"]) == "train"
+    assert build_parser("").format_help() == build_parser().format_help()
+    for name, help in COMMANDS.items():
+        assert name in build_parser("").format_help() and help[:30] in build_parser("").format_help()

@@ -17,10 +17,12 @@ ALLOWED = {
     "report": set(),
     "study": {"layers", "models", "data", "train", "analysis", "report"},
     "experiments": {"layers", "models", "data", "train", "analysis", "report", "study"},
+    # The `throughway analyze` command's work on finished runs (issue 33: was in study/).
+    "analyze_runs": {"layers", "models", "data", "train", "analysis", "report", "study"},
     # Optional integrations with other frameworks: nothing of the package imports them.
     "integrations": {"layers", "models", "data", "train", "analysis"},
     # The command line is the top: it may use every room, and nothing imports it.
-    "cli": {"layers", "models", "data", "train", "analysis", "report", "study", "experiments"},
+    "cli": {"layers", "models", "data", "train", "analysis", "report", "study", "experiments", "analyze_runs"},
 }
 
 

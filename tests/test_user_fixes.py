@@ -67,7 +67,7 @@ def _prune_result(family: str, accuracy: list[float]) -> dict:
 
 
 def test_redraw_keeps_the_compared_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from throughway.study import analyze
+    from throughway.analyze_runs import analyze
 
     drawn: list[list[str]] = []
 

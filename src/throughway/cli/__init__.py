@@ -18,67 +18,70 @@ work is done in cli.commands; this module dispatches and turns bad input into ex
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import sys
 from typing import Sequence
 
 from .commands import cmd_analyze, cmd_data, cmd_list, cmd_report, cmd_reproduce, cmd_sdi, cmd_train
-from .parser import build_parser
+from .parser import build_parser, command_of
 
 __all__ = ["main", "build_parser"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `throughway` console script; returns the exit status."""
-    from ..report.figures import figure_format
-    from ..study.runs import invoked_with
+    """Entry point of the `throughway` console script; returns the exit status.
 
+    Parses `argv` with the parser of the sub-command being run (`command_of`: `train` imports no
+    experiment) and hands the arguments to that command's `cmd_*`, which checks what is its own; bad
+    input becomes a message and exit status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
-    # results.json records these arguments, not the process's sys.argv (issue 31, item 14)
-    with figure_format(getattr(args, "format", "png")), invoked_with(argv):  # `--format` of the commands that draw
-        return _run(parser, args)
+    with contextlib.ExitStack() as contexts:
+        if args.command != "train":  # train's results.json records its config, and it draws no figure
+            from ..report.figures import figure_format
+            from ..study.runs import invoked_with
 
+            contexts.enter_context(figure_format(getattr(args, "format", "png")))  # `--format` of the commands that draw
+            # a study's results.json records these arguments, not the process's sys.argv (issue 31, item 14)
+            contexts.enter_context(invoked_with(argv))
+        try:
+            if getattr(args, "device", None) is not None and args.command != "train":  # train: in check_config
+                from ..train.config import check_device
 
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    try:
-        if getattr(args, "device", None) is not None and args.command != "train":
-            from ..train.config import check_device
+                check_device(args.device)
+            if getattr(args, "threads", None) is not None:  # before any data or model exists
+                from ..study.runs import set_threads
 
-            check_device(args.device)
-        if getattr(args, "threads", None) is not None:  # before any data or model exists
-            from ..study.runs import set_threads
-
-            set_threads(args.threads)
-        if args.command == "list":
-            return cmd_list()
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "reproduce":
-            return cmd_reproduce(args)
-        if args.command == "report":
-            return cmd_report(args)
-        if args.command == "data":
-            return cmd_data(args)
-        if args.command == "sdi":
-            return cmd_sdi(args)
-        if args.command == "analyze":
-            return cmd_analyze(args)
-    except KeyboardInterrupt:
-        print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
-        return 130
-    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
-        # Bad input (options, files, JSON), a held lock, a full disk: a message naming the option or the
-        # file, and exit 2. OSError covers FileNotFoundError, NotADirectoryError and _io.WriteError.
-        if isinstance(exc, KeyError) and exc.args:
-            message = exc.args[0]
-        elif isinstance(exc, OSError) and exc.filename is None and len(exc.args) == 2:
-            message = exc.args[1]  # WriteError: its message already names the file
-        else:
-            message = str(exc)
-        print(f"throughway: error: {message}", file=sys.stderr)
-        return 2
+                set_threads(args.threads)
+            if args.command == "list":
+                return cmd_list()
+            if args.command == "train":
+                return cmd_train(args)
+            if args.command == "reproduce":
+                return cmd_reproduce(args)
+            if args.command == "report":
+                return cmd_report(args)
+            if args.command == "data":
+                return cmd_data(args)
+            if args.command == "sdi":
+                return cmd_sdi(args)
+            if args.command == "analyze":
+                return cmd_analyze(args)
+        except KeyboardInterrupt:
+            print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
+            return 130
+        except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
+            # Bad input (options, files, JSON), a held lock, a full disk: a message naming the option or the
+            # file, and exit 2. OSError covers FileNotFoundError, NotADirectoryError and _io.WriteError.
+            if isinstance(exc, KeyError) and exc.args:
+                message = exc.args[0]
+            elif isinstance(exc, OSError) and exc.filename is None and len(exc.args) == 2:
+                message = exc.args[1]  # WriteError: its message already names the file
+            else:
+                message = str(exc)
+            print(f"throughway: error: {message}", file=sys.stderr)
+            return 2
     parser.error(f"unknown command {args.command!r}")
     return 2
 

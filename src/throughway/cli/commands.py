@@ -58,20 +58,6 @@ def _parse_model_args(items: Sequence[str], given: Sequence[str] = ("depth",)) -
 
 
 
-def _check_recipe_options(args: argparse.Namespace) -> None:
-    """--momentum / --lr-decay only where the recipe uses them: an error naming both otherwise."""
-    from ..train import get_recipe
-
-    recipe = get_recipe(args.recipe)
-    if args.momentum is not None and recipe.optimizer != "sgd":
-        raise ValueError(f"--momentum with --recipe {recipe.name}: that recipe trains with {recipe.optimizer}, "
-                         f"which has no momentum option; --momentum applies to SGD recipes (e.g. highway-mnist)")
-    if args.lr_decay is not None and recipe.schedule != "exponential":
-        raise ValueError(f"--lr-decay with --recipe {recipe.name}: its learning-rate schedule is {recipe.schedule!r}; "
-                         f"--lr-decay applies to recipes with the exponential schedule (e.g. highway-mnist)")
-
-
-
 def _check_dataset_source(dataset: str, data_dir: str | None) -> None:
     """A dataset that cannot be downloaded (CIFAR) needs --data-dir holding its files: checked before the
     run folder is created (issue 31, item 13)."""
@@ -102,12 +88,16 @@ def _remove_if_only_lock(out: Path) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train import RunConfig, run_training
-    from ..train.rundir import RunDir
-    from ..train.config import check_device
+    """One run: the arguments become a RunConfig, which `run_training` checks once (`check_config`: the
+    device, the recipe and its overrides, the model) with the run folder (`RunDir.check_usable`) before
+    it reads or writes anything. Checked here is only what the command line itself can get wrong: an
+    empty --out, --model-arg's syntax and its conflicts with the dedicated options, a CIFAR --data-dir
+    without its files, --tensorboard without its package."""
+    import dataclasses
 
-    # Everything cheap is checked before the data is read or anything is written.
-    check_device(args.device)
+    from ..train import RunConfig, distributed, run_training
+    from ..train.recipes import FULL_TRAINING_SET
+
     if args.out is not None and not args.out.strip():
         raise ValueError(f"--out {args.out!r}: an empty path; accepted: a folder for the run (leave --out out "
                          f"for the default runs/MODEL-dDEPTH-sSEED)")
@@ -119,7 +109,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             require_tensorboard()
         except ImportError as exc:
             raise ValueError(f"--tensorboard: {exc}") from None
-    _check_recipe_options(args)
     model_kwargs: dict[str, Any] = {}
     for option, key in (("width", "width"), ("k_init", "k_init"), ("gate_bias", "gate_bias"),
                         ("activation", "activation")):
@@ -134,11 +123,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             overrides[option] = value
     if args.k_decay:
         overrides["k_decay"] = True
-    import dataclasses
-
-    from ..train import distributed
-    from ..train.recipes import FULL_TRAINING_SET
-
     # The recipes whose authors trained on every training image do so unless told otherwise.
     train_on_full = args.train_on_full if args.train_on_full is not None else args.recipe in FULL_TRAINING_SET
 
@@ -148,9 +132,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                        recipe_overrides=overrides, amp=args.amp, channels_last=args.channels_last,
                        compile=args.compile, eval_batch_size=args.eval_batch_size)
     out = Path(args.out if args.out is not None else f"runs/{args.model}-d{args.depth}-s{args.seed}")
-    RunDir(out).check_usable()  # the config itself is checked once, by run_training, before anything is read
-    device = distributed.init_from_env(args.device)  # torchrun: one process per device
-    config = dataclasses.replace(config, device=device)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun (what init_from_env reads): one process per device
+        from ..train.config import check_device
+
+        check_device(args.device)  # setting this rank's device needs a real one ("cuda" on a CPU torch: exit 2)
+        config = dataclasses.replace(config, device=distributed.init_from_env(args.device))
     main_process = distributed.is_main_process()
     created = not out.exists()
     try:
@@ -295,11 +281,11 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from ..study import analyze
+    from .. import analyze_runs
 
     if args.analysis == "redraw":
         try:
-            paths = analyze.redraw(args.dir, compare=args.compare)
+            paths = analyze_runs.redraw(args.dir, compare=args.compare)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
             if isinstance(exc, ValueError) and str(args.dir) in str(exc):
                 raise  # already names the file (read_json's "not valid JSON", say)
@@ -312,23 +298,22 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.analysis == "bn-stats":
         if args.batch_size < 2:
             raise ValueError(f"--batch-size {args.batch_size}: must be at least 2 (BatchNorm needs a batch variance)")
-        from ..study.analyze_bn import analyze_bn_stats
-        _, text = analyze_bn_stats(args.run_dirs, args.out, batch_size=args.batch_size, seed=args.seed,
+        _, text = analyze_runs.analyze_bn_stats(args.run_dirs, args.out, batch_size=args.batch_size, seed=args.seed,
                                    device=args.device, data_dir=args.data_dir)
         print(text)
         return 0
     common = {"device": args.device, "checkpoint": args.checkpoint}
     if args.analysis == "gates":
-        _, text = analyze.analyze_gates(args.run_dir, args.out, **common)
+        _, text = analyze_runs.analyze_gates(args.run_dir, args.out, **common)
     elif args.analysis == "prune":
-        _, text = analyze.analyze_prune(args.run_dir, args.out, strategy=args.strategy, orders=args.orders,
+        _, text = analyze_runs.analyze_prune(args.run_dir, args.out, strategy=args.strategy, orders=args.orders,
                                         seed=args.seed, compare=args.compare, data_dir=args.data_dir,
                                         progress=not args.quiet, **common)
     elif args.analysis == "highway":
-        _, text = analyze.analyze_highway(args.run_dir, args.out, classes=args.classes, sample=args.sample,
+        _, text = analyze_runs.analyze_highway(args.run_dir, args.out, classes=args.classes, sample=args.sample,
                                           seed=args.seed, data_dir=args.data_dir, **common)
     else:
-        _, text = analyze.analyze_lesion(args.run_dir, args.out, split=args.split, data_dir=args.data_dir,
+        _, text = analyze_runs.analyze_lesion(args.run_dir, args.out, split=args.split, data_dir=args.data_dir,
                                          progress=not args.quiet, **common)
     print(text)
     return 0

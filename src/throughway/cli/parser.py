@@ -9,9 +9,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from ..study.options import DeprecatedAlias
-
-__all__ = ["build_parser", "did_you_mean"]
+__all__ = ["build_parser", "command_of", "COMMANDS", "did_you_mean"]
 
 
 def did_you_mean(value: str, accepted: Iterable[str]) -> str:
@@ -137,28 +135,61 @@ def _usage() -> str:
     return (import_module("throughway.cli").__doc__ or "").split("\n(This text")[0]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every sub-command."""
-    from ..data import DATASETS
-    from ..data.augment import AUGMENTATIONS, NORMALIZATIONS
-    from ..experiments import EXPERIMENTS
-    from ..study.options import add_options
+# The sub-commands, in the order `throughway --help` lists them, with their one-line help.
+COMMANDS = {
+    "list": "registered models, recipes and experiments, one per line, name first",
+    "train": "train one model; writes OUT/results.json and OUT/model.safetensors",
+    "reproduce": "reproduce a paper's table or figure",
+    "report": "remake an experiment's table and figures from DIR/results.json",
+    "analyze": "what a finished run's gates learned (k, pruning, highway maps, lesioning)",
+    "sdi": "squared distance to identity (SDI/TSDI) of layers at initialisation (gated-residual-v1 section 2)",
+    "data": "datasets",
+}
 
-    from ..train.recipes import RECIPES
 
+def command_of(argv: Sequence[str]) -> str:
+    """The sub-command `argv` runs: its first word when that is one of COMMANDS, else "" (`--help`,
+    `--version`, no command, or a mistyped one, which the parser refuses with the closest name)."""
+    first = next((a for a in argv if not a.startswith("-")), "")
+    return first if first in COMMANDS else ""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the `throughway` command line.
+
+    With `command=None` every sub-command has all its options (what the tests and the docs read).
+    `main` passes the sub-command being run (`command_of(argv)`): only that one gets its options, the
+    others are listed by name and help alone, so that parsing `train` imports no experiment's code and
+    builds no study's config. `throughway --help`, the names a mistyped command is matched against and
+    the exit statuses are the same either way."""
     parser = _Parser(prog="throughway", description=_usage(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    builders: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+        "list": lambda _: None, "train": _add_train, "reproduce": _add_reproduce, "report": _add_report,
+        "analyze": _add_analyze, "sdi": _add_sdi, "data": _add_data}
+    for name, help in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help)
+        if command is None or command == name:
+            builders[name](command_parser)
+    return parser
 
-    sub.add_parser("list", help="registered models, recipes and experiments, one per line, name first")
 
-    train = sub.add_parser("train", help="train one model; writes OUT/results.json and OUT/model.safetensors")
+def _add_train(train: argparse.ArgumentParser) -> None:
+    from ..data import DATASETS
+    from ..data.augment import AUGMENTATIONS, NORMALIZATIONS
+
+    def recipes() -> Iterable[str]:  # imported when --recipe is checked
+        from ..train.recipes import RECIPES
+
+        return RECIPES
+
     train.add_argument("--model", required=True, help="a registered model name (see `throughway list`)")
     train.add_argument("--depth", type=int, required=True,
                        help="the paper's d: number of middle layers (MLPs); the network's depth for conv nets "
                             "(e.g. 28 for WRN-28-10, 32 for the ResNet n=5, 10 for the conv highway net)")
     train.add_argument("--dataset", default="mnist", choices=list(DATASETS), help="the data (default mnist)")
-    train.add_argument("--recipe", default="gresnet-mnist", type=_registered("recipe", lambda: RECIPES),
+    train.add_argument("--recipe", default="gresnet-mnist", type=_registered("recipe", recipes),
                        help="a registered recipe name (default gresnet-mnist; see `throughway list`)")
     train.add_argument("--epochs", type=_positive_int, help="override the recipe's epochs (default: the recipe's)")
     train.add_argument("--seed", type=int, default=0,
@@ -204,7 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="images per evaluation forward (default 10000; e.g. 1000 for WRN-28-10 on a GPU)")
     _add_common(train)
 
-    reproduce = sub.add_parser("reproduce", help="reproduce a paper's table or figure")
+
+def _add_reproduce(reproduce: argparse.ArgumentParser) -> None:
+    from ..experiments import EXPERIMENTS
+    from ..study.options import add_options
+
     exp_sub = reproduce.add_subparsers(dest="experiment", required=True)
     for name, module in EXPERIMENTS.items():
         exp = exp_sub.add_parser(name, help=module.DESCRIPTION, description=module.__doc__,
@@ -221,11 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(exp, threads="threads" not in getattr(getattr(module, "Config", None), "__dataclass_fields__", {}))
         _add_format(exp)
 
-    report = sub.add_parser("report", help="remake an experiment's table and figures from DIR/results.json")
+
+def _add_report(report: argparse.ArgumentParser) -> None:
     report.add_argument("dir", help="an experiment's output folder (holding its results.json)")
     _add_format(report)
 
-    analyze = sub.add_parser("analyze", help="what a finished run's gates learned (k, pruning, highway maps, lesioning)")
+
+def _add_analyze(analyze: argparse.ArgumentParser) -> None:
     analyze_sub = analyze.add_subparsers(dest="analysis", required=True)
     gates = analyze_sub.add_parser("gates", help="k per block, mean k, dead gates of a gated residual run "
                                                  "(gated-residual-v2 Table 2, figure 5 left)")
@@ -272,8 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the stored ones)")
     _add_format(redraw)
 
-    sdi_cmd = sub.add_parser("sdi", help="squared distance to identity (SDI/TSDI) of layers at initialisation "
-                                          "(gated-residual-v1 section 2)")
+
+def _add_sdi(sdi_cmd: argparse.ArgumentParser) -> None:
+    from ..study.options import DeprecatedAlias
+
     sdi_cmd.add_argument("--layer", nargs="+", default=["all"],
                          choices=["all", "classical", "highway", "residual", "gated"], help="layer types (default all)")
     sdi_cmd.add_argument("--width", type=_positive_int, default=50,
@@ -292,9 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     sdi_cmd.add_argument("--mc", type=_non_negative_int, dest="mc_samples", action=DeprecatedAlias,
                          current="--mc-samples", help=argparse.SUPPRESS)
 
-    data = sub.add_parser("data", help="datasets")
+
+def _add_data(data: argparse.ArgumentParser) -> None:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="fetch, verify and cache a dataset")
     fetch.add_argument("dataset", choices=["mnist", "fashion-mnist"], help="the dataset to fetch")
     fetch.add_argument("--data-dir", help="cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway)")
-    return parser

@@ -107,14 +107,15 @@ def resolve_recipe(config: RunConfig) -> Recipe:
     base = get_recipe(config.recipe)
     overrides = config.recipe_overrides
     _finite("recipe_overrides", overrides)
+    # The one check of these rules: `throughway train` passes its options here unchecked (issue 33).
     if "momentum" in overrides and base.optimizer != "sgd":
-        raise ValueError(f"recipe_overrides.momentum (--momentum) with recipe {base.name!r}: it trains with "
-                         f"{base.optimizer}, which has no momentum option; momentum applies to SGD recipes "
-                         f"(e.g. highway-mnist)")
+        raise ValueError(f"recipe_overrides.momentum (--momentum) with recipe {base.name!r} (--recipe {base.name}): "
+                         f"it trains with {base.optimizer}, which has no momentum option; momentum applies to SGD "
+                         f"recipes (e.g. highway-mnist)")
     if "lr_decay" in overrides and base.schedule != "exponential":
-        raise ValueError(f"recipe_overrides.lr_decay (--lr-decay) with recipe {base.name!r}: its schedule is "
-                         f"{base.schedule!r}; lr_decay applies to recipes with the exponential schedule "
-                         f"(e.g. highway-mnist)")
+        raise ValueError(f"recipe_overrides.lr_decay (--lr-decay) with recipe {base.name!r} (--recipe {base.name}): "
+                         f"its schedule is {base.schedule!r}; lr_decay applies to recipes with the exponential "
+                         f"schedule (e.g. highway-mnist)")
     recipe = get_recipe(config.recipe, **overrides)
     if config.epochs is not None:
         recipe = recipe.replace(epochs=config.epochs)

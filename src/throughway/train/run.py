@@ -87,11 +87,11 @@ def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, pr
         data = load_dataset(config.dataset, config.data_dir, train_on_full=config.train_on_full,
                             device=config.device, limit=config.limit)
     data = normalize_splits(data, recipe.normalize)  # training-split statistics, once, on the device
+    transform = train_transform(recipe.augment)
     model = build_model(config, data)
     results: dict[str, Any] = results_header(config, recipe, model, data)
     distributed.barrier()  # every rank has checked out_dir before rank 0 writes into it
     files = _RunFiles(out_dir, results, resume, write=main_process, progress=progress)
-    transform = train_transform(recipe.augment)
     # The event files are written before each checkpoint (TensorBoardLogger: no epoch twice on resume).
     logs = [TensorBoardLogger(out_dir)] if tensorboard and main_process else []
     fit(model, data, recipe, [*logs, files, *callbacks], seed=config.seed, progress=progress, label=out_dir.name,

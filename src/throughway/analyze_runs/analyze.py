@@ -7,12 +7,12 @@ never the run's own file), writes a results JSON, the printed text (<what>.txt) 
 figures into RUN_DIR/analysis/ (or `out`), and returns a text that puts the paper's number or claim
 beside ours. Figures are drawn from the JSON files by report.analysis_plots, so they can be redrawn
 without a model. What the commands share (loading the run, its data, the result header) is in
-study.analysis_runs.
+analyze_runs.run_files.
 
 * gates   (gated-residual-v2 Table 2, figure 5 left; figure 7 for a gated CIFAR ResNet): k per block,
           mean k, dead gates (k ≤ 0).
 * prune   (gated-residual-v2 §3.1, figure 5 right): remove blocks greedily by k and in random orders,
-          physically (`analysis.prune`), test accuracy after each removal (study.analyze_prune).
+          physically (`analysis.prune`), test accuracy after each removal (analyze_runs.prune).
 * highway (highway paper §4, figures 2 and 3): transform-gate maps, layers × blocks.
 * lesion  (highway paper §4.2, figure 4): training-set error with one layer's gates closed.
 """
@@ -33,11 +33,11 @@ from ..analysis.removal import lesion
 from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, plot_k_by_block, plot_lesion,
                                      plot_removal_curves)
 from ..train import evaluate
-from .analysis_runs import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, run_blocks,
+from .run_files import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, run_blocks,
                             block_names_of, run_config, finish_text, analysis_header, load_run_data, analysis_dir, paper_caveat,
                             paper_setting_differences, require_family, load_run)
-from .analyze_prune import analyze_prune
-from .papers import PAPER_MEAN_K
+from .prune import analyze_prune
+from ..study.papers import PAPER_MEAN_K
 
 __all__ = ["COMMANDS", "load_run", "redraw", "analyze_gates", "analyze_prune", "analyze_highway", "analyze_lesion",
            "GATES_FILE", "PRUNE_FILE", "HIGHWAY_FILE", "LESION_FILE"]

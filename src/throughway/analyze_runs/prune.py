@@ -13,10 +13,10 @@ import torch
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import check_prunable, layers_per_block, removal_curve, removal_order
 from ..report.analysis_plots import plot_removal_curves
-from .analysis_runs import (PRUNE_FILE, test_accuracy, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
+from .run_files import (PRUNE_FILE, test_accuracy, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
                             paper_caveat, paper_setting_differences, require_family, load_run)
-from .papers import PAPER_TEST_ERROR
-from .runs import mean_std
+from ..study.papers import PAPER_TEST_ERROR
+from ..study.runs import mean_std
 
 __all__ = ["analyze_prune", "PAPER_PRUNE_CLAIMS"]
 

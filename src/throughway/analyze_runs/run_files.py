@@ -1,6 +1,6 @@
 """What every `throughway analyze` command shares: loading a finished run (or its latest
 checkpoint) and its data, the family check, the header of every result file, the comparison with
-the setting of gated-residual-v2 Tables 1 and 2, the output folder and its files (study.analyze).
+the setting of gated-residual-v2 Tables 1 and 2, the output folder and its files (analyze_runs).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ..models import create_model, model_entry, with_legacy_config
 from ..train import RESULTS_FILE, evaluate, load_model, read_results
 from ..train.config import MAX_DEPTH
 from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
-from .papers import PAPER_MEAN_K
-from .runs import command_line
+from ..study.papers import PAPER_MEAN_K
+from ..study.runs import command_line
 
 __all__ = ["load_run", "GATES_FILE", "PRUNE_FILE", "HIGHWAY_FILE", "LESION_FILE"]
 

@@ -23,9 +23,9 @@ from ..analysis.batchnorm import reestimate_bn_statistics
 from ..data import DataSplits
 from ..report.stats import paired_t_test
 from ..train import evaluate
-from .analysis_runs import finish_text, load_run_data, load_run
-from .papers import PAPER_TEST_ERROR
-from .runs import command_line
+from .run_files import finish_text, load_run_data, load_run
+from ..study.papers import PAPER_TEST_ERROR
+from ..study.runs import command_line
 
 __all__ = ["analyze_bn_stats", "BN_STATS_FILE"]
 
