@@ -32,7 +32,8 @@ from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, read_runs, remake_report, run_many
+from ..report.stats import format_mean_std, mean_std
 from ..study.shards import is_sharded, merge_option, shard_option
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
@@ -170,7 +171,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             row.append(f"{paper:.2f}" if paper is not None else "—")
             stat = cell["test_error_pct"]
             if stat["mean"] is not None:
-                row.append(f"{stat['mean']:.2f}" + (f" ± {stat['std']:.2f}" if stat["n"] > 1 else ""))
+                row.append(format_mean_std(stat))
             else:
                 run = cell["runs"][0]
                 row.append("not run" if run["state"] == "not started" else f"(running, epoch {run['epochs']})")

@@ -37,8 +37,8 @@ from ..study.batching import add_estimate_options, project_batches, depth_study_
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
-from ..study.runs import (RunSpec, StudySummary, check_study_folder, mean_std, read_runs, rebuild_from_runs,
-                          remake_report)
+from ..study.runs import RunSpec, StudySummary, check_study_folder, read_runs, rebuild_from_runs, remake_report
+from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
@@ -207,7 +207,7 @@ def _cell_text(cell: dict[str, Any]) -> str:
     error = cell["test_error_pct"]
     if not error["n"]:
         return "pending"
-    return f"{error['mean']:.2f} ± {error['std']:.2f} (best {cell['test_error_best_pct']:.2f}, n={error['n']})"
+    return f"{format_mean_std(error)} (best {cell['test_error_best_pct']:.2f}, n={error['n']})"
 
 
 def table_markdown(summary: dict[str, Any]) -> str:

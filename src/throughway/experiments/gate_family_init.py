@@ -44,7 +44,8 @@ from ..models import create_model
 from ..study.options import option
 from ..study.options import check_known, check_residual_depths
 from ..study.resumable import ResumableStudy
-from ..study.runs import mean_std, remake_report
+from ..study.runs import remake_report
+from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..study.shortcut import whitened_data
 from .gate_family import FAMILIES
@@ -147,9 +148,7 @@ def summarize(config: Config, cells: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _stat(stat: dict[str, Any], fmt: str = ".3g") -> str:
-    if stat["mean"] is None:
-        return "—"
-    return f"{stat['mean']:{fmt}}" + (f" ± {stat['std']:.2g}" if stat["n"] > 1 else "")
+    return format_mean_std(stat, fmt, ".2g")
 
 
 def _defined(point: dict[str, Any], measure: str, fmt: str = ".3g") -> str:

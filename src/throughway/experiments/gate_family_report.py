@@ -17,7 +17,6 @@ Gate values are read with `block.gate.k` (the raw parameter: k, α or the vector
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
@@ -28,8 +27,8 @@ from torch import nn
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import removal_curve, removal_order
 from ..data import load_dataset
-from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, paired_t_test, paired_verdict
-from ..study.runs import mean_std
+from ..report.stats import (MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed,
+                           paired_verdict)
 from ..train import load_model
 from ..train.loop import evaluate
 
@@ -58,8 +57,7 @@ def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gat
             continue
         first = {r["seed"]: r["test_error_pct"] for r in by[(reference, depth)]["per_seed"]}
         second = {r["seed"]: r["test_error_pct"] for r in by[(other, depth)]["per_seed"]}
-        seeds = sorted(set(first) & set(second))
-        test = paired_t_test([first[s] for s in seeds], [second[s] for s in seeds])
+        seeds, test = paired_by_seed(first, second)
         if len(seeds) < MIN_SEEDS:
             verdict = "too few"
         elif test.p_value is not None and test.p_value < SIGNIFICANCE and test.mean_difference:
@@ -155,7 +153,7 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
             extra = f"dead {sum(dead)}/{total}" if dead else f"negative {sum(negative)}/{total}"
             if negative and not gates[0]["vector"]:  # signs may cancel in the mean α: give the mean |α| too
                 extra = f"mean \\|α\\| {sum(g['mean_abs'] for g in gates) / len(gates):.3g}, " + extra
-            cells.append(f"{stat['mean']:.3g} ± {(stat['std'] or 0):.2g} ({extra}, n={stat['n']})")
+            cells.append(f"{format_mean_std(stat, '.3g', '.2g')} ({extra}, n={stat['n']})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -235,8 +233,9 @@ def removal_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
                      if r["half_share_greedy"] is not None and r["half_share_random"] is not None]
             if not pairs:
                 continue
-            test = paired_t_test([1.0 - greedy for _, greedy, _ in pairs], [1.0 - random for _, _, random in pairs])
-            rows.append({"depth": depth, "family": family, "seeds": [seed for seed, _, _ in pairs], "test": test.to_dict(),
+            seeds, test = paired_by_seed({seed: 1.0 - greedy for seed, greedy, _ in pairs},
+                                         {seed: 1.0 - random for seed, _, random in pairs})
+            rows.append({"depth": depth, "family": family, "seeds": seeds, "test": test.to_dict(),
                          "kept_difference": None if test.mean_difference is None else -100.0 * test.mean_difference,
                          "verdict": paired_verdict(test, "gate order", "random order")})
     return rows
@@ -285,7 +284,4 @@ def _cell(text: str) -> str:
 
 
 def _share(stat: dict[str, Any]) -> str:
-    if stat["mean"] is None:
-        return "—"
-    std = stat["std"]
-    return f"{stat['mean']:.3f}" + ("" if std is None or math.isnan(std) else f" ± {std:.3f}")
+    return format_mean_std(stat, ".3f")

@@ -29,7 +29,8 @@ from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from ..study.options import option
-from ..study.runs import mean_std, read_summary, remake_report
+from ..study.runs import read_summary, remake_report
+from ..report.stats import format_mean_std, mean_std
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableStudy
 from ..study.shards import merge_option, shard_option
@@ -150,11 +151,7 @@ def summarize(config: Config, cells: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _fmt(stat: dict[str, Any]) -> str:
-    if stat["mean"] is None:
-        return "—"
-    if stat["n"] == 1:
-        return f"{stat['mean']:.4g}"
-    return f"{stat['mean']:.4g} ± {stat['std']:.2g}"
+    return format_mean_std(stat, ".4g", ".2g")
 
 
 def table_markdown(summary: dict[str, Any]) -> str:

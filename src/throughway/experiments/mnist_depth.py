@@ -28,10 +28,10 @@ from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
-from ..report.stats import paired_t_test, paired_verdict
+from ..report.stats import mean_std, paired_by_seed, paired_verdict
 from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import check_study_folder, RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report
+from ..study.runs import check_study_folder, RunSpec, StudySummary, read_runs, read_summary, remake_report
 from ..study.shards import merge_option, shard_option
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
@@ -214,7 +214,7 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
         seeds = sorted(set(first) & set(second))
         row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
         for key in ("test_error_pct", "test_error_last10_pct"):
-            test = paired_t_test([first[s][key] for s in seeds], [second[s][key] for s in seeds])
+            _, test = paired_by_seed({s: first[s][key] for s in seeds}, {s: second[s][key] for s in seeds})
             row[key] = {**test.to_dict(), "verdict": paired_verdict(test, a, b)}
         out.append(row)
     return out

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, paired_t_test
+from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
-from ..study.runs import mean_std, read_runs
+from ..study.runs import read_runs
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
@@ -56,7 +56,7 @@ def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
             return "—"
         r = max(unfinished, key=lambda r: r["epochs"])
         return "not run" if r["state"] == "not started" else f"(unfinished: epoch {r['epochs']}/{epochs})"
-    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    text = format_mean_std(stat)
     if any(r["state"] == "diverged" for r in cell["runs"]):
         at = next(r for r in cell["runs"] if r["state"] == "diverged")["diverged_at"] or {}
         text += f" (diverged, epoch {at.get('epoch', '?')})"
@@ -183,7 +183,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             ratios.append((depth, PAPER_MEAN_K[depth] / cell["k_mean"]["mean"], cell["k_mean"]))
     if ratios:
         lines.append("- **Mean k** (Table 2 / ours): " + ", ".join(
-            f"d = {d}: {r:.2f} (ours {k['mean']:.2f} ± {k['std']:.2f})" for d, r, k in ratios) + ".")
+            f"d = {d}: {r:.2f} (ours {format_mean_std(k)})" for d, r, k in ratios) + ".")
     for row in summary.get("comparisons") or []:
         if len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT:
             continue
@@ -215,10 +215,7 @@ def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) ->
     other = {(c["arch"], c["depth"]): c for c in ablation["cells"]}
 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
-        if cell is None or cell[key]["mean"] is None:
-            return "—"
-        stat = cell[key]
-        return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
+        return "—" if cell is None else format_mean_std(cell[key], count=True)
 
     lines = ["| d | arch | paper | first layer linear (paper's) | first layer Dot-BN-ReLU | k: paper | k: linear | k: Dot-BN-ReLU |",
              "|---|---|---|---|---|---|---|---|"]
@@ -251,9 +248,7 @@ def batchnorm_ablation_tests(summary: dict[str, Any], keras: dict[str, Any]) -> 
             first = {r["seed"]: r["test_error_pct"] for r in (a or {}).get("per_seed", [])
                      if r.get("test_error_pct") is not None}
             second = {r["seed"]: r["test_error_pct"] for r in b["per_seed"] if r.get("test_error_pct") is not None}
-            seeds = sorted(set(first) & set(second))
-            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b,
-                         "test": paired_t_test([second[s] for s in seeds], [first[s] for s in seeds])})
+            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b, "test": paired_by_seed(second, first)[1]})
     return rows
 
 
@@ -264,10 +259,7 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
     then one sentence on the finished cells."""
 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
-        if cell is None or cell[key]["mean"] is None:
-            return "—"
-        stat = cell[key]
-        return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
+        return "—" if cell is None else format_mean_std(cell[key], count=True)
 
     lines = ["| d | arch | paper | BatchNorm: PyTorch's constants (ours) | BatchNorm: Keras's constants | "
              "Keras − PyTorch, paired by seed | k: paper | k: PyTorch's | k: Keras's |",
@@ -376,7 +368,7 @@ def _selection_cell(cell: dict[str, Any], selection: str) -> str:
     if stat["mean"] is None:
         running = [s["state"] for s in cell["seeds"] if s["state"].startswith("running")]
         return f"pending ({running[0]})" if running else "pending"
-    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    text = format_mean_std(stat)
     text += f"; best {stat['best']:.2f} (seed {stat['best_seed']})"
     if stat["n"] < len(cell["seeds"]):
         text += f" ({stat['n']}/{len(cell['seeds'])} seeds)"
@@ -469,8 +461,7 @@ def selection_findings_markdown(selection_summary: dict[str, Any], selections: t
         watch = next((c for c in selection_summary["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
         if watch is not None and len(watch[selection]["values"]) >= MIN_PAIRS_FOR_VERDICT:
             stat = watch[selection]
-            lines.append(f"  - d = 100 gated, the paper's {watch['paper']:.2f}: ours {stat['mean']:.2f} ± "
-                         f"{stat['std']:.2f}, best seed {stat['best']:.2f} "
+            lines.append(f"  - d = 100 gated, the paper's {watch['paper']:.2f}: ours {format_mean_std(stat)}, best seed {stat['best']:.2f} "
                          + ("(reached)." if stat["best"] <= watch["paper"] else
                             f"({stat['best'] - watch['paper']:.2f} points above the paper even at our best seed)."))
     rule = ("Rule (ours; the paper gives no spread): a selection reproduces a cell when Table 1's number lies "

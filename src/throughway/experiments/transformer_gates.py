@@ -40,11 +40,11 @@ from .._io import atomic_write_text, environment_info, read_json
 from ..analysis.gates import block_gates
 from ..models import create_model
 from ..analysis.blocks import gate_value
-from ..report.stats import SIGNIFICANCE, bonferroni
+from ..report.stats import SIGNIFICANCE, bonferroni, format_mean_std, mean_std
 from ..study.options import add_options, check_known, option, quick_config
 from ..study.options import config_from_args as study_config_from_args
 from ..study.shards import merge_option, shard_option
-from ..study.runs import RunSpec, StudySummary, rebuild_from_runs, check_study_folder, mean_std, read_runs, run_many
+from ..study.runs import RunSpec, StudySummary, rebuild_from_runs, check_study_folder, read_runs, run_many
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
 from .mnist_depth import read_back
@@ -183,10 +183,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     return summary
 
 
-def _mean_std(stat: dict[str, Any], digits: int = 2) -> str:
-    if not stat["n"]:
-        return "pending"
-    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f} (n={stat['n']})"
+def _mean_std(stat: dict[str, Any]) -> str:
+    return format_mean_std(stat, count=True, empty="pending")
 
 
 def _p(row: dict[str, Any]) -> str:
@@ -236,7 +234,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             total = sum(g["count"] for g in gates)
             extra = (f"dead {sum(g['dead'] for g in gates)}/{total}" if family == "gated"
                      else f"negative {sum(g['negative'] for g in gates)}/{total}")
-            cells.append(f"{stat['mean']:.3g} ± {stat['std']:.2g} ({extra})")
+            cells.append(f"{format_mean_std(stat, '.3g', '.2g')} ({extra})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     lines += ["", "Share of test accuracy kept with half the layers removed: smallest |gate| first / random orders "
               "(mean over seeds); the paired test of the two orders, p uncorrected / Bonferroni", "",
@@ -277,8 +275,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
                          for r in significant)
         seeds = min(v["n"] for v in finished.values())
         lines.append(f"- {_layers(depth)}: lowest mean test error (validation-selected epoch) {best} "
-                     f"({finished[best]['mean']:.2f} ± "
-                     f"{finished[best]['std']:.2f}%, n={finished[best]['n']}); "
+                     f"({format_mean_std(finished[best])}%, n={finished[best]['n']}); "
                      + (f"too few seeds for a verdict (n = {seeds})" if seeds < MIN_SEEDS else
                         (f"significant at uncorrected p < {SIGNIFICANCE}: {said}" if significant else
                          f"no paired test of gated against another family is significant (uncorrected p < "

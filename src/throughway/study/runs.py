@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overloa
 import torch
 
 from .._io import atomic_write_json, atomic_write_text, read_json, read_json_object
+from ..report.stats import mean_std  # re-exported for study/analyze_prune.py; the one summariser lives in report.stats
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
@@ -310,16 +311,6 @@ def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
         raise ValueError(f"{path}: field 'config' holds {type(summary['config']).__name__}; accepted: an object "
                          f"(the file was edited or damaged)")
     return summary
-
-
-def mean_std(values: Sequence[float]) -> dict[str, Any]:
-    """{"mean", "std" (sample std, 0 for one value), "n", "values"} of finite `values`; mean None if none."""
-    vals = [float(v) for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0, "values": []}
-    mean = sum(vals) / len(vals)
-    std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
-    return {"mean": mean, "std": std, "n": len(vals), "values": vals}
 
 
 def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[str, Any]], str],
