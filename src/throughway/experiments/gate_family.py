@@ -20,8 +20,9 @@ are held out (`train_on_full`), so each run records the validation error beside 
 Writes, in the output folder: runs/<family>-d<d>-s<seed>/ (one run directory each), results.json
 (the summary), removal.json (the layer-removal curves of the gated families' finished runs,
 gate_family_report.update_removal), table.md (`report_markdown`: error, paired tests, gates at the
-end, removal), train_loss.png and removal.png (report.gate_family_plots). The analyses at
-initialisation are a study of their own: `reproduce gate-family-init` (experiments.gate_family_init).
+end, removal), findings.md (the sentences the docs page shows: gate_family_report.findings_markdown),
+train_loss.png and removal.png (report.gate_family_plots). The analyses at initialisation are a study
+of their own: `reproduce gate-family-init` (experiments.gate_family_init).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from ..study.runs import RunSpec, StudySummary, check_study_folder, read_runs, r
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
-from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
-                                 gated_comparisons, removal_markdown, update_removal)
+from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
+                                 gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
 from .mnist_depth import LAST_EPOCHS, read_back
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
@@ -230,12 +231,14 @@ def report_markdown(summary: dict[str, Any]) -> str:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures (train_loss.png, removal.png) from `out`/results.json alone;
-    return the table text."""
+    """Remake table.md, findings.md (`gate_family_report.findings_markdown`: the sentences the docs page
+    shows, with the Bonferroni count) and the figures (train_loss.png, removal.png) from `out`/results.json
+    alone; return the table text."""
     from ..report.gate_family_plots import plot_removal_curves, plot_training_curves
 
     return remake_report(out, report_markdown, [(plot_training_curves, "train_loss.png"),
-                                                (plot_removal_curves, "removal.png")])
+                                                (plot_removal_curves, "removal.png")],
+                         findings=findings_markdown)
 
 
 def _update_removal(config: Config, out: Path) -> None:

@@ -6,7 +6,7 @@ A highway net of the same shape (tanh H, transform-gate bias −2, the settings 
 paper's figure 2 MNIST net) trains beside them with the same recipe: it is not in the paper's table.
 
 Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
-(the summary that tables and figures are made from), table.md, figure4_train_loss.png,
+(the summary that tables and figures are made from), table.md, findings.md, figure4_train_loss.png,
 table1_test_error_by_depth.png, figure5_k_by_block.png and best_epoch.md (Table 1 under each epoch
 selection, from the runs' histories). The tables and findings are made in experiments.mnist_depth_report
 (re-exported here).
@@ -221,7 +221,8 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures from `out`/results.json alone; return the table text. Where
+    """Remake table.md, findings.md (`findings_markdown`: the findings against the paper that the docs page
+    shows) and the figures from `out`/results.json alone; return the table text. Where
     `out`/runs holds the runs' results.json files, also best_epoch.md: Table 1 under each epoch
     selection (`selection_report_markdown`; the validation-selected epoch where the study held out a
     validation split)."""
@@ -229,7 +230,8 @@ def write_report(out: str | os.PathLike[str]) -> str:
 
     table = remake_report(out, table_markdown, [(plot_training_curves, "figure4_train_loss.png"),
                                                 (plot_error_by_depth, "table1_test_error_by_depth.png"),
-                                                (plot_k_by_block, "figure5_k_by_block.png")])
+                                                (plot_k_by_block, "figure5_k_by_block.png")],
+                          findings=findings_markdown)
     if (Path(out) / "runs").is_dir():
         config = read_summary(Path(out) / RESULTS_FILE, NAME)["config"]
         selections = ("last", "best-test") if config["train_on_full"] else ("last", "best-test", "best-val")

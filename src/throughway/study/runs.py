@@ -30,7 +30,11 @@ from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environm
 
 __all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
            "StudySummary", "rebuild_from_runs", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
-           "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
+           "check_run_results", "FINDINGS_FILE", "THREADS_ENV", "set_threads", "worker_threads"]
+
+# The file of a study's findings in words, beside its table.md: written by the study's report (`remake_report`),
+# placed by tools/readme on the study's docs page.
+FINDINGS_FILE = "findings.md"
 
 # The thread count that `--threads` asks for, for this process and every worker it starts (issue 23: a
 # run re-runs bit for bit only with the thread count it was trained with; results.json records it).
@@ -314,13 +318,17 @@ def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
 
 
 def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[str, Any]], str],
-                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]]) -> str:
-    """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
-    `out`/results.json alone; return the table text."""
+                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]],
+                  findings: Callable[[dict[str, Any]], str] | None = None) -> str:
+    """Remake `out`/table.md with `table_markdown`, `out`/findings.md with `findings` (the study's findings in
+    words, what its docs page shows) where given, and each (plot, file name) figure from `out`/results.json
+    alone; return the table text."""
     out = Path(out)
     summary = read_summary(out / "results.json", "study")
     table = table_markdown(summary)
     atomic_write_text(out / "table.md", table)
+    if findings is not None:
+        atomic_write_text(out / FINDINGS_FILE, findings(summary))
     for plot, name in figures:
         plot(summary, out / name)
     return table

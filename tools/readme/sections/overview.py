@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from throughway.experiments.gate_family_report import finished_depths
 from throughway.report.stats import SIGNIFICANCE, format_mean_std
 
 from .common import _json
-from .gate_family import _finished_depths
 from .gates import _gates_numbers
 
 
@@ -139,7 +139,7 @@ def _gate_family_row(root: Path) -> str:
     if (Path(root) / "gate-family" / "results.json").is_file():
         study = _json(root, "gate-family/results.json")
         seeds = study["config"]["seeds"]
-        done = _finished_depths(study)
+        done = finished_depths(study)
         tests = [r for r in study["comparisons"] if r["depth"] in done]
         counts: dict[str, int] = {}
         for r in tests:

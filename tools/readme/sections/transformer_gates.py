@@ -11,17 +11,12 @@ from pathlib import Path
 
 from throughway.experiments import transformer_gates
 
-from .common import _json, _text
+from .common import _json, _report_file
 
 
 def _transformer_gates_findings(root: Path) -> str:
     """The study's findings.md, checked against a findings text made anew from its results.json."""
-    text = _text(root, "transformer-gates/findings.md")
-    again = transformer_gates.findings_markdown(_json(root, "transformer-gates/results.json"))
-    if text != again:
-        raise ValueError(f"{root}/transformer-gates/findings.md differs from the findings of its results.json: "
-                         f"rebuild the report (transformer_gates.write_report)")
-    return text
+    return _report_file(root, "transformer-gates", "findings.md", transformer_gates.findings_markdown)
 
 
 def _transformer_gates_table(root: Path) -> str:
