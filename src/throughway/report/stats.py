@@ -33,7 +33,7 @@ def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
     if not vals:
         return {"mean": None, "std": None, "n": 0, "values": []}
     mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
+    std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
     return {"mean": mean, "std": std, "n": len(vals), "values": vals}
 
 
