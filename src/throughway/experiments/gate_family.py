@@ -38,13 +38,13 @@ from ..study.batching import add_estimate_options, project_batches, depth_study_
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
-from ..study.runs import RunSpec, StudySummary, check_study_folder, read_runs, rebuild_from_runs, remake_report
+from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean,
+                          read_runs, rebuild_from_runs, remake_report, run_status)
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
                                  gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
-from .mnist_depth import LAST_EPOCHS, read_back
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
            "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
@@ -137,11 +137,10 @@ def _run_record(family: str, result: dict[str, Any], seed: int) -> dict[str, Any
     are vectors, kept in the run's model.safetensors and not recorded per epoch)."""
     history = result["history"]
     final = result["final"]
-    tail = [h["test_error_pct"] for h in history[-LAST_EPOCHS:] if h.get("test_error_pct") is not None]
     ks = final.get("k") or None
     kind = GATE_KINDS[family]
     return {"seed": seed, "test_error_pct": final["test_error_pct"], "val_error_pct": final.get("val_error_pct"),
-            "test_error_last10_pct": sum(tail) / len(tail) if tail else None,
+            "test_error_last10_pct": last_epochs_mean(history),
             "k_mean": final.get("k_mean") if ks else None, "k": ks,
             # relu(k) with k ≤ 0 is an exact zero: a dead gate; an identity gate below 0 is only negative
             "dead_gates": sum(1 for k in ks if k <= 0.0) if ks and kind == "relu" else None,
@@ -171,13 +170,10 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             per_seed, status, gates, removals = [], [], [], []
             names = [run_name(family, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                status.append(run_status(name, result))
                 if result is None:
-                    status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 final = result.get("final")
-                state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
-                status.append({"run": name, "state": state, "epochs": len(result["history"]),
-                               "diverged_at": result.get("diverged_at")})
                 curves[name] = {"train_loss": [h.get("train_loss") for h in result["history"]]}
                 if final is not None:
                     per_seed.append(_run_record(family, result, seed))
@@ -263,7 +259,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends."""
     out = Path(out)
     summary_path = out / RESULTS_FILE
-    new = read_back(asdict(config))
+    new = json_config(config)
     new["depths"] = sorted(new["depths"])
     resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)

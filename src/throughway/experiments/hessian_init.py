@@ -29,7 +29,7 @@ from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from ..study.options import option
-from ..study.runs import read_summary, remake_report
+from ..study.runs import config_from_json, read_summary, remake_report
 from ..report.stats import format_mean_std, mean_std
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableStudy
@@ -226,7 +226,7 @@ def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
     summary = read_summary(path, NAME)
     cells = {k: apply_tolerance(c) for k, c in summary.get("cells", {}).items()}
     theorem2 = [apply_tolerance(r, prefix="spectrum_") for r in summary.get("theorem2", [])]
-    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})  # type: ignore[arg-type]
+    config = config_from_json(Config, summary["config"])
     updated = {**summary, "cells": cells, "theorem2": theorem2, "points": summarize(config, cells)}
     if updated != summary:
         atomic_write_json(path, updated)

@@ -76,7 +76,8 @@ from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.batching import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
 from ..study.batching import group_specs
-from ..study.runs import RunSpec, StudySummary, check_run_results, check_same_settings, read_summary, remake_report
+from ..study.runs import (RunSpec, StudySummary, check_run_results, check_same_settings, json_config,
+                          read_summary, remake_report)
 from ..study.shards import merge_option, parse_shard, select_shard, shard_option
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,
                                    table_markdown)
@@ -304,12 +305,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
         previous = read_summary(summary_path, NAME).get("config", {})
-        settings = asdict(config)
+        settings = json_config(config)
         # A setting the previous summary lacks was written before the option existed: it had the default.
-        defaults = asdict(Config())
+        defaults = json_config(Config())
         fields = sorted(k for k in settings if k not in _PER_PROCESS)
-        check_same_settings({k: _json(previous.get(k, defaults[k])) for k in fields},
-                            {k: _json(settings[k]) for k in fields}, fields, out)
+        check_same_settings({k: previous.get(k, defaults[k]) for k in fields}, {k: settings[k] for k in fields},
+                            fields, out)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
@@ -354,12 +355,6 @@ def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
                                           ("trials in batch", lambda r: str(r["models"]))],
                                " (an estimate from wall-clock step times measured under the load stated above, not a "
                                "bound; diverged trials, which leave their batch, would shorten it)")
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

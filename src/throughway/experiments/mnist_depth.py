@@ -29,9 +29,10 @@ from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.batching import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..report.stats import mean_std, paired_by_seed, paired_verdict
-from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
+from .mnist_depth_report import (batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import check_study_folder, RunSpec, StudySummary, read_runs, read_summary, remake_report
+from ..study.runs import (LAST_EPOCHS, RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean, read_runs,
+                          read_summary, remake_report, run_status)
 from ..study.shards import merge_option, shard_option
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
@@ -133,10 +134,9 @@ def _run_record(result: dict[str, Any], seed: int) -> dict[str, Any]:
     """One finished run's numbers: last-epoch and last-10-epoch test error, its k's."""
     history = result["history"]
     final = result["final"]
-    tail = [h["test_error_pct"] for h in history[-LAST_EPOCHS:] if h.get("test_error_pct") is not None]
     ks = final.get("k")
     return {"seed": seed, "test_error_pct": final["test_error_pct"],
-            "test_error_last10_pct": sum(tail) / len(tail) if tail else None,
+            "test_error_last10_pct": last_epochs_mean(history),
             "k_mean": final.get("k_mean"), "k": ks,
             "dead_gates": sum(1 for k in ks if k <= 0.0) if ks else None,
             "k_middle_minus_ends": middle_minus_ends(ks) if ks and len(ks) >= 3 else None}
@@ -167,19 +167,13 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             per_seed, status = [], []
             names = [run_name(arch, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                status.append(run_status(name, result))
                 if result is None:
-                    status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 history = result["history"]
                 curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h.get("train_loss") for h in history],
                                 "test_error_pct": [h.get("test_error_pct") for h in history]}
-                final = result.get("final")
-                state = "finished" if final is not None else "running"
-                if result.get("diverged"):
-                    state = "diverged"
-                status.append({"run": name, "state": state, "epochs": len(history),
-                               "diverged_at": result.get("diverged_at")})
-                if final is not None:
+                if result.get("final") is not None:
                     per_seed.append(_run_record(result, seed))
             errors = [r["test_error_pct"] for r in per_seed]
             cells.append({
@@ -294,20 +288,6 @@ def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
     """`estimate` as a table and a projected wall time."""
     return depth_study_markdown(NAME, f"{len(config.archs)} architectures x {len(config.depths)} depths",
                                 config.seeds, config.epochs, estimate(config, jobs, steps))
-
-
-def json_config(config: Config) -> dict[str, Any]:
-    """The config as it reads back from results.json (tuples become lists)."""
-    return read_back(asdict(config))
-
-
-def read_back(value: Any) -> Any:
-    """`value` as it reads back from JSON: tuples become lists, recursively."""
-    if isinstance(value, (list, tuple)):
-        return [read_back(v) for v in value]
-    if isinstance(value, dict):
-        return {k: read_back(v) for k, v in value.items()}
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

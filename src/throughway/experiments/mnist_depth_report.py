@@ -11,7 +11,7 @@ from typing import Any
 from .._io import read_json
 from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
-from ..study.runs import read_runs
+from ..study.runs import LAST_EPOCHS, read_runs
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
@@ -36,7 +36,6 @@ def differences_from_paper(config: dict[str, Any]) -> list[str]:
 
 
 
-LAST_EPOCHS = 10  # "the mean of the last 10 epochs" (issue 12): less sensitive to one epoch's noise
 
 
 

@@ -44,10 +44,10 @@ from ..report.stats import SIGNIFICANCE, bonferroni, format_mean_std, mean_std
 from ..study.options import add_options, check_known, option, quick_config
 from ..study.options import config_from_args as study_config_from_args
 from ..study.shards import merge_option, shard_option
-from ..study.runs import RunSpec, StudySummary, rebuild_from_runs, check_study_folder, read_runs, run_many
+from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, read_runs, rebuild_from_runs,
+                          run_many, run_status)
 from ..train import RESULTS_FILE, RunConfig, load_model
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
-from .mnist_depth import read_back
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "Config", "QUICK", "run_name", "specs", "summarize", "table_markdown",
            "findings_markdown", "report_markdown", "write_report", "run", "estimate", "estimate_text",
@@ -149,12 +149,10 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             per_seed, status, gates, removals = [], [], [], []
             names = [run_name(family, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                status.append(run_status(name, result, diverged_at=False))  # its summaries never recorded it
                 if result is None:
-                    status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 final = result.get("final")
-                state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
-                status.append({"run": name, "state": state, "epochs": len(result["history"])})
                 if final is None:
                     continue
                 per_seed.append({"seed": seed, **_selected(result["history"]),
@@ -331,7 +329,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     """Train every run into `out`/runs (resumable, one run per worker process), rewriting the summary,
     the removal records and the report at most every 30 s as runs end, and at the end."""
     out = Path(out)
-    new = read_back(asdict(config))
+    new = json_config(config)
     new["depths"] = sorted(new["depths"])
     resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
