@@ -35,6 +35,7 @@ from ..study.options import option
 from ..study.runs import RunSpec, StudySummary, read_runs, remake_report, run_many
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import is_sharded, merge_option, shard_option
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "config_from_args", "needs_data_message"]
@@ -162,7 +163,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     header = ["model"] + [f"{v} ({who})" for v in config["variants"] for who in ("paper", "ours")]
     table = "Table 3" if config["dataset"] == "cifar10" else "Table 4"
     lines = [f"Test error (%) on {config['dataset']} — gated-residual-v2 {table} (paper) beside ours", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             *table_header(header)]
     for arch in config["archs"]:
         row = [arch]
         for variant in config["variants"]:

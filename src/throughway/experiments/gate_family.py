@@ -43,6 +43,7 @@ from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
+from ..report.tables import table_header
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
                                  gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
 
@@ -212,7 +213,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     finished seeds, the best seed and their number; "pending" where no seed has finished."""
     families = summary["config"]["families"]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
-    lines = ["| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    lines = [*table_header(["d", *families])]
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_cell_text(by[(f, depth)]) for f in families) + " |")
     return "Test error (%) at the last epoch, mean ± std over seeds (best seed, finished seeds)\n\n" + "\n".join(lines) + "\n"

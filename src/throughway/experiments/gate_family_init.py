@@ -48,6 +48,7 @@ from ..study.runs import remake_report
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..study.shortcut import whitened_data
+from ..report.tables import table_header
 from .gate_family import FAMILIES
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "distance_to_identity", "hessian_cell", "summarize", "table_markdown",
@@ -174,7 +175,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     by = {(p["family"], p["depth"]): p for p in summary["points"]}
 
     def table(title: str, cell: Any) -> list[str]:
-        rows = [title, "", "| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+        rows = [title, "", *table_header(["d", *families])]
         for depth in depths:
             rows.append(f"| {depth} | " + " | ".join(_with_seeds(cell, by[(f, depth)], config["seeds"])
                                                      for f in families) + " |")

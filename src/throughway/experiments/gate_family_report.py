@@ -31,6 +31,7 @@ from ..report.stats import (MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std
                            paired_verdict)
 from ..train import load_model
 from ..train.loop import evaluate
+from ..report.tables import table_header
 
 __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "gated_comparisons", "comparisons_markdown",
            "block_gates", "gate_record", "gate_values_markdown", "removal_record",
@@ -79,7 +80,7 @@ def comparisons_markdown(summary: dict[str, Any]) -> str:
             waiting.setdefault(r["depth"], []).append(r["b"])
     lines = ["Paired t-test (two-sided) of the last-epoch test error, gated − other, over the seeds both "
              f"finished (n pairs); a verdict only at p < {SIGNIFICANCE} with n ≥ {MIN_SEEDS}, \"too few\" below",
-             "", "| d | other | n | gated − other (pp) | p | verdict |", "|---|---|---|---|---|---|"]
+             "", *table_header(["d", "other", "n", "gated − other (pp)", "p", "verdict"])]
     for row in sorted(rows, key=lambda r: (r["depth"], r["b"])):
         test = row["test"]
         diff = "—" if test["mean_difference"] is None else f"{test['mean_difference']:+.3f}"
@@ -137,8 +138,7 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Gates at the end of training, mean over seeds ± std of each net's mean gate; dead = relu gate with "
              "k ≤ 0 (an exact identity), negative = identity gate below 0 (a sign flip, not a closed block)", "",
-             "| d | " + " | ".join(f"{f} (mean {_cell(GATE_SYMBOL[f])})" for f in families) + " |",
-             "|---|" + "---|" * len(families)]
+             *table_header(["d", *(f"{f} (mean {_cell(GATE_SYMBOL[f])})" for f in families)])]
     for depth in summary["config"]["depths"]:
         cells = []
         for family in families:
@@ -250,7 +250,7 @@ def removal_markdown(summary: dict[str, Any]) -> str:
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Share of test accuracy kept with ⌊blocks/2⌋ blocks removed (accuracy after / full accuracy), mean "
              "± std over seeds: smallest |gate| first / random order", "",
-             "| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+             *table_header(["d", *families])]
     for depth in summary["config"]["depths"]:
         if depth // 2 < 2:
             continue
@@ -268,8 +268,8 @@ def removal_markdown(summary: dict[str, Any]) -> str:
     if tests:
         lines += ["", "Paired t-test (two-sided) over seeds of the share kept, smallest |gate| first − random order "
                   f"(points of test accuracy share, n seeds); a verdict only at p < {SIGNIFICANCE} with n ≥ "
-                  f"{MIN_PAIRS_FOR_VERDICT}", "", "| d | family | n | gate order − random (pp) | p | verdict |",
-                  "|---|---|---|---|---|---|"]
+                  f"{MIN_PAIRS_FOR_VERDICT}", "", *table_header(["d", "family", "n", "gate order − random (pp)", "p",
+                                                                 "verdict"])]
         for row in tests:
             test, few = row["test"], len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT
             diff = "—" if row["kept_difference"] is None else f"{row['kept_difference']:+.2f}"

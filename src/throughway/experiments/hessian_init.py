@@ -34,6 +34,7 @@ from ..report.stats import format_mean_std, mean_std
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableStudy
 from ..study.shards import merge_option, shard_option
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]
@@ -160,7 +161,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     networks = config["networks"]
     lines = ["Initial Hessian condition number max|λ| / P10(|λ|), mean ± std over runs "
              "(Demystifying ResNet figure 4)", "",
-             "| depth | " + " | ".join(networks) + " |", "|---|" + "---|" * len(networks)]
+             *table_header(["depth", *networks])]
     by = {(p["network"], p["depth"]): p for p in summary["points"]}
     for depth in config["depths"]:
         row = [str(depth)]

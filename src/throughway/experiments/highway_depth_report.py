@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from ..report.tables import table_header
 
 __all__ = ["PAPER_OBSERVATIONS", "PAPER_SEARCH_TRIALS", "RANKINGS", "observations", "ranked_loss", "table_markdown"]
 
@@ -129,7 +130,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     rank = config.get("rank", "last-loss")
     title = "Lowest training loss reached" if rank == "best-loss" else "Final training loss"
     lines = [f"{title} (cross-entropy) — highway paper §3.1 / figure 1", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             *table_header(header)]
     for layers in config["layers"]:
         row = [str(layers)]
         for arch in archs:
@@ -139,7 +140,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
                     f"{cell['finished']}/{cell['diverged']}/{config['trials']}"
                     + (f" ({cell['running']} running)" if cell["running"] else "")]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "| the paper says (highway §3.1) | ours | verdict |", "|---|---|---|"]
+    lines += ["", *table_header(["the paper says (highway §3.1)", "ours", "verdict"])]
     lines += [f"| {paper} | {ours} | {v} |" for paper, ours, v in observations(summary)]
     notes = [f"{config['epochs']} epochs per trial, {config['trials']} trials per architecture and depth "
              f"(paper: 100), recipe highway-mnist (SGD + momentum, exponential decay), batch 100, "

@@ -12,6 +12,7 @@ from .._io import read_json
 from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.runs import LAST_EPOCHS, read_runs
+from ..report.tables import table_header
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
@@ -85,7 +86,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     header = ["d"]
     for arch in archs:
         header += ([f"{arch} (paper)"] if arch in PAPER_TEST_ERROR else []) + [f"{arch} (ours)", "best"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [*table_header(header)]
     for depth in config["depths"]:
         row = [str(depth)]
         for arch in archs:
@@ -101,15 +102,15 @@ def table_markdown(summary: dict[str, Any]) -> str:
         lines += ["", f"Test error, mean of the last {LAST_EPOCHS} epochs: too few epochs ({epochs} < {LAST_EPOCHS})."]
     else:
         lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
-                  "| d | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
+                  *table_header(["d", *archs])]
         for depth in config["depths"]:
             lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
                                                      for arch in archs) + " |")
     if "gated" in archs:
         lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours "
                   "(mean ± std over seeds)", "",
-                  "| d | mean k (paper) | mean k (ours) | dead gates (k ≤ 0) per seed | k: middle third − outer thirds |",
-                  "|---|---|---|---|---|"]
+                  *table_header(["d", "mean k (paper)", "mean k (ours)", "dead gates (k ≤ 0) per seed",
+                                 "k: middle third − outer thirds"])]
         for depth in config["depths"]:
             cell = by[("gated", depth)]
             paper = cell["paper_k_mean"]
@@ -121,8 +122,8 @@ def table_markdown(summary: dict[str, Any]) -> str:
     if comparisons:
         lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test; "
                   f"\"better\" only where p < {SIGNIFICANCE})", "",
-                  "| d | seeds | last epoch: difference ± s.e. | p | verdict | last 10 epochs: difference ± s.e. | p | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  *table_header(["d", "seeds", "last epoch: difference ± s.e.", "p", "verdict",
+                                 "last 10 epochs: difference ± s.e.", "p", "verdict"])]
         for row in comparisons:
             cols = [str(row["depth"]), str(len(row["seeds"]))]
             for key in ("test_error_pct", "test_error_last10_pct"):
@@ -216,8 +217,8 @@ def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) ->
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
         return "—" if cell is None else format_mean_std(cell[key], count=True)
 
-    lines = ["| d | arch | paper | first layer linear (paper's) | first layer Dot-BN-ReLU | k: paper | k: linear | k: Dot-BN-ReLU |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [*table_header(["d", "arch", "paper", "first layer linear (paper's)", "first layer Dot-BN-ReLU",
+                            "k: paper", "k: linear", "k: Dot-BN-ReLU"])]
     for depth in summary["config"]["depths"]:
         for arch in ("residual", "gated"):
             a, b = ours.get((arch, depth)), other.get((arch, depth))
@@ -260,9 +261,8 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
         return "—" if cell is None else format_mean_std(cell[key], count=True)
 
-    lines = ["| d | arch | paper | BatchNorm: PyTorch's constants (ours) | BatchNorm: Keras's constants | "
-             "Keras − PyTorch, paired by seed | k: paper | k: PyTorch's | k: Keras's |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = table_header(["d", "arch", "paper", "BatchNorm: PyTorch's constants (ours)", "BatchNorm: Keras's constants",
+                          "Keras − PyTorch, paired by seed", "k: paper", "k: PyTorch's", "k: Keras's"])
     rows = batchnorm_ablation_tests(summary, keras)
     for row in rows:
         arch, depth, a, b, test = row["arch"], row["depth"], row["torch"], row["keras"], row["test"]
@@ -388,7 +388,7 @@ def selection_table_markdown(selection_summary: dict[str, Any], selections: tupl
     header = ["d"]
     for arch in archs:
         header += [f"{arch} (paper)"] + [f"{arch}: {s}" for s in selections]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [*table_header(header)]
     for depth in config["depths"]:
         row = [str(depth)]
         for arch in archs:

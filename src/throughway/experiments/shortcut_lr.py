@@ -34,6 +34,7 @@ from ..train import History
 from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
 from ..study.shards import merge_option, shard_option
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU"]
 
@@ -121,7 +122,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     networks = config["networks"]
     lines = [f"Best final training loss over the learning-rate grid (and the best rate), {config['activation']}, "
              f"{config['epochs']} epochs of full-batch GD, {config['seeds']} seed(s)", "",
-             "| depth | " + " | ".join(networks) + " |", "|---|" + "---|" * len(networks)]
+             *table_header(["depth", *networks])]
     for depth in config["depths"]:
         row = [str(depth)]
         for network in networks:

@@ -47,6 +47,7 @@ from ..study.shards import merge_option, shard_option
 from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, read_runs, rebuild_from_runs,
                           run_many, run_status)
 from ..train import RESULTS_FILE, RunConfig, load_model
+from ..report.tables import table_header
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "Config", "QUICK", "run_name", "specs", "summarize", "table_markdown",
@@ -199,19 +200,19 @@ def table_markdown(summary: dict[str, Any]) -> str:
     families = summary["config"]["families"]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Test error (%) at the epoch of lowest validation error (earliest of ties), mean ± std over seeds", "",
-             "| layers | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+             *table_header(["layers", *families])]
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)]["test_error_pct"]) for f in families) + " |")
     lines += ["", "Test error (%) at the last epoch, mean ± std over seeds (noisier: the learning rate is constant)", "",
-              "| layers | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+              *table_header(["layers", *families])]
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)].get("last_epoch_test_error_pct", {"n": 0}))
                                                   for f in families) + " |")
     lines += ["", "Paired t-test (two-sided) over seeds, gated − other, validation-selected test error in points; p "
               "uncorrected / "
               f"Bonferroni over this table's tests; a verdict only with n ≥ {MIN_SEEDS} and uncorrected p < "
-              f"{SIGNIFICANCE}", "", "| layers | other | n | gated − other | p (uncorrected / Bonferroni) | verdict |",
-              "|---|---|---|---|---|---|"]
+              f"{SIGNIFICANCE}", "", *table_header(["layers", "other", "n", "gated − other",
+                                                    "p (uncorrected / Bonferroni)", "verdict"])]
     for row in summary.get("comparisons", []):
         diff = row["test"]["mean_difference"]
         lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | "
@@ -219,8 +220,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     gated = [f for f in families if f in GATE_SYMBOL]
     lines += ["", "Gates at the end, per branch (two per layer): mean over seeds of each net's mean gate; dead = relu "
               "gate with k ≤ 0 (an exact identity), negative = identity gate below 0", "",
-              "| layers | " + " | ".join(f"{f} (mean {GATE_SYMBOL[f]})".replace("|λ|", "\\|λ\\|") for f in gated) + " |",
-              "|---|" + "---|" * len(gated)]
+              *table_header(["layers", *(f"{f} (mean {GATE_SYMBOL[f]})".replace("|λ|", "\\|λ\\|") for f in gated)])]
     for depth in summary["config"]["depths"]:
         cells = []
         for family in gated:
@@ -236,8 +236,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     lines += ["", "Share of test accuracy kept with half the layers removed: smallest |gate| first / random orders "
               "(mean over seeds); the paired test of the two orders, p uncorrected / Bonferroni", "",
-              "| layers | family | n | gate order | random | gate − random (pp) | p | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
+              *table_header(["layers", "family", "n", "gate order", "random", "gate − random (pp)", "p", "verdict"])]
     for row in summary.get("removal_tests", []):
         cell = by[(row["family"], row["depth"])]
         greedy = mean_std([r["half_share_greedy"] for r in cell["removal"]])
@@ -385,7 +384,7 @@ def estimate_text(config: Config, jobs: int = 1) -> str:
     """`estimate` as a table and a projected wall time."""
     projection = estimate(config, jobs)
     lines = [f"{NAME}: {len(config.families)} families x {len(config.depths)} depths x {config.seeds} seeds, "
-             f"{config.epochs} epochs, {config.limit} images per split", "", "| layers | one run (min) |", "|---|---|"]
+             f"{config.epochs} epochs, {config.limit} images per split", "", *table_header(["layers", "one run (min)"])]
     lines += [f"| {d} | {s / 60:.1f} |" for d, s in projection["per_run_s"].items()]
     lines += ["", f"{projection['runs']} runs: about {projection['wall_s'] / 60:.0f} min on {jobs} worker(s) "
               f"(one thread each)"]

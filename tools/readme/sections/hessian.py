@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import _json, _match, _text
+from throughway.report.tables import table_header
 
 
 def _hessian_theorem2(root: Path) -> str:
@@ -25,8 +26,7 @@ def _hessian_theorem2(root: Path) -> str:
     unit_diff = max(r["unit_blocks_max_difference"] for r in two)
     eig_diff = max(r["eigenvalues_vs_pm_singular_values_max_difference"] for r in two)
     return "\n".join([
-        "| Theorem 2 | measured (width 10, whitened MNIST) |",
-        "|---|---|",
+        *table_header(["Theorem 2", "measured (width 10, whitened MNIST)"]),
         f"| n ≥ 3: zero gradient and zero Hessian | ‖∇ℓ‖ = 0 and H = 0 {'exactly' if exact_zero else 'NOT exactly'} "
         f"at depths {depths(zero)} (n = 3; n = 4 and tanh in the tests) |",
         "| n = 2: block diagonal, eigenvalues ± the singular values of one block, once per unit, depth-invariant | "
@@ -61,8 +61,7 @@ def _hessian_figure4(root: Path) -> str:
     labels = {"xavier": "Xavier", "orthogonal": "orthogonal", "shortcut2-zero": "2-shortcut, zero init",
               "shortcut1-zero": "1-shortcut, zero init"}
     by = {(p["network"], p["depth"]): p for p in summary["points"]}
-    lines = ["| depth | " + " | ".join(labels.get(n, n) for n in networks) + " |",
-             "|---|" + "---|" * len(networks)]
+    lines = table_header(["depth", *(labels.get(n, n) for n in networks)])
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_fmt_condition(by[(n, depth)]) for n in networks) + " |")
     return "\n".join(lines)

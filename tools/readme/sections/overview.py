@@ -10,6 +10,7 @@ from pathlib import Path
 
 from throughway.experiments.gate_family_report import finished_depths
 from throughway.report.stats import SIGNIFICANCE, format_mean_std
+from throughway.report.tables import table_header
 
 from .common import _json
 from .gates import _gates_numbers
@@ -181,8 +182,7 @@ def _reproductions_table(root: Path) -> str:
     """The README's table: one row per reproduced claim, each linking to its page under docs/reproductions.
     A new study (e.g. the gate family, the Table 1 selection) adds its row function here."""
     return "\n".join([
-        "| reproduction | paper | ours | verdict |",
-        "|---|---|---|---|",
+        *table_header(["reproduction", "paper", "ours", "verdict"]),
         _mnist_depth_row(root), _selection_row(root), _mean_k_row(root), _pruning_row(root), _lesion_row(root), _sdi_row(root),
         _hessian_row(root), _highway_depth_row(root), _conv_row(root),
         "| [Convolutional networks](docs/reproductions/cifar.md): gated-residual-v2 Tables 3, 4, Wide Gated "
