@@ -220,12 +220,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
 
-    if config.merge:
-        return refresh()
-    refresh()
-    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=lambda name, error: refresh(name, error, force=False), shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                   progress=progress, on_done=on_done, shard=config.shard),
+                          merge=config.merge)
 
 
 # The summary, table and figures are rewritten at most this often while runs end (and always at the end).

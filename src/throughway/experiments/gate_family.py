@@ -273,15 +273,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     # REFRESH_INTERVAL_S as batches end (the removal curves and figures take seconds), and always at the end.
     refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
-    if config.merge:
-        return refresh()
-    refresh()
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
-    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile,
-                shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                      progress=progress, on_done=on_done, compile=config.compile,
+                                                      shard=config.shard),
+                          merge=config.merge)
 
 
 # The summary, table and figures are rewritten at most this often while batches end (and always at the end).

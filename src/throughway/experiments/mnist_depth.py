@@ -245,17 +245,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
-
-    if config.merge:
-        return refresh()
-    refresh()
     # The nets of one depth (every architecture and seed) train together as one batched computation
     # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
     # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
-    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile,
-                shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                      progress=progress, on_done=on_done, compile=config.compile,
+                                                      shard=config.shard),
+                          merge=config.merge)
 
 
 # The summary, table and figures are rewritten at most this often while runs end (and always at the end).

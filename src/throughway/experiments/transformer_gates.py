@@ -339,12 +339,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
     refresh = StudySummary(out / RESULTS_FILE, summary_with_removal, lambda: write_report(out),
                            environment_info(config.device), min_interval_s=30.0, shard=config.shard)
-    if config.merge:
-        return refresh()
-    refresh()
-    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=lambda name, error: refresh(name, error, force=False), shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                   progress=progress, on_done=on_done, shard=config.shard),
+                          merge=config.merge)
 
 
 def _step_seconds(depth: int, width: int, steps: int) -> float:

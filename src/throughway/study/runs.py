@@ -447,6 +447,18 @@ class StudySummary:
         self._cost = self._last - began
         return summary
 
+    def around(self, train: Callable[[Callable[[str, str | None], Any]], Any], *, merge: bool) -> dict[str, Any]:
+        """A study's training with its summary kept current, the shard opt-in of every study's `run`: with
+        `merge` (`--merge`: every shard's runs are on disk) only the summary is written; else the summary
+        at once (the folder shows the study before its first run ends), then `train(on_done)`, whose
+        `on_done(name, error)` (the `run_many`/`run_batched` hook) refreshes it as runs end (not forced: at
+        most every `min_interval_s`), then the final, forced summary. Returns the final summary."""
+        if merge:
+            return self()
+        self()
+        train(lambda name, error: self(name, error, force=False))
+        return self()
+
 
 def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resume: bool,
                  legacy: dict[str, Any] | None = None) -> dict[str, Any] | None:
