@@ -79,8 +79,8 @@ from ..study.batching import group_specs
 from ..study.runs import (RunSpec, StudySummary, check_run_results, check_same_settings, json_config,
                           read_summary, remake_report)
 from ..study.shards import merge_option, parse_shard, select_shard, shard_option
-from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,
-                                   table_markdown)
+from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, findings_markdown, observations,
+                                   ranked_loss, table_markdown)
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "GATE_BIAS_SAMPLING", "RANKINGS", "ranked_loss", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
            "write_report", "estimate", "estimate_text", "NAME", "parse_shard", "observations", "table_markdown",
@@ -291,10 +291,11 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and figure1.png from `out`/results.json alone; return the table text."""
+    """Remake table.md, findings.md (`highway_depth_report.findings_markdown`, what the docs page shows) and
+    figure1.png from `out`/results.json alone; return the table text."""
     from ..report.highway_depth_plots import plot_figure1
 
-    return remake_report(out, table_markdown, [(plot_figure1, "figure1.png")])
+    return remake_report(out, table_markdown, [(plot_figure1, "figure1.png")], findings=findings_markdown)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
