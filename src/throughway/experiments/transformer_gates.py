@@ -51,7 +51,7 @@ from ..report.tables import table_header
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "Config", "QUICK", "run_name", "specs", "summarize", "table_markdown",
-           "findings_markdown", "report_markdown", "write_report", "run", "estimate", "estimate_text",
+           "findings_markdown", "orders_prose", "report_markdown", "write_report", "run", "estimate", "estimate_text",
            "add_arguments", "config_from_args"]
 
 NAME = "transformer-gates"
@@ -296,6 +296,18 @@ def findings_markdown(summary: dict[str, Any]) -> str:
                          f"{r['test']['p_value']:.2g})" for r in removal if r not in kept) if len(kept) < len(removal)
                         else "") + ".")
     return "\n".join(lines) + "\n"
+
+
+def orders_prose(summary: dict[str, Any], removal: dict[str, Any]) -> str:
+    """How the smallest-|gate|-first orders of the 4-layer gated nets begin, counted over seeds: the
+    layers they remove first, and the mean k of layers 0-1 against layers 2-3 (`removal`: removal.json by run). The docs page's sentence."""
+    gated = [v for k, v in sorted(removal.items()) if k.startswith("gated-L4-")]
+    early = sum(1 for v in gated if sorted(v["greedy_order"][:2]) == [0, 1])
+    cell = next(c for c in summary["cells"] if c["family"] == "gated" and c["depth"] == 4)
+    first = [sum(g["per_branch"][:4]) / 4 for g in cell["gates"]]
+    last = [sum(g["per_branch"][4:]) / 4 for g in cell["gates"]]
+    return (f"in {early} of {len(gated)} seeds the order removes layers 0 and 1 first; their branches' mean k is "
+            f"{sum(first) / len(first):.3f} against {sum(last) / len(last):.3f} for layers 2 and 3")
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
