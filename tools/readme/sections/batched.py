@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from throughway.report.tables import table_header
+
 from .common import _json, _match, _report_file, _text
 
 
@@ -29,9 +31,8 @@ def _batched_benchmark(root: Path) -> str:
         return f"{int(v):,}"
 
     return "\n".join([
-        f"| 32 depth-20 gated residual MLPs (width 50, NAdam, batch 128) | samples/s, summed over models | ratio | "
-        f"share of the fp32 matmul ceiling ({float(ceiling):.0f}–{float(ceiling_end):.0f} GFLOP/s) |",
-        "|---|---|---|---|",
+        *table_header(["32 depth-20 gated residual MLPs (width 50, NAdam, batch 128)", "samples/s, summed over models",
+                       "ratio", f"share of the fp32 matmul ceiling ({float(ceiling):.0f}–{float(ceiling_end):.0f} GFLOP/s)"]),
         f"| one after another, the ordinary `fit` loop | {count(seq)} | 1 | |",
         f"| batched, eager | {count(eager.group(1))} | **{float(eager_ratio):.2f}×** (target ≥ 10×) | {eager.group(2)}% |",
         f"| batched, `torch.compile` ({compile_s} s compilation, paid first) | {count(comp.group(1))} | "

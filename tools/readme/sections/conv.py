@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import _json
 from throughway.report.tables import table_header
+
+from .common import _json
 
 
 def _conv_table(root: Path) -> str:

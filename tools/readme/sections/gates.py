@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .common import _json, _match, _text
 from throughway.report.tables import table_header
+
+from .common import _json, _match, _text
 
 
 def _ranges(blocks: list[int]) -> str:

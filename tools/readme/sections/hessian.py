@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .common import _json, _match, _text
 from throughway.report.tables import table_header
+
+from .common import _json, _match, _text
 
 
 def _hessian_theorem2(root: Path) -> str:

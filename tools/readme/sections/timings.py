@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .common import _match, _text
 from throughway.report.tables import table_header
+
+from .common import _match, _text
 
 
 def _fields(root: Path, relative: str) -> dict[str, str]:
