@@ -53,7 +53,8 @@ from .sections.gate_family import (_gate_family_findings, _gate_family_first_epo
                                    _gate_family_trained)
 from .sections.gates import _gates_table, _gates_text, _highway_analysis_table
 from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
-                               _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
+                               _hessian_figures56, _hessian_speed, _hessian_theorem2)
+from throughway.experiments.hessian_dynamics import figures56_contrary_pairs
 from .sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
 from .sections.overview import _reproductions_table
 from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_orders,

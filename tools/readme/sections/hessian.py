@@ -7,9 +7,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from throughway.experiments import hessian_dynamics
 from throughway.report.tables import table_header
 
-from .common import _json, _match, _text
+from .common import _json, _match, _report_file, _text
 
 
 def _hessian_theorem2(root: Path) -> str:
@@ -68,62 +69,9 @@ def _hessian_figure4(root: Path) -> str:
     return "\n".join(lines)
 
 
-def figures56_contrary_pairs(summary: dict[str, Any], loss_window: float = 0.05) -> dict[str, Any]:
-    """Figure 5's claim, "the 2-shortcut network's condition number is smaller at every loss", pair by pair.
-
-    A pair is a 2-shortcut point and a point of another network (any seeds) whose loss differs
-    from the 2-shortcut point's by at most `loss_window` (5%) of it (the figure compares the
-    networks at equal loss); it is contrary when the 2-shortcut condition number is not the
-    smaller. Points with an undefined condition number are left out.
-    Returns {"pairs", "contrary", "by_network": {name: (pairs, contrary)}}.
-    """
-    traces = summary["traces"]
-    shortcut = [t for t in traces if t["network"] == "shortcut2-zero"]
-    others = [t for t in traces if t["network"] != "shortcut2-zero"]
-    by_network: dict[str, list[int]] = {}
-    for s in shortcut:
-        for o in others:
-            counts = by_network.setdefault(o["network"], [0, 0])
-            for p in s["hessian"]:
-                for q in o["hessian"]:
-                    if p["condition"] is None or q["condition"] is None:
-                        continue
-                    if abs(q["loss"] - p["loss"]) <= loss_window * p["loss"]:
-                        counts[0] += 1
-                        counts[1] += p["condition"] >= q["condition"]
-    return {"pairs": sum(c[0] for c in by_network.values()), "contrary": sum(c[1] for c in by_network.values()),
-            "by_network": {k: tuple(v) for k, v in by_network.items()}}
-
-
 def _hessian_figures56(root: Path) -> str:
-    summary = _json(root, "hessian/figures5-6/results.json")
-    config = summary["config"]
-    pairs = figures56_contrary_pairs(summary)
-    by = pairs["by_network"]
-    finals: dict[str, list[float]] = {}
-    for t in summary["traces"]:
-        finals.setdefault(t["network"], []).append(t["hessian"][-1]["loss"])
-    orth, short = finals.get("orthogonal", []), finals.get("shortcut2-zero", [])
-    starts = sorted({round(t["hessian"][0]["index"], 3) for t in summary["traces"] if t["network"] == "shortcut2-zero"})
-    ends = [t["hessian"][-1]["index"] for t in summary["traces"] if t["network"] == "shortcut2-zero"]
-    singular = sum(1 for t in summary["traces"] for p in t["hessian"] if p.get("singular"))
-    singular_networks = sorted({t["network"] for t in summary["traces"] if any(p.get("singular") for p in t["hessian"])})
-    points = sum(len(t["hessian"]) for t in summary["traces"])
-    share = 100.0 * pairs["contrary"] / pairs["pairs"] if pairs["pairs"] else math.nan
-    return (
-        f"Along full-batch gradient descent (depth {config['depth']}, lr {config['lr']:g}, {config['epochs']:,} "
-        f"epochs, {len(config['seeds'])} seeds; figures 5 and 6, `results/hessian/figures5-6`) the 2-shortcut "
-        f"network mostly keeps the smaller condition number at equal loss, not at every loss: of {pairs['pairs']} "
-        f"pairs of a 2-shortcut point and another network's point whose loss is within 5% of it, {pairs['contrary']} "
-        f"({share:.0f}%) have the 2-shortcut condition number the larger ("
-        + ", ".join(f"against {n}: {c} of {p}" for n, (p, c) in by.items()) + "). "
-        f"Its index starts at {' / '.join(f'{s:.2f}' for s in starts)} and drops to "
-        f"{min(ends):.3f}–{max(ends):.3f}; at the end orthogonal and 2-shortcut reach similar losses "
-        f"({min(orth + short):.2f}–{max(orth + short):.2f} against the least squares optimum "
-        f"{summary['optimal_linear_loss']:.3f}). {singular} of the {points} Hessians are singular to tolerance"
-        + (f" (all {', '.join(singular_networks)})" if singular_networks else "")
-        + "; their index is undefined and left out of figure 6."
-    )
+    """Figures 5 and 6 in words: results/hessian/figures5-6/findings.md (`hessian_dynamics.findings_markdown`)."""
+    return _report_file(root, "hessian/figures5-6", "findings.md", hessian_dynamics.findings_markdown)
 
 
 def _lr_point(summary: dict[str, Any], network: str, depth: int) -> dict[str, Any]:
