@@ -5,7 +5,7 @@ from __future__ import annotations
 from throughway.experiments.mnist_depth import (PAPER_TEST_ERROR, findings_markdown, middle_minus_ends,
                                                 paired_comparisons, table_markdown)
 from throughway.report.stats import paired_t_test
-from throughway.study.runs import mean_std
+from throughway.report.stats import mean_std
 
 
 def _cell(arch, depth, errors, ks=None):

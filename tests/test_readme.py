@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -110,6 +113,7 @@ def _gate_family_summary(done_depths, pending_depth, p_values):
 
 
 def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
+    from throughway.experiments.gate_family_report import findings_markdown
     from tools.readme.sections.gate_family import _gate_family_findings
     from tools.readme.sections.overview import _gate_family_row
 
@@ -122,7 +126,7 @@ def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
     (tmp_path / "gate-family").mkdir()
     summary = _gate_family_summary([2, 10], 20, {2: 0.4, 10: 0.01})
     (tmp_path / "gate-family" / "results.json").write_text(json.dumps(summary))
-    text = _gate_family_findings(tmp_path)
+    text = findings_markdown(summary)
     assert "- **d = 2**: lowest mean test error gated 2.10" in text
     assert "no significant difference from 1 family (p = 0.4 to 0.4)" in text
     assert "gated better than rezero (gated − rezero -0.50 points, p = 0.01)" in text
@@ -133,7 +137,7 @@ def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
 
 
 def test_gate_family_findings_name_the_removal_orders_that_a_paired_test_separates(tmp_path):
-    from tools.readme.sections.gate_family import _gate_family_findings
+    from throughway.experiments.gate_family_report import findings_markdown
 
     summary = _gate_family_summary([2, 10], 20, {2: 0.4, 10: 0.01})
     shares = {10: [(0.99, 0.95), (0.98, 0.95), (0.99, 0.94)], 20: [(0.99, 0.95)] * 3}
@@ -141,9 +145,7 @@ def test_gate_family_findings_name_the_removal_orders_that_a_paired_test_separat
         if cell["family"] == "gated" and cell["depth"] in shares:  # d = 20 is unfinished: not a finding
             cell["removal"] = [{"seed": s, "half_share_greedy": g, "half_share_random": r}
                                for s, (g, r) in enumerate(shares[cell["depth"]])]
-    (tmp_path / "gate-family").mkdir()
-    (tmp_path / "gate-family" / "results.json").write_text(json.dumps(summary))
-    line = next(x for x in _gate_family_findings(tmp_path).splitlines() if x.startswith("- **Removal**"))
+    line = next(x for x in findings_markdown(summary).splitlines() if x.startswith("- **Removal**"))
     assert "gated: d = 10 gate order +4.0 points (p = " in line and "d = 20" not in line
     assert "Bonferroni over this test: threshold 0.05, 1 passes it (gated at d = 10)." in line
 
@@ -164,10 +166,11 @@ def _committed_gate_family() -> dict:
 def test_removal_prose_says_which_tests_survive_bonferroni_and_the_size_of_the_gains():
     from throughway.experiments.gate_family_report import removal_comparisons
     from throughway.report.stats import SIGNIFICANCE
-    from tools.readme.sections.gate_family import RELU_FAMILIES, _gate_family_removal_prose, _removal_rows
+    from throughway.experiments.gate_family_report import RELU_FAMILIES, removal_rows
+    from tools.readme.sections.gate_family import _gate_family_removal_prose
 
     summary = _committed_gate_family()
-    rows = _removal_rows(summary)
+    rows = removal_rows(summary)
     assert len(rows) == 20 and all(r in removal_comparisons(summary) for r in rows)
     threshold = SIGNIFICANCE / len(rows)
     text = _gate_family_removal_prose(RESULTS)
@@ -226,6 +229,28 @@ def test_the_d100_gated_and_residual_runs_are_replays_of_mnist_depth_val():
     assert "d = 100 gated and residual runs are replays" in text and f"up to {gap:.2f} points" in text
     assert "not across stack compositions" in text
     assert "not across stack compositions" in (ROOT / "docs" / "guide.md").read_text()  # the reproducibility docs
+
+
+@pytest.mark.parametrize("study,page,block", [("gate-family", "gate-family.md", "gate-family-findings"),
+                                              ("mnist-depth", "mnist-depth.md", "mnist-depth-findings")])
+def test_docs_findings_are_the_findings_file_that_throughway_report_writes(study, page, block, tmp_path):
+    # issue 33: the words on the docs page are the study's own, written by `throughway report` beside its
+    # results (with the Bonferroni count for gate-family), not made up by tools/readme.
+    from throughway.cli import main as throughway
+    from tools.readme import BLOCK
+
+    copy = tmp_path / study
+    copy.mkdir()
+    shutil.copyfile(RESULTS / study / "results.json", copy / "results.json")  # the committed numbers alone
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert throughway(["report", str(copy)]) == 0
+    written = (copy / "findings.md").read_text()
+    assert written == (RESULTS / study / "findings.md").read_text()
+    shown = next(m.group("body") for m in BLOCK.finditer((ROOT / "docs" / "reproductions" / page).read_text())
+                 if m.group("name") == block)
+    assert shown.strip("\n") == written.rstrip("\n")
+    if study == "gate-family":
+        assert "Bonferroni threshold of 0.05 / 30 = 0.0017; 1 of the 30 pass it" in written
 
 
 def test_the_readme_row_says_the_four_are_uncorrected_and_one_passes_bonferroni():

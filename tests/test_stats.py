@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from throughway.report.stats import paired_t_test, regularized_incomplete_beta, student_t_sf
+from throughway.report.stats import (format_mean_std, mean_std, paired_by_seed, paired_t_test, regularized_incomplete_beta,
+                                     student_t_sf)
 
 
 @pytest.mark.parametrize("t,df,two_sided", [(2.776445105, 4, 0.05), (12.7062047, 1, 0.05), (2.228138852, 10, 0.05),
@@ -71,3 +72,30 @@ def test_paired_verdict_needs_three_pairs():
     three = paired_t_test([1.0, 1.1, 1.05], [2.0, 2.2, 2.1])
     assert paired_verdict(three, "a", "b") == "a better" and paired_verdict(paired_t_test([2.0, 2.2, 2.1], [1.0, 1.1, 1.05]), "a", "b") == "b better"
     assert paired_verdict(paired_t_test([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]), "a", "b") == "no significant difference"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The seeds' summary and its "mean ± std" text (issue 33: one summariser, one rule for one seed)
+
+def test_mean_std_of_one_seed_has_no_std():
+    # A sample std is undefined for one value: None, not 0.0 (the two summarisers used to disagree).
+    assert mean_std([1.5]) == {"mean": 1.5, "std": None, "n": 1, "values": [1.5]}
+    assert mean_std([]) == {"mean": None, "std": None, "n": 0, "values": []}
+    stat = mean_std([1.0, None, 3.0])
+    assert stat["n"] == 2 and stat["mean"] == 2.0 and stat["std"] == pytest.approx(math.sqrt(2.0))
+
+
+def test_format_mean_std_renders_one_seed_as_the_mean_alone():
+    assert format_mean_std(mean_std([1.0, 3.0])) == "2.00 ± 1.41"
+    assert format_mean_std(mean_std([1.0, 3.0]), ".3g", ".2g", count=True) == "2 ± 1.4 (n=2)"
+    assert format_mean_std(mean_std([1.234]), count=True) == "1.23"
+    # summaries written before the rule stored std 0.0 for one seed: rendered the same way
+    assert format_mean_std({"mean": 1.234, "std": 0.0, "n": 1}) == "1.23"
+    assert format_mean_std(mean_std([])) == "—"
+    assert format_mean_std(mean_std([]), empty="pending") == "pending"
+
+
+def test_paired_by_seed_pairs_the_common_seeds():
+    seeds, test = paired_by_seed({0: 1.0, 1: 2.0, 2: 3.5, 3: 9.0}, {1: 1.0, 2: 2.0, 0: 0.5})
+    assert seeds == [0, 1, 2]
+    assert test == paired_t_test([1.0, 2.0, 3.5], [0.5, 1.0, 2.0])

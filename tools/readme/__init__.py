@@ -18,16 +18,19 @@ and `tests/test_readme.py` runs the check, so a table or number that the results
 fails CI.
 
 The renderers live in `tools.readme.sections`, one module per page (timings, depth_study, gates,
-identity, hessian, batched, conv, cli_reference). Adding a block (e.g. a new study's table): write
-one function in its page's module
+identity, hessian, batched, conv, cli_reference). They place what the studies write, they do not
+word it: a study's findings are written by its own report (`write_report` writes findings.md beside
+table.md, the text `throughway report` saves), and a renderer places that file with
+`sections.common._report_file`, which fails when the file is stale. Adding a block (e.g. a new study's
+table): write one function in its page's module
 
     def _gate_family_table(root: Path) -> str:
         return gate_family.table_markdown(_json(root, "gate-family/results.json"))
 
-that reads committed files under `root` only (`_json`, `_text` of `sections.common`) and returns
-markdown, reusing the experiment's own `table_markdown` where the page quotes it whole; add one
-entry `"gate-family-table": _gate_family_table` to `RENDERERS`; put the two markers in the page and
-run `python -m tools.readme`.
+that reads committed files under `root` only (`_json`, `_text`, `_report_file` of `sections.common`) and
+returns markdown made by the experiment's own functions (`table_markdown`, `findings_markdown`, ...);
+add one entry `"gate-family-table": _gate_family_table` to `RENDERERS`; put the two markers in the page
+and run `python -m tools.readme`.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from .sections.gate_family import (_gate_family_findings, _gate_family_first_epo
                                    _gate_family_trained)
 from .sections.gates import _gates_table, _gates_text, _highway_analysis_table
 from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figure7, _hessian_figure8,
-                               _hessian_figures56, _hessian_speed, _hessian_theorem2, figures56_contrary_pairs)
+                               _hessian_figures56, _hessian_speed, _hessian_theorem2)
+from throughway.experiments.hessian_dynamics import figures56_contrary_pairs
 from .sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
 from .sections.overview import _reproductions_table
 from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_orders,

@@ -12,7 +12,6 @@ printed beside them. Writes OUT/bn_stats.json and OUT/bn_stats.txt.
 from __future__ import annotations
 
 import os
-import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +20,7 @@ import torch
 from .._io import atomic_write_json, environment_info
 from ..analysis.batchnorm import reestimate_bn_statistics
 from ..data import DataSplits
-from ..report.stats import paired_t_test
+from ..report.stats import mean_std, paired_t_test
 from ..train import evaluate
 from .run_files import finish_text, load_run_data, load_run
 from ..study.papers import PAPER_TEST_ERROR
@@ -34,7 +33,8 @@ _ARCH = {"mlp_plain": "plain", "mlp_residual": "residual", "mlp_gated_residual":
 
 
 def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None}
+    summary = mean_std(values)  # the one seeds' summary; bn_stats.json keeps only its mean and std
+    return {"mean": summary["mean"], "std": summary["std"]}
 
 
 def analyze_bn_stats(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,

@@ -16,7 +16,7 @@ from ..report.analysis_plots import plot_removal_curves
 from .run_files import (PRUNE_FILE, test_accuracy, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
                             paper_caveat, paper_setting_differences, require_family, load_run)
 from ..study.papers import PAPER_TEST_ERROR
-from ..study.runs import mean_std
+from ..report.stats import mean_std
 
 __all__ = ["analyze_prune", "PAPER_PRUNE_CLAIMS"]
 

@@ -32,8 +32,10 @@ from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option
-from ..study.runs import RunSpec, StudySummary, mean_std, read_runs, remake_report, run_many
+from ..study.runs import RunSpec, StudySummary, read_runs, remake_report, run_many
+from ..report.stats import format_mean_std, mean_std
 from ..study.shards import is_sharded, merge_option, shard_option
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
            "write_report", "config_from_args", "needs_data_message"]
@@ -161,7 +163,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     header = ["model"] + [f"{v} ({who})" for v in config["variants"] for who in ("paper", "ours")]
     table = "Table 3" if config["dataset"] == "cifar10" else "Table 4"
     lines = [f"Test error (%) on {config['dataset']} — gated-residual-v2 {table} (paper) beside ours", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             *table_header(header)]
     for arch in config["archs"]:
         row = [arch]
         for variant in config["variants"]:
@@ -170,7 +172,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             row.append(f"{paper:.2f}" if paper is not None else "—")
             stat = cell["test_error_pct"]
             if stat["mean"] is not None:
-                row.append(f"{stat['mean']:.2f}" + (f" ± {stat['std']:.2f}" if stat["n"] > 1 else ""))
+                row.append(format_mean_std(stat))
             else:
                 run = cell["runs"][0]
                 row.append("not run" if run["state"] == "not started" else f"(running, epoch {run['epochs']})")
@@ -218,12 +220,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
 
-    if config.merge:
-        return refresh()
-    refresh()
-    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=lambda name, error: refresh(name, error, force=False), shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                   progress=progress, on_done=on_done, shard=config.shard),
+                          merge=config.merge)
 
 
 # The summary, table and figures are rewritten at most this often while runs end (and always at the end).

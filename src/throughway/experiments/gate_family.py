@@ -20,8 +20,9 @@ are held out (`train_on_full`), so each run records the validation error beside 
 Writes, in the output folder: runs/<family>-d<d>-s<seed>/ (one run directory each), results.json
 (the summary), removal.json (the layer-removal curves of the gated families' finished runs,
 gate_family_report.update_removal), table.md (`report_markdown`: error, paired tests, gates at the
-end, removal), train_loss.png and removal.png (report.gate_family_plots). The analyses at
-initialisation are a study of their own: `reproduce gate-family-init` (experiments.gate_family_init).
+end, removal), findings.md (the sentences the docs page shows: gate_family_report.findings_markdown),
+train_loss.png and removal.png (report.gate_family_plots). The analyses at initialisation are a study
+of their own: `reproduce gate-family-init` (experiments.gate_family_init).
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from ..study.stacking import add_estimate_options, project_batches, depth_study_
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
 from ..study.options import option, quick_config
-from ..study.runs import (RunSpec, StudySummary, check_study_folder, mean_std, read_runs, rebuild_from_runs,
-                          remake_report)
+from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean,
+                          read_runs, rebuild_from_runs, remake_report, run_status)
+from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..train import RESULTS_FILE, RunConfig, load_model
-from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, gate_record, gate_values_markdown,
-                                 gated_comparisons, removal_markdown, update_removal)
-from .mnist_depth import LAST_EPOCHS, read_back
+from ..report.tables import table_header
+from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
+                                 gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
            "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
@@ -136,11 +138,10 @@ def _run_record(family: str, result: dict[str, Any], seed: int) -> dict[str, Any
     are vectors, kept in the run's model.safetensors and not recorded per epoch)."""
     history = result["history"]
     final = result["final"]
-    tail = [h["test_error_pct"] for h in history[-LAST_EPOCHS:] if h.get("test_error_pct") is not None]
     ks = final.get("k") or None
     kind = GATE_KINDS[family]
     return {"seed": seed, "test_error_pct": final["test_error_pct"], "val_error_pct": final.get("val_error_pct"),
-            "test_error_last10_pct": sum(tail) / len(tail) if tail else None,
+            "test_error_last10_pct": last_epochs_mean(history),
             "k_mean": final.get("k_mean") if ks else None, "k": ks,
             # relu(k) with k ≤ 0 is an exact zero: a dead gate; an identity gate below 0 is only negative
             "dead_gates": sum(1 for k in ks if k <= 0.0) if ks and kind == "relu" else None,
@@ -170,13 +171,10 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             per_seed, status, gates, removals = [], [], [], []
             names = [run_name(family, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                status.append(run_status(name, result))
                 if result is None:
-                    status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 final = result.get("final")
-                state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
-                status.append({"run": name, "state": state, "epochs": len(result["history"]),
-                               "diverged_at": result.get("diverged_at")})
                 curves[name] = {"train_loss": [h.get("train_loss") for h in result["history"]]}
                 if final is not None:
                     per_seed.append(_run_record(family, result, seed))
@@ -207,7 +205,7 @@ def _cell_text(cell: dict[str, Any]) -> str:
     error = cell["test_error_pct"]
     if not error["n"]:
         return "pending"
-    return f"{error['mean']:.2f} ± {error['std']:.2f} (best {cell['test_error_best_pct']:.2f}, n={error['n']})"
+    return f"{format_mean_std(error)} (best {cell['test_error_best_pct']:.2f}, n={error['n']})"
 
 
 def table_markdown(summary: dict[str, Any]) -> str:
@@ -215,7 +213,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     finished seeds, the best seed and their number; "pending" where no seed has finished."""
     families = summary["config"]["families"]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
-    lines = ["| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    lines = [*table_header(["d", *families])]
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_cell_text(by[(f, depth)]) for f in families) + " |")
     return "Test error (%) at the last epoch, mean ± std over seeds (best seed, finished seeds)\n\n" + "\n".join(lines) + "\n"
@@ -230,12 +228,14 @@ def report_markdown(summary: dict[str, Any]) -> str:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures (train_loss.png, removal.png) from `out`/results.json alone;
-    return the table text."""
+    """Remake table.md, findings.md (`gate_family_report.findings_markdown`: the sentences the docs page
+    shows, with the Bonferroni count) and the figures (train_loss.png, removal.png) from `out`/results.json
+    alone; return the table text."""
     from ..report.gate_family_plots import plot_removal_curves, plot_training_curves
 
     return remake_report(out, report_markdown, [(plot_training_curves, "train_loss.png"),
-                                                (plot_removal_curves, "removal.png")])
+                                                (plot_removal_curves, "removal.png")],
+                         findings=findings_markdown)
 
 
 def _update_removal(config: Config, out: Path) -> None:
@@ -260,7 +260,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends."""
     out = Path(out)
     summary_path = out / RESULTS_FILE
-    new = read_back(asdict(config))
+    new = json_config(config)
     new["depths"] = sorted(new["depths"])
     resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
@@ -273,15 +273,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     # REFRESH_INTERVAL_S as batches end (the removal curves and figures take seconds), and always at the end.
     refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
-    if config.merge:
-        return refresh()
-    refresh()
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
-    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile,
-                shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                      progress=progress, on_done=on_done, compile=config.compile,
+                                                      shard=config.shard),
+                          merge=config.merge)
 
 
 # The summary, table and figures are rewritten at most this often while batches end (and always at the end).
@@ -291,7 +288,7 @@ REFRESH_INTERVAL_S = 10.0
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project the study's training time on this machine without training it: the batches `run` would
     train (residual and gated nets of one depth and norm share one; ReZero and LayerScale train in
-    batches of their own), timed and handed to `jobs` workers (`batching.project_batches`)."""
+    batches of their own), timed and handed to `jobs` workers (`stacking.project_batches`)."""
     return project_batches(specs(config), jobs, steps, compile=config.compile, shard=config.shard)
 
 
@@ -308,7 +305,7 @@ def _batch_families(batch: list[RunSpec]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options: one per Config field, and --estimate (study.batching)."""
+    """The study's command-line options: one per Config field, and --estimate (study.stacking)."""
     add_estimate_options(parser, Config)
 
 

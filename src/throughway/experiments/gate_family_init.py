@@ -44,9 +44,11 @@ from ..models import create_model
 from ..study.options import option
 from ..study.options import check_known, check_residual_depths
 from ..study.resumable import ResumableStudy
-from ..study.runs import mean_std, remake_report
+from ..study.runs import remake_report
+from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..study.shortcut import whitened_data
+from ..report.tables import table_header
 from .gate_family import FAMILIES
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "distance_to_identity", "hessian_cell", "summarize", "table_markdown",
@@ -147,9 +149,7 @@ def summarize(config: Config, cells: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _stat(stat: dict[str, Any], fmt: str = ".3g") -> str:
-    if stat["mean"] is None:
-        return "—"
-    return f"{stat['mean']:{fmt}}" + (f" ± {stat['std']:.2g}" if stat["n"] > 1 else "")
+    return format_mean_std(stat, fmt, ".2g")
 
 
 def _defined(point: dict[str, Any], measure: str, fmt: str = ".3g") -> str:
@@ -175,7 +175,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     by = {(p["family"], p["depth"]): p for p in summary["points"]}
 
     def table(title: str, cell: Any) -> list[str]:
-        rows = [title, "", "| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+        rows = [title, "", *table_header(["d", *families])]
         for depth in depths:
             rows.append(f"| {depth} | " + " | ".join(_with_seeds(cell, by[(f, depth)], config["seeds"])
                                                      for f in families) + " |")

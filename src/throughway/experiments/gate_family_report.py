@@ -17,7 +17,6 @@ Gate values are read with `block.gate.k` (the raw parameter: k, α or the vector
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
@@ -28,10 +27,11 @@ from torch import nn
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import removal_curve, removal_order
 from ..data import load_dataset
-from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, paired_t_test, paired_verdict
-from ..study.runs import mean_std
+from ..report.stats import (MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed,
+                           paired_verdict)
 from ..train import load_model
 from ..train.loop import evaluate
+from ..report.tables import table_header
 
 __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "gated_comparisons", "comparisons_markdown",
            "block_gates", "gate_record", "gate_values_markdown", "removal_record",
@@ -58,8 +58,7 @@ def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gat
             continue
         first = {r["seed"]: r["test_error_pct"] for r in by[(reference, depth)]["per_seed"]}
         second = {r["seed"]: r["test_error_pct"] for r in by[(other, depth)]["per_seed"]}
-        seeds = sorted(set(first) & set(second))
-        test = paired_t_test([first[s] for s in seeds], [second[s] for s in seeds])
+        seeds, test = paired_by_seed(first, second)
         if len(seeds) < MIN_SEEDS:
             verdict = "too few"
         elif test.p_value is not None and test.p_value < SIGNIFICANCE and test.mean_difference:
@@ -81,7 +80,7 @@ def comparisons_markdown(summary: dict[str, Any]) -> str:
             waiting.setdefault(r["depth"], []).append(r["b"])
     lines = ["Paired t-test (two-sided) of the last-epoch test error, gated − other, over the seeds both "
              f"finished (n pairs); a verdict only at p < {SIGNIFICANCE} with n ≥ {MIN_SEEDS}, \"too few\" below",
-             "", "| d | other | n | gated − other (pp) | p | verdict |", "|---|---|---|---|---|---|"]
+             "", *table_header(["d", "other", "n", "gated − other (pp)", "p", "verdict"])]
     for row in sorted(rows, key=lambda r: (r["depth"], r["b"])):
         test = row["test"]
         diff = "—" if test["mean_difference"] is None else f"{test['mean_difference']:+.3f}"
@@ -139,8 +138,7 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Gates at the end of training, mean over seeds ± std of each net's mean gate; dead = relu gate with "
              "k ≤ 0 (an exact identity), negative = identity gate below 0 (a sign flip, not a closed block)", "",
-             "| d | " + " | ".join(f"{f} (mean {_cell(GATE_SYMBOL[f])})" for f in families) + " |",
-             "|---|" + "---|" * len(families)]
+             *table_header(["d", *(f"{f} (mean {_cell(GATE_SYMBOL[f])})" for f in families)])]
     for depth in summary["config"]["depths"]:
         cells = []
         for family in families:
@@ -155,7 +153,7 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
             extra = f"dead {sum(dead)}/{total}" if dead else f"negative {sum(negative)}/{total}"
             if negative and not gates[0]["vector"]:  # signs may cancel in the mean α: give the mean |α| too
                 extra = f"mean \\|α\\| {sum(g['mean_abs'] for g in gates) / len(gates):.3g}, " + extra
-            cells.append(f"{stat['mean']:.3g} ± {(stat['std'] or 0):.2g} ({extra}, n={stat['n']})")
+            cells.append(f"{format_mean_std(stat, '.3g', '.2g')} ({extra}, n={stat['n']})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -235,8 +233,9 @@ def removal_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
                      if r["half_share_greedy"] is not None and r["half_share_random"] is not None]
             if not pairs:
                 continue
-            test = paired_t_test([1.0 - greedy for _, greedy, _ in pairs], [1.0 - random for _, _, random in pairs])
-            rows.append({"depth": depth, "family": family, "seeds": [seed for seed, _, _ in pairs], "test": test.to_dict(),
+            seeds, test = paired_by_seed({seed: 1.0 - greedy for seed, greedy, _ in pairs},
+                                         {seed: 1.0 - random for seed, _, random in pairs})
+            rows.append({"depth": depth, "family": family, "seeds": seeds, "test": test.to_dict(),
                          "kept_difference": None if test.mean_difference is None else -100.0 * test.mean_difference,
                          "verdict": paired_verdict(test, "gate order", "random order")})
     return rows
@@ -251,7 +250,7 @@ def removal_markdown(summary: dict[str, Any]) -> str:
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Share of test accuracy kept with ⌊blocks/2⌋ blocks removed (accuracy after / full accuracy), mean "
              "± std over seeds: smallest |gate| first / random order", "",
-             "| d | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+             *table_header(["d", *families])]
     for depth in summary["config"]["depths"]:
         if depth // 2 < 2:
             continue
@@ -269,8 +268,8 @@ def removal_markdown(summary: dict[str, Any]) -> str:
     if tests:
         lines += ["", "Paired t-test (two-sided) over seeds of the share kept, smallest |gate| first − random order "
                   f"(points of test accuracy share, n seeds); a verdict only at p < {SIGNIFICANCE} with n ≥ "
-                  f"{MIN_PAIRS_FOR_VERDICT}", "", "| d | family | n | gate order − random (pp) | p | verdict |",
-                  "|---|---|---|---|---|---|"]
+                  f"{MIN_PAIRS_FOR_VERDICT}", "", *table_header(["d", "family", "n", "gate order − random (pp)", "p",
+                                                                 "verdict"])]
         for row in tests:
             test, few = row["test"], len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT
             diff = "—" if row["kept_difference"] is None else f"{row['kept_difference']:+.2f}"
@@ -285,7 +284,171 @@ def _cell(text: str) -> str:
 
 
 def _share(stat: dict[str, Any]) -> str:
-    if stat["mean"] is None:
-        return "—"
-    std = stat["std"]
-    return f"{stat['mean']:.3f}" + ("" if std is None or math.isnan(std) else f" ± {std:.3f}")
+    return format_mean_std(stat, ".3f")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Findings: the sentences the docs page shows (findings.md and the page's prose), each saying exactly what
+# the tests above support
+
+RELU_FAMILIES = ("gated", "gated-nf")  # relu(k) gates: k ≤ 0 closes a block exactly
+
+
+def finished_depths(summary: dict[str, Any]) -> list[int]:
+    """The depths at which every family finished all its seeds."""
+    seeds = summary["config"]["seeds"]
+    return [d for d in summary["config"]["depths"]
+            if all(c["test_error_pct"]["n"] == seeds for c in summary["cells"] if c["depth"] == d)]
+
+
+def _verdict_phrase(row: dict[str, Any]) -> str:
+    """A significant paired test of gated against row["b"] in words: "gated better than rezero" or
+    "rezero better than gated"."""
+    return f"{row['verdict']} than {row['b'] if row['verdict'].startswith('gated') else 'gated'}"
+
+
+def findings_markdown(summary: dict[str, Any]) -> str:
+    """One line per finished depth: the family with the lowest mean test error, and what the paired
+    tests of gated against each family say (the significant ones named with p; the rest counted with
+    their range of p); the Bonferroni count over those tests; the removal tests (`_removal_findings`); the
+    depths still training named last. What `throughway report` writes as findings.md and the docs page shows."""
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    done = finished_depths(summary)
+    lines = []
+    for depth in done:
+        means = {f: by[(f, depth)]["test_error_pct"] for f in summary["config"]["families"]}
+        best = min(means, key=lambda f: means[f]["mean"])
+        worst = max(means, key=lambda f: means[f]["mean"])
+        rows = [r for r in summary["comparisons"] if r["depth"] == depth and len(r["seeds"]) >= 3]
+        significant = [r for r in rows if r["verdict"] not in ("no significant difference", "too few")]
+        quiet = [r["test"]["p_value"] for r in rows if r["verdict"] == "no significant difference"
+                 and r["test"]["p_value"] is not None]
+        tests = "; ".join(f"{_verdict_phrase(r)} "
+                          f"(gated − {r['b']} {r['test']['mean_difference']:+.2f} points, p = {r['test']['p_value']:.2g})"
+                          for r in significant)
+        rest = (f"no significant difference from {len(quiet)} famil{'y' if len(quiet) == 1 else 'ies'} "
+                f"(p = {min(quiet):.2g} to {max(quiet):.2g})" if quiet else "")
+        lines.append(f"- **d = {depth}**: lowest mean test error {best} {means[best]['mean']:.2f} ± "
+                     f"{means[best]['std']:.2f}, highest {worst} {means[worst]['mean']:.2f} ± {means[worst]['std']:.2f}; "
+                     f"gated (paired, n = {len(rows[0]['seeds']) if rows else 0}): "
+                     + "; ".join(part for part in (tests, rest) if part) + ".")
+    tested = [r for r in summary["comparisons"] if r["depth"] in done and len(r["seeds"]) >= 3
+              and r["test"]["p_value"] is not None]
+    if tested:
+        threshold = SIGNIFICANCE / len(tested)
+        passing = [r for r in tested if r["test"]["p_value"] < threshold]
+        named = "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']}" for r in passing)
+        lines.append(f"- The p values are not corrected for multiple comparisons: {len(tested)} paired tests at the "
+                     f"finished depths give a Bonferroni threshold of {SIGNIFICANCE} / {len(tested)} = {threshold:.2g}; {len(passing)} of "
+                     f"the {len(tested)} pass it" + (f" ({named})." if passing else
+                                                     " (no difference above is then significant)."))
+    lines += _removal_findings(summary, done)
+    pending = [d for d in summary["config"]["depths"] if d not in done]
+    if not done:
+        lines.append("- No depth has finished every family and seed yet.")
+    if pending:
+        lines.append(f"- Pending (not every family and seed finished): d = {', '.join(map(str, pending))}.")
+    return "\n".join(lines) + "\n"
+
+
+def _removal_findings(summary: dict[str, Any], done: list[int]) -> list[str]:
+    """One line on the paired tests of removal orders at the finished depths (gate_family_report.
+    removal_comparisons): per gated family, the depths where removing the smallest |gate| first keeps
+    significantly more (or less) accuracy than random orders, with the difference and p; then the
+    Bonferroni count over those tests. Nothing when no depth with two or more blocks has finished."""
+    rows = [r for r in removal_comparisons(summary) if r["depth"] in done and r["test"]["p_value"] is not None
+            and r["verdict"] != "too few seeds"]
+    if not rows:
+        return []
+    parts = []
+    for family in dict.fromkeys(r["family"] for r in rows):
+        mine = [r for r in rows if r["family"] == family]
+        significant = [r for r in mine if r["verdict"] != "no significant difference"]
+        parts.append(f"{family}: " + (", ".join(
+            f"d = {r['depth']} {r['verdict'].replace(' better', '')} {r['kept_difference']:+.1f} points (p = "
+            f"{r['test']['p_value']:.2g})" for r in significant) if significant else "no significant difference")
+            + (f" (no difference at d = {', '.join(str(r['depth']) for r in mine if r not in significant)})"
+               if significant and len(significant) < len(mine) else ""))
+    threshold = SIGNIFICANCE / len(rows)
+    passing = [r for r in rows if r["test"]["p_value"] < threshold]
+    named = "; ".join(f"{family} at d = {', '.join(str(r['depth']) for r in passing if r['family'] == family)}"
+                      for family in dict.fromkeys(r["family"] for r in passing))
+    return [f"- **Removal** (half the blocks, paired over seeds: share of accuracy kept with the smallest |gate| "
+            f"removed first − in random orders, where significant at p < {SIGNIFICANCE}, uncorrected): "
+            f"{'; '.join(parts)}. Bonferroni over "
+            f"{'this test' if len(rows) == 1 else f'these {len(rows)} tests'}: threshold {threshold:.2g}, {len(passing)} "
+            f"pass{'es' if len(passing) == 1 else ''} it" + (f" ({named})." if passing else ".")]
+
+
+def removal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The removal tests (`removal_comparisons`) at the finished depths that give a verdict."""
+    done = finished_depths(summary)
+    return [r for r in removal_comparisons(summary) if r["depth"] in done and r["test"]["p_value"] is not None
+            and r["verdict"] != "too few seeds"]
+
+
+def removal_prose(summary: dict[str, Any]) -> str:
+    """What survives the Bonferroni correction of the removal tests, by family and depth; where the
+    relu-gated nets' uncorrected significance does not survive; and the size of the gains, relu gates
+    against the identity gates; then the gated net's dead gates per seed at the deepest depth against the
+    blocks its gate order removes."""
+    rows = removal_rows(summary)
+    if not rows:
+        return "Pending: no removal test at a finished depth yet."
+    threshold = SIGNIFICANCE / len(rows)
+    better = [r for r in rows if r["kept_difference"] > 0]
+    passing = [r for r in better if r["test"]["p_value"] < threshold]
+    by_family = {f: [r["depth"] for r in passing if r["family"] == f] for f in dict.fromkeys(r["family"] for r in passing)}
+    survived = "; ".join(f"{f} at d = {', '.join(map(str, depths))}" for f, depths in by_family.items())
+    lost = [r for r in better if r["family"] in RELU_FAMILIES and r not in passing
+            and r["verdict"] != "no significant difference"]
+    relu_gain = [r["kept_difference"] for r in passing if r["family"] in RELU_FAMILIES]
+    other_gain = [r["kept_difference"] for r in rows if r["family"] not in RELU_FAMILIES]
+    text = (f"Corrected for the {len(rows)} removal tests (Bonferroni threshold {threshold:.2g}), removing the "
+            f"smallest gate first keeps significantly more than random orders for {survived or 'no family'}.")
+    if lost:
+        text += (" Below that, the relu-gated nets' significance at p < 0.05 does not survive the correction: "
+                 + ", ".join(f"{r['family']} at d = {r['depth']} (p = {r['test']['p_value']:.2g})" for r in lost) + ".")
+    if relu_gain and other_gain:
+        text += (f" The relu gates' advantage is in the size of the gain: {min(relu_gain):+.1f} to "
+                 f"{max(relu_gain):+.1f} points where they pass, against at most {max(other_gain):+.1f} for ReZero, "
+                 f"LayerScale and SkipInit at any depth.")
+    deepest = max(finished_depths(summary))
+    cell = next((c for c in summary["cells"] if c["family"] == "gated" and c["depth"] == deepest), None)
+    if cell and cell.get("removal"):
+        dead = [p["dead_gates"] for p in cell["per_seed"]]
+        half = cell["removal"][0]["half"]
+        shares = [r["half_share_greedy"] for r in cell["removal"]]
+        live = sum(1 for n in dead if n < half)
+        text += (f" At d = {deepest} the gated net with BatchNorm keeps {min(shares):.3f} to {max(shares):.3f} of its "
+                 f"accuracy with {half} of its {cell['removal'][0]['blocks']} blocks removed smallest k first. Its dead "
+                 f"gates (k ≤ 0: blocks already closed) number {', '.join(map(str, dead))} in the {len(dead)} seeds, so in "
+                 f"{live} of {len(dead)} seeds the removed half also takes live blocks, those of smallest k, "
+                 f"at no measurable cost either.")
+    return text
+
+
+def first_epoch_prose(summary: dict[str, Any]) -> str:
+    """The families whose first epoch's loss ran into the thousands at the deepest depth, whether they
+    finished, and where their final error ranks among the families there."""
+    deepest = max(finished_depths(summary))
+    seeds = range(summary["config"]["seeds"])
+    first = {f: [summary["curves"][f"{f}-d{deepest}-s{s}"]["train_loss"][0] for s in seeds]
+             for f in summary["config"]["families"]}
+    blown = [f for f, losses in first.items() if min(losses) >= 1000]
+    if not blown:
+        return f"At d = {deepest} no family's first-epoch loss reached 1,000."
+    errors = {c["family"]: c["test_error_pct"]["mean"] for c in summary["cells"] if c["depth"] == deepest}
+    ranked = sorted(errors, key=lambda f: -errors[f])
+    states = {r["state"] for c in summary["cells"] if c["family"] in blown and c["depth"] == deepest for r in c["runs"]}
+    finished = "every seed finishes its 100 epochs" if states == {"finished"} else f"their runs end {sorted(states)}"
+    ranks = [ranked.index(f) + 1 for f in blown]
+    worst = sorted(ranks) == list(range(1, len(blown) + 1))
+    return (f"Without BatchNorm, the {' and '.join(blown)} nets at d = {deepest} start off far from the identity: "
+            f"their first-epoch loss runs into the thousands ({min(min(first[f]) for f in blown):,.0f} to "
+            f"{max(max(first[f]) for f in blown):,.0f}), while SkipInit's stays at "
+            f"{max(first['rezero-nf']):.1f} or less. {finished[0].upper() + finished[1:]}, but they end "
+            + (f"with the {len(blown)} highest mean test errors of the {len(errors)} families"
+               if worst else f"ranked {', '.join(map(str, ranks))} of {len(errors)} by mean test error (1 = highest)")
+            + f" ({', '.join(f'{f} {errors[f]:.2f}' for f in blown)}; next {ranked[len(blown)]} "
+            f"{errors[ranked[len(blown)]]:.2f}): whether the blow-up costs accuracy is not tested here.")

@@ -35,7 +35,8 @@ from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableStudy
 from ..study.shards import merge_option, shard_option
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs"]
+__all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs", "findings_markdown",
+           "figures56_contrary_pairs"]
 
 NAME = "hessian-dynamics"
 DESCRIPTION = "Demystifying ResNet figures 5, 6: Hessian max/P10 |λ|, index and gradient norm along GD training, depth 16"
@@ -108,6 +109,72 @@ def table_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def figures56_contrary_pairs(summary: dict[str, Any], loss_window: float = 0.05) -> dict[str, Any]:
+    """Figure 5's claim, "the 2-shortcut network's condition number is smaller at every loss", pair by pair.
+
+    A pair is a 2-shortcut point and a point of another network (any seeds) whose loss differs
+    from the 2-shortcut point's by at most `loss_window` (5%) of it (the figure compares the
+    networks at equal loss); it is contrary when the 2-shortcut condition number is not the
+    smaller. Points with an undefined condition number are left out.
+    Returns {"pairs", "contrary", "by_network": {name: (pairs, contrary)}}.
+    """
+    traces = summary["traces"]
+    shortcut = [t for t in traces if t["network"] == "shortcut2-zero"]
+    others = [t for t in traces if t["network"] != "shortcut2-zero"]
+    by_network: dict[str, list[int]] = {}
+    for s in shortcut:
+        for o in others:
+            counts = by_network.setdefault(o["network"], [0, 0])
+            for p in s["hessian"]:
+                for q in o["hessian"]:
+                    if p["condition"] is None or q["condition"] is None:
+                        continue
+                    if abs(q["loss"] - p["loss"]) <= loss_window * p["loss"]:
+                        counts[0] += 1
+                        counts[1] += p["condition"] >= q["condition"]
+    return {"pairs": sum(c[0] for c in by_network.values()), "contrary": sum(c[1] for c in by_network.values()),
+            "by_network": {k: tuple(v) for k, v in by_network.items()}}
+
+
+def findings_markdown(summary: dict[str, Any]) -> str:
+    """Figures 5 and 6 in words: how often the 2-shortcut network's condition number is the larger at equal
+    loss (`figures56_contrary_pairs`), its index from start to end, the final losses against the least squares
+    optimum and the singular Hessians. What `throughway report` writes as findings.md and the docs page
+    shows; a pending line until the 2-shortcut and orthogonal networks have Hessians."""
+    traces = summary.get("traces") or []
+    if not all(t["hessian"] for t in traces) or not {"shortcut2-zero", "orthogonal"} <= {t["network"] for t in traces}:
+        return "Pending: the 2-shortcut and orthogonal networks' Hessians are not all computed yet.\n"
+    if any(t["hessian"][i]["index"] is None for t in traces if t["network"] == "shortcut2-zero" for i in (0, -1)):
+        return "The 2-shortcut network's index is undefined (singular to tolerance) at its first or last Hessian.\n"
+    config = summary["config"]
+    pairs = figures56_contrary_pairs(summary)
+    by = pairs["by_network"]
+    finals: dict[str, list[float]] = {}
+    for t in summary["traces"]:
+        finals.setdefault(t["network"], []).append(t["hessian"][-1]["loss"])
+    orth, short = finals.get("orthogonal", []), finals.get("shortcut2-zero", [])
+    starts = sorted({round(t["hessian"][0]["index"], 3) for t in summary["traces"] if t["network"] == "shortcut2-zero"})
+    ends = [t["hessian"][-1]["index"] for t in summary["traces"] if t["network"] == "shortcut2-zero"]
+    singular = sum(1 for t in summary["traces"] for p in t["hessian"] if p.get("singular"))
+    singular_networks = sorted({t["network"] for t in summary["traces"] if any(p.get("singular") for p in t["hessian"])})
+    points = sum(len(t["hessian"]) for t in summary["traces"])
+    share = 100.0 * pairs["contrary"] / pairs["pairs"] if pairs["pairs"] else math.nan
+    return (
+        f"Along full-batch gradient descent (depth {config['depth']}, lr {config['lr']:g}, {config['epochs']:,} "
+        f"epochs, {len(config['seeds'])} seeds; figures 5 and 6, `results/hessian/figures5-6`) the 2-shortcut "
+        f"network mostly keeps the smaller condition number at equal loss, not at every loss: of {pairs['pairs']} "
+        f"pairs of a 2-shortcut point and another network's point whose loss is within 5% of it, {pairs['contrary']} "
+        f"({share:.0f}%) have the 2-shortcut condition number the larger ("
+        + ", ".join(f"against {n}: {c} of {p}" for n, (p, c) in by.items()) + "). "
+        f"Its index starts at {' / '.join(f'{s:.2f}' for s in starts)} and drops to "
+        f"{min(ends):.3f}–{max(ends):.3f}; at the end orthogonal and 2-shortcut reach similar losses "
+        f"({min(orth + short):.2f}–{max(orth + short):.2f} against the least squares optimum "
+        f"{summary['optimal_linear_loss']:.3f}). {singular} of the {points} Hessians are singular to tolerance"
+        + (f" (all {', '.join(singular_networks)})" if singular_networks else "")
+        + "; their index is undefined and left out of figure 6."
+    ) + "\n"
+
+
 def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Mark every stored Hessian point of `out`/results.json singular to tolerance or not
     (`apply_tolerance`; no Hessian is recomputed) and rewrite the file when that changed something."""
@@ -121,13 +188,15 @@ def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures from `out`/results.json (marking singular Hessians first)."""
+    """Remake table.md, findings.md (`findings_markdown`) and the figures from `out`/results.json (marking
+    singular Hessians first)."""
     from ..report.hessian_plots import plot_gradient_and_index, plot_index_vs_loss, plot_spectrum_vs_loss
 
     refresh_summary(out)
     return remake_report(out, table_markdown, [(plot_spectrum_vs_loss, "figure5_spectrum_vs_loss.png"),
                                                (plot_index_vs_loss, "figure6_index_vs_loss.png"),
-                                               (plot_gradient_and_index, "figure6_gradient_and_index.png")])
+                                               (plot_gradient_and_index, "figure6_gradient_and_index.png")],
+                         findings=findings_markdown)
 
 
 def _finite(value: float | None) -> float | None:

@@ -29,10 +29,12 @@ from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
 from ..study.options import option
-from ..study.runs import mean_std, read_summary, remake_report
+from ..study.runs import config_from_json, read_summary, remake_report
+from ..report.stats import format_mean_std, mean_std
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableStudy
 from ..study.shards import merge_option, shard_option
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]
@@ -150,11 +152,7 @@ def summarize(config: Config, cells: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _fmt(stat: dict[str, Any]) -> str:
-    if stat["mean"] is None:
-        return "—"
-    if stat["n"] == 1:
-        return f"{stat['mean']:.4g}"
-    return f"{stat['mean']:.4g} ± {stat['std']:.2g}"
+    return format_mean_std(stat, ".4g", ".2g")
 
 
 def table_markdown(summary: dict[str, Any]) -> str:
@@ -163,7 +161,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     networks = config["networks"]
     lines = ["Initial Hessian condition number max|λ| / P10(|λ|), mean ± std over runs "
              "(Demystifying ResNet figure 4)", "",
-             "| depth | " + " | ".join(networks) + " |", "|---|" + "---|" * len(networks)]
+             *table_header(["depth", *networks])]
     by = {(p["network"], p["depth"]): p for p in summary["points"]}
     for depth in config["depths"]:
         row = [str(depth)]
@@ -229,7 +227,7 @@ def refresh_summary(out: str | os.PathLike[str]) -> dict[str, Any]:
     summary = read_summary(path, NAME)
     cells = {k: apply_tolerance(c) for k, c in summary.get("cells", {}).items()}
     theorem2 = [apply_tolerance(r, prefix="spectrum_") for r in summary.get("theorem2", [])]
-    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["config"].items()})  # type: ignore[arg-type]
+    config = config_from_json(Config, summary["config"])
     updated = {**summary, "cells": cells, "theorem2": theorem2, "points": summarize(config, cells)}
     if updated != summary:
         atomic_write_json(path, updated)

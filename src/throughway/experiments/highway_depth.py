@@ -76,10 +76,11 @@ from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.stacking import add_estimate_options, project_batches, projection_markdown, run_batched
 from ..study.options import option, quick_config
 from ..study.stacking import group_specs
-from ..study.runs import RunSpec, StudySummary, check_run_results, check_same_settings, read_summary, remake_report
+from ..study.runs import (RunSpec, StudySummary, check_run_results, check_same_settings, json_config,
+                          read_summary, remake_report)
 from ..study.shards import merge_option, parse_shard, select_shard, shard_option
-from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, observations, ranked_loss,
-                                   table_markdown)
+from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, findings_markdown, observations,
+                                   ranked_loss, table_markdown)
 
 __all__ = ["Config", "QUICK", "FIGURE1_EPOCHS", "SEARCH_SPACE", "GATE_BIAS_SAMPLING", "RANKINGS", "ranked_loss", "PAPER_OBSERVATIONS", "sample_trial", "specs", "run", "summarize",
            "write_report", "estimate", "estimate_text", "NAME", "parse_shard", "observations", "table_markdown",
@@ -290,10 +291,11 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and figure1.png from `out`/results.json alone; return the table text."""
+    """Remake table.md, findings.md (`highway_depth_report.findings_markdown`, what the docs page shows) and
+    figure1.png from `out`/results.json alone; return the table text."""
     from ..report.highway_depth_plots import plot_figure1
 
-    return remake_report(out, table_markdown, [(plot_figure1, "figure1.png")])
+    return remake_report(out, table_markdown, [(plot_figure1, "figure1.png")], findings=findings_markdown)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -304,12 +306,12 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     summary_path = out / RESULTS_FILE
     if summary_path.is_file():
         previous = read_summary(summary_path, NAME).get("config", {})
-        settings = asdict(config)
+        settings = json_config(config)
         # A setting the previous summary lacks was written before the option existed: it had the default.
-        defaults = asdict(Config())
+        defaults = json_config(Config())
         fields = sorted(k for k in settings if k not in _PER_PROCESS)
-        check_same_settings({k: _json(previous.get(k, defaults[k])) for k in fields},
-                            {k: _json(settings[k]) for k in fields}, fields, out)
+        check_same_settings({k: previous.get(k, defaults[k]) for k in fields}, {k: settings[k] for k in fields},
+                            fields, out)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
@@ -335,7 +337,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project this shard's search's duration on this machine without training it
-    (`batching.project_batches`: timed steps of every batch, scaled, handed to `jobs` workers)."""
+    (`stacking.project_batches`: timed steps of every batch, scaled, handed to `jobs` workers)."""
     e = project_batches(specs(config), jobs, steps, config.max_batch, compile=config.compile, shard=config.shard)
     rows = [{"arch": r["batch"][0].name.split("-")[0], "layers": r["batch"][0].config.depth + 1,
              "activation": r["batch"][0].config.model_kwargs["activation"], "models": r["models"],
@@ -356,12 +358,6 @@ def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
                                "bound; diverged trials, which leave their batch, would shorten it)")
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The search's command-line options: one per Config field, and --estimate (study.batching)."""
+    """The search's command-line options: one per Config field, and --estimate (study.stacking)."""
     add_estimate_options(parser, Config)

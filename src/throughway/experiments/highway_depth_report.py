@@ -4,9 +4,13 @@ made from its results.json summary alone (highway paper §3.1, figure 1)."""
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
-__all__ = ["PAPER_OBSERVATIONS", "PAPER_SEARCH_TRIALS", "RANKINGS", "observations", "ranked_loss", "table_markdown"]
+from ..report.tables import table_header
+
+__all__ = ["PAPER_OBSERVATIONS", "PAPER_SEARCH_TRIALS", "RANKINGS", "observations", "ranked_loss", "table_markdown",
+           "findings_markdown"]
 
 PAPER_OBSERVATIONS = (
     "10- and 20-layer plain nets reach a mean loss below 1e-4",
@@ -129,7 +133,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     rank = config.get("rank", "last-loss")
     title = "Lowest training loss reached" if rank == "best-loss" else "Final training loss"
     lines = [f"{title} (cross-entropy) — highway paper §3.1 / figure 1", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             *table_header(header)]
     for layers in config["layers"]:
         row = [str(layers)]
         for arch in archs:
@@ -139,7 +143,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
                     f"{cell['finished']}/{cell['diverged']}/{config['trials']}"
                     + (f" ({cell['running']} running)" if cell["running"] else "")]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "| the paper says (highway §3.1) | ours | verdict |", "|---|---|---|"]
+    lines += ["", *table_header(["the paper says (highway §3.1)", "ours", "verdict"])]
     lines += [f"| {paper} | {ours} | {v} |" for paper, ours, v in observations(summary)]
     notes = [f"{config['epochs']} epochs per trial, {config['trials']} trials per architecture and depth "
              f"(paper: 100), recipe highway-mnist (SGD + momentum, exponential decay), batch 100, "
@@ -158,3 +162,54 @@ def table_markdown(summary: dict[str, Any]) -> str:
              "Search space (ours; the paper gives only the gate-bias range): "
              + "; ".join(f"{k}: {v}" for k, v in summary["search_space"].items()) + "."]
     return "\n".join(lines + [""] + notes) + "\n"
+
+
+def findings_markdown(summary: dict[str, Any]) -> str:
+    """What the search shows against the paper, in words: what is reproduced (plain nets get harder to optimise
+    with depth, highway nets hardly notice), what is inconclusive and why, and the diverged trials. What
+    `throughway report` writes as findings.md and the docs page shows; a pending line until every cell has a
+    finished trial."""
+    if not summary["cells"] or not all(c.get("best") for c in summary["cells"]):
+        return "Pending: not every cell has a finished trial yet.\n"
+    config = summary["config"]
+    by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
+    layers = config["layers"]
+
+    def best(arch: str, n: int) -> float:
+        return by[(arch, n)]["best"]["final_train_loss"]
+
+    plain = [best("plain", n) for n in layers]
+    high = [best("highway", n) for n in layers]
+    ratio = best("plain", layers[-1]) / best("highway", layers[-1])
+    falling = all(len(c["best"]["train_loss"]) > 1 and c["best"]["train_loss"][-1] < c["best"]["train_loss"][-2]
+                  for c in summary["cells"])
+    diverged = [x for x in summary["trials"] if x.get("diverged_at") is not None]
+    finished = [x for x in summary["trials"] if x.get("diverged_at") is None and x.get("state") == "finished"]
+    activations = sorted({x["activation"] for x in diverged})
+    counts = [c["diverged"] for c in summary["cells"]]
+    verdict = observations(summary)[0][2]
+    shallow = [n for n in layers if n in (10, 20)]
+    shallow_best = [best("plain", n) for n in shallow]
+    return "\n".join([
+        "What it shows, against the paper:",
+        "",  # Python-Markdown (the docs site) reads a list glued to its paragraph as the paragraph's text
+        f"- **Reproduced.** Plain nets get harder to optimise as depth grows. Their best final training loss is "
+        f"{', '.join(f'{v:.1e}' for v in plain[:-1])} and {plain[-1]:.1e} at {', '.join(map(str, layers[:-1]))} and "
+        f"{layers[-1]} layers. Highway nets hardly notice depth: {', '.join(f'{v:.1e}' for v in high[:-1])} and "
+        f"{high[-1]:.1e}. At {layers[-1]} layers the best highway net's loss is {ratio:.0f} times lower than the best "
+        f"plain net's; the paper says \"more than 2 orders of magnitude\".",
+        f"- **Inconclusive.** The paper's {'- and '.join(map(str, shallow))}-layer plain nets reach a loss below 1e-4; "
+        f"our best are {' and '.join(f'{v:.1e}' for v in shallow_best)}. The verdict is "
+        f"\"{verdict.split(':')[0]}\": our search is smaller than the paper's ({config['trials']} trials, not "
+        f"{PAPER_SEARCH_TRIALS}), and its runs are short ({config['epochs']} epochs on "
+        f"{'all' if config['limit'] is None else format(config['limit'], ',')} images, chosen to fit this 2-core machine). "
+        + ("Every best curve is still falling at its last epoch, so the gap is what a shorter search would give, "
+           "not evidence against the paper." if falling else "Not every best curve is still falling at its last epoch."),
+        "- No trial diverged." if not (diverged and finished) else
+        f"- Diverged trials rank last. Each cell lost {min(counts)}–{max(counts)} of its {config['trials']} trials to "
+        f"divergence (the table's second count). All {len(diverged)} diverged trials are {' or '.join(a.replace('relu', 'ReLU') for a in activations)} "
+        f"nets, most with large learning rates: their median learning rate is "
+        f"{statistics.median(x['lr'] for x in diverged):.2g}, against "
+        f"{statistics.median(x['lr'] for x in finished):.2g} for the trials that finished. The learning-rate range "
+        f"is ours.",
+    ]) + "\n"

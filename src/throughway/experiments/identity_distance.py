@@ -32,6 +32,7 @@ from ..study.options import option
 from ..study.runs import remake_report
 from ..study.resumable import ResumableStudy
 from ..study.shards import merge_option, shard_option
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -100,10 +101,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
     config = summary["config"]
     lines = [f"Distance travelled vs distance to identity, MNIST, d = {config['depth']}, width {config['width']}, "
              f"{config['epochs']} epochs of {config['recipe']} (sums over the middle blocks)", "",
-             "| arch | paper's identity² at init (SDI) | at end | nearest identity² at init | at end | "
-             "‖θ_T − θ_0‖² | (path length)² | travelled / SDI | travelled / nearest | "
-             "corr. over blocks (travelled, initial identity²) | final test error % |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             *table_header(["arch", "paper's identity² at init (SDI)", "at end", "nearest identity² at init", "at end",
+                            "‖θ_T − θ_0‖²", "(path length)²", "travelled / SDI", "travelled / nearest",
+                            "corr. over blocks (travelled, initial identity²)", "final test error %"])]
 
     def fmt(value: float | None, spec: str) -> str:
         return "—" if value is None else format(value, spec)

@@ -6,7 +6,7 @@ A highway net of the same shape (tanh H, transform-gate bias −2, the settings 
 paper's figure 2 MNIST net) trains beside them with the same recipe: it is not in the paper's table.
 
 Writes, in the output folder: runs/<arch>-d<d>-s<seed>/ (one run directory each), results.json
-(the summary that tables and figures are made from), table.md, figure4_train_loss.png,
+(the summary that tables and figures are made from), table.md, findings.md, figure4_train_loss.png,
 table1_test_error_by_depth.png, figure5_k_by_block.png and best_epoch.md (Table 1 under each epoch
 selection, from the runs' histories). The tables and findings are made in experiments.mnist_depth_report
 (re-exported here).
@@ -28,10 +28,11 @@ from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
-from ..report.stats import paired_t_test, paired_verdict
-from .mnist_depth_report import (LAST_EPOCHS, batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
+from ..report.stats import mean_std, paired_by_seed, paired_verdict
+from .mnist_depth_report import (batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import check_study_folder, RunSpec, StudySummary, mean_std, read_runs, read_summary, remake_report
+from ..study.runs import (LAST_EPOCHS, RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean, read_runs,
+                          read_summary, remake_report, run_status)
 from ..study.shards import merge_option, shard_option
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
@@ -133,10 +134,9 @@ def _run_record(result: dict[str, Any], seed: int) -> dict[str, Any]:
     """One finished run's numbers: last-epoch and last-10-epoch test error, its k's."""
     history = result["history"]
     final = result["final"]
-    tail = [h["test_error_pct"] for h in history[-LAST_EPOCHS:] if h.get("test_error_pct") is not None]
     ks = final.get("k")
     return {"seed": seed, "test_error_pct": final["test_error_pct"],
-            "test_error_last10_pct": sum(tail) / len(tail) if tail else None,
+            "test_error_last10_pct": last_epochs_mean(history),
             "k_mean": final.get("k_mean"), "k": ks,
             "dead_gates": sum(1 for k in ks if k <= 0.0) if ks else None,
             "k_middle_minus_ends": middle_minus_ends(ks) if ks and len(ks) >= 3 else None}
@@ -167,19 +167,13 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             per_seed, status = [], []
             names = [run_name(arch, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                status.append(run_status(name, result))
                 if result is None:
-                    status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 history = result["history"]
                 curves[name] = {"epoch": [h["epoch"] for h in history], "train_loss": [h.get("train_loss") for h in history],
                                 "test_error_pct": [h.get("test_error_pct") for h in history]}
-                final = result.get("final")
-                state = "finished" if final is not None else "running"
-                if result.get("diverged"):
-                    state = "diverged"
-                status.append({"run": name, "state": state, "epochs": len(history),
-                               "diverged_at": result.get("diverged_at")})
-                if final is not None:
+                if result.get("final") is not None:
                     per_seed.append(_run_record(result, seed))
             errors = [r["test_error_pct"] for r in per_seed]
             cells.append({
@@ -214,14 +208,15 @@ def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "resi
         seeds = sorted(set(first) & set(second))
         row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
         for key in ("test_error_pct", "test_error_last10_pct"):
-            test = paired_t_test([first[s][key] for s in seeds], [second[s][key] for s in seeds])
+            _, test = paired_by_seed({s: first[s][key] for s in seeds}, {s: second[s][key] for s in seeds})
             row[key] = {**test.to_dict(), "verdict": paired_verdict(test, a, b)}
         out.append(row)
     return out
 
 
 def write_report(out: str | os.PathLike[str]) -> str:
-    """Remake table.md and the figures from `out`/results.json alone; return the table text. Where
+    """Remake table.md, findings.md (`findings_markdown`: the findings against the paper that the docs page
+    shows) and the figures from `out`/results.json alone; return the table text. Where
     `out`/runs holds the runs' results.json files, also best_epoch.md: Table 1 under each epoch
     selection (`selection_report_markdown`; the validation-selected epoch where the study held out a
     validation split)."""
@@ -229,7 +224,8 @@ def write_report(out: str | os.PathLike[str]) -> str:
 
     table = remake_report(out, table_markdown, [(plot_training_curves, "figure4_train_loss.png"),
                                                 (plot_error_by_depth, "table1_test_error_by_depth.png"),
-                                                (plot_k_by_block, "figure5_k_by_block.png")])
+                                                (plot_k_by_block, "figure5_k_by_block.png")],
+                          findings=findings_markdown)
     if (Path(out) / "runs").is_dir():
         config = read_summary(Path(out) / RESULTS_FILE, NAME)["config"]
         selections = ("last", "best-test") if config["train_on_full"] else ("last", "best-test", "best-val")
@@ -249,17 +245,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
     refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
                            environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
-
-    if config.merge:
-        return refresh()
-    refresh()
     # The nets of one depth (every architecture and seed) train together as one batched computation
     # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
     # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
-    run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-                on_done=lambda name, error: refresh(name, error, force=False), compile=config.compile,
-                shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                      progress=progress, on_done=on_done, compile=config.compile,
+                                                      shard=config.shard),
+                          merge=config.merge)
 
 
 # The summary, table and figures are rewritten at most this often while runs end (and always at the end).
@@ -269,7 +261,7 @@ REFRESH_INTERVAL_S = 10.0
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     """Project the study's training time on this machine without training it: the batches `run`
     would train (plain, residual and gated nets of one depth together, every seed), timed and
-    handed to `jobs` workers (`batching.project_batches`). The study's own rewrites of its summary,
+    handed to `jobs` workers (`stacking.project_batches`). The study's own rewrites of its summary,
     table and figures are timed once and counted in."""
     import tempfile
     import time
@@ -294,22 +286,8 @@ def estimate_text(config: Config, jobs: int = 1, steps: int = 4) -> str:
                                 config.seeds, config.epochs, estimate(config, jobs, steps))
 
 
-def json_config(config: Config) -> dict[str, Any]:
-    """The config as it reads back from results.json (tuples become lists)."""
-    return read_back(asdict(config))
-
-
-def read_back(value: Any) -> Any:
-    """`value` as it reads back from JSON: tuples become lists, recursively."""
-    if isinstance(value, (list, tuple)):
-        return [read_back(v) for v in value]
-    if isinstance(value, dict):
-        return {k: read_back(v) for k, v in value.items()}
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The study's command-line options: one per Config field, and --estimate (study.batching)."""
+    """The study's command-line options: one per Config field, and --estimate (study.stacking)."""
     add_estimate_options(parser, Config)
 
 

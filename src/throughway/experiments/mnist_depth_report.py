@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, paired_t_test
+from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
-from ..study.runs import mean_std, read_runs
+from ..study.runs import LAST_EPOCHS, read_runs
+from ..report.tables import table_header
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
@@ -36,7 +37,6 @@ def differences_from_paper(config: dict[str, Any]) -> list[str]:
 
 
 
-LAST_EPOCHS = 10  # "the mean of the last 10 epochs" (issue 12): less sensitive to one epoch's noise
 
 
 
@@ -56,7 +56,7 @@ def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
             return "—"
         r = max(unfinished, key=lambda r: r["epochs"])
         return "not run" if r["state"] == "not started" else f"(unfinished: epoch {r['epochs']}/{epochs})"
-    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    text = format_mean_std(stat)
     if any(r["state"] == "diverged" for r in cell["runs"]):
         at = next(r for r in cell["runs"] if r["state"] == "diverged")["diverged_at"] or {}
         text += f" (diverged, epoch {at.get('epoch', '?')})"
@@ -86,7 +86,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     header = ["d"]
     for arch in archs:
         header += ([f"{arch} (paper)"] if arch in PAPER_TEST_ERROR else []) + [f"{arch} (ours)", "best"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [*table_header(header)]
     for depth in config["depths"]:
         row = [str(depth)]
         for arch in archs:
@@ -102,15 +102,15 @@ def table_markdown(summary: dict[str, Any]) -> str:
         lines += ["", f"Test error, mean of the last {LAST_EPOCHS} epochs: too few epochs ({epochs} < {LAST_EPOCHS})."]
     else:
         lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
-                  "| d | " + " | ".join(archs) + " |", "|---|" + "---|" * len(archs)]
+                  *table_header(["d", *archs])]
         for depth in config["depths"]:
             lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
                                                      for arch in archs) + " |")
     if "gated" in archs:
         lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours "
                   "(mean ± std over seeds)", "",
-                  "| d | mean k (paper) | mean k (ours) | dead gates (k ≤ 0) per seed | k: middle third − outer thirds |",
-                  "|---|---|---|---|---|"]
+                  *table_header(["d", "mean k (paper)", "mean k (ours)", "dead gates (k ≤ 0) per seed",
+                                 "k: middle third − outer thirds"])]
         for depth in config["depths"]:
             cell = by[("gated", depth)]
             paper = cell["paper_k_mean"]
@@ -122,8 +122,8 @@ def table_markdown(summary: dict[str, Any]) -> str:
     if comparisons:
         lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test; "
                   f"\"better\" only where p < {SIGNIFICANCE})", "",
-                  "| d | seeds | last epoch: difference ± s.e. | p | verdict | last 10 epochs: difference ± s.e. | p | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  *table_header(["d", "seeds", "last epoch: difference ± s.e.", "p", "verdict",
+                                 "last 10 epochs: difference ± s.e.", "p", "verdict"])]
         for row in comparisons:
             cols = [str(row["depth"]), str(len(row["seeds"]))]
             for key in ("test_error_pct", "test_error_last10_pct"):
@@ -183,7 +183,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             ratios.append((depth, PAPER_MEAN_K[depth] / cell["k_mean"]["mean"], cell["k_mean"]))
     if ratios:
         lines.append("- **Mean k** (Table 2 / ours): " + ", ".join(
-            f"d = {d}: {r:.2f} (ours {k['mean']:.2f} ± {k['std']:.2f})" for d, r, k in ratios) + ".")
+            f"d = {d}: {r:.2f} (ours {format_mean_std(k)})" for d, r, k in ratios) + ".")
     for row in summary.get("comparisons") or []:
         if len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT:
             continue
@@ -215,13 +215,10 @@ def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) ->
     other = {(c["arch"], c["depth"]): c for c in ablation["cells"]}
 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
-        if cell is None or cell[key]["mean"] is None:
-            return "—"
-        stat = cell[key]
-        return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
+        return "—" if cell is None else format_mean_std(cell[key], count=True)
 
-    lines = ["| d | arch | paper | first layer linear (paper's) | first layer Dot-BN-ReLU | k: paper | k: linear | k: Dot-BN-ReLU |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [*table_header(["d", "arch", "paper", "first layer linear (paper's)", "first layer Dot-BN-ReLU",
+                            "k: paper", "k: linear", "k: Dot-BN-ReLU"])]
     for depth in summary["config"]["depths"]:
         for arch in ("residual", "gated"):
             a, b = ours.get((arch, depth)), other.get((arch, depth))
@@ -251,9 +248,7 @@ def batchnorm_ablation_tests(summary: dict[str, Any], keras: dict[str, Any]) -> 
             first = {r["seed"]: r["test_error_pct"] for r in (a or {}).get("per_seed", [])
                      if r.get("test_error_pct") is not None}
             second = {r["seed"]: r["test_error_pct"] for r in b["per_seed"] if r.get("test_error_pct") is not None}
-            seeds = sorted(set(first) & set(second))
-            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b,
-                         "test": paired_t_test([second[s] for s in seeds], [first[s] for s in seeds])})
+            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b, "test": paired_by_seed(second, first)[1]})
     return rows
 
 
@@ -264,14 +259,10 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
     then one sentence on the finished cells."""
 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
-        if cell is None or cell[key]["mean"] is None:
-            return "—"
-        stat = cell[key]
-        return f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f} (n={stat['n']})"
+        return "—" if cell is None else format_mean_std(cell[key], count=True)
 
-    lines = ["| d | arch | paper | BatchNorm: PyTorch's constants (ours) | BatchNorm: Keras's constants | "
-             "Keras − PyTorch, paired by seed | k: paper | k: PyTorch's | k: Keras's |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = table_header(["d", "arch", "paper", "BatchNorm: PyTorch's constants (ours)", "BatchNorm: Keras's constants",
+                          "Keras − PyTorch, paired by seed", "k: paper", "k: PyTorch's", "k: Keras's"])
     rows = batchnorm_ablation_tests(summary, keras)
     for row in rows:
         arch, depth, a, b, test = row["arch"], row["depth"], row["torch"], row["keras"], row["test"]
@@ -376,7 +367,7 @@ def _selection_cell(cell: dict[str, Any], selection: str) -> str:
     if stat["mean"] is None:
         running = [s["state"] for s in cell["seeds"] if s["state"].startswith("running")]
         return f"pending ({running[0]})" if running else "pending"
-    text = f"{stat['mean']:.2f}" if stat["n"] == 1 else f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    text = format_mean_std(stat)
     text += f"; best {stat['best']:.2f} (seed {stat['best_seed']})"
     if stat["n"] < len(cell["seeds"]):
         text += f" ({stat['n']}/{len(cell['seeds'])} seeds)"
@@ -397,7 +388,7 @@ def selection_table_markdown(selection_summary: dict[str, Any], selections: tupl
     header = ["d"]
     for arch in archs:
         header += [f"{arch} (paper)"] + [f"{arch}: {s}" for s in selections]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [*table_header(header)]
     for depth in config["depths"]:
         row = [str(depth)]
         for arch in archs:
@@ -469,8 +460,7 @@ def selection_findings_markdown(selection_summary: dict[str, Any], selections: t
         watch = next((c for c in selection_summary["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
         if watch is not None and len(watch[selection]["values"]) >= MIN_PAIRS_FOR_VERDICT:
             stat = watch[selection]
-            lines.append(f"  - d = 100 gated, the paper's {watch['paper']:.2f}: ours {stat['mean']:.2f} ± "
-                         f"{stat['std']:.2f}, best seed {stat['best']:.2f} "
+            lines.append(f"  - d = 100 gated, the paper's {watch['paper']:.2f}: ours {format_mean_std(stat)}, best seed {stat['best']:.2f} "
                          + ("(reached)." if stat["best"] <= watch["paper"] else
                             f"({stat['best'] - watch['paper']:.2f} points above the paper even at our best seed)."))
     rule = ("Rule (ours; the paper gives no spread): a selection reproduces a cell when Table 1's number lies "

@@ -27,6 +27,7 @@ from .._io import atomic_write_json, environment_info
 from ..analysis.sdi import InitMoments, monte_carlo_sdi, paper_tsdi, sdi, sigmoid
 from ..study.options import option
 from ..study.runs import command_line, remake_report
+from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "PAPER_TABLE1", "linear_form"]
@@ -137,18 +138,18 @@ def table_markdown(summary: dict[str, Any]) -> str:
     config = summary["config"]
     n = config["mc_width"]
     lines = ["Table 1 (gated-residual-v1): highway gate target c, g(·) = σ(c) and TSDI", "",
-             "| c | g(·) paper | g(·) ours | TSDI paper | ours, paper's convention (σ_b² = 2/n) | "
-             "ours, stated convention (σ_b² = 0) | ours, toolkit init (Glorot, b_t = " + f"{config['gate_bias']:g}) | "
-             f"toolkit at n = {n}: analytic / Monte Carlo ± s.e. |", "|---|---|---|---|---|---|---|---|"]
+             *table_header(["c", "g(·) paper", "g(·) ours", "TSDI paper", "ours, paper's convention (σ_b² = 2/n)",
+                            "ours, stated convention (σ_b² = 0)", f"ours, toolkit init (Glorot, b_t = {config['gate_bias']:g})",
+                            f"toolkit at n = {n}: analytic / Monte Carlo ± s.e."])]
     for r in summary["table1"]:
         lines.append(f"| {r['c']:g} | {r['g_paper']} | {r['g_ours']:.4f} | {_form(r['tsdi_paper'])} | "
                      f"{_form(r['tsdi_ours_paper_convention'])} | {_form(r['tsdi_ours_stated_convention'])} | "
                      f"{_form(r['tsdi_ours_toolkit'])} | {r['toolkit_analytic_at_mc_width']:.3f} / "
                      f"{r['toolkit_monte_carlo_at_mc_width']:.3f} ± {r['toolkit_monte_carlo_stderr']:.3f} |")
     lines += ["", "Equations 6, 11, 14 (and the gated layer of section 3)", "",
-              "| layer | equation | TSDI paper | ours, paper's convention | ours, stated convention (zero biases) | "
-              f"ours, toolkit init | toolkit at n = {n}: analytic / MC ± s.e. | He, zero bias, n = {n}: analytic / MC ± s.e. |",
-              "|---|---|---|---|---|---|---|---|"]
+              *table_header(["layer", "equation", "TSDI paper", "ours, paper's convention",
+                             "ours, stated convention (zero biases)", "ours, toolkit init",
+                             f"toolkit at n = {n}: analytic / MC ± s.e.", f"He, zero bias, n = {n}: analytic / MC ± s.e."])]
     for r in summary["equations"]:
         lines.append(f"| {r['layer']} | {r['equation']} | {_form(r['tsdi_paper'])} | "
                      f"{_form(r['tsdi_ours_paper_convention'])} | {_form(r['tsdi_ours_stated_convention'])} | "

@@ -40,17 +40,18 @@ from .._io import atomic_write_text, environment_info, read_json
 from ..analysis.gates import block_gates
 from ..models import create_model
 from ..analysis.blocks import gate_value
-from ..report.stats import SIGNIFICANCE, bonferroni
+from ..report.stats import SIGNIFICANCE, bonferroni, format_mean_std, mean_std
 from ..study.options import add_options, check_known, option, quick_config
 from ..study.options import config_from_args as study_config_from_args
 from ..study.shards import merge_option, shard_option
-from ..study.runs import RunSpec, StudySummary, rebuild_from_runs, check_study_folder, mean_std, read_runs, run_many
+from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, read_runs, rebuild_from_runs,
+                          run_many, run_status)
 from ..train import RESULTS_FILE, RunConfig, load_model
+from ..report.tables import table_header
 from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
-from .mnist_depth import read_back
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "Config", "QUICK", "run_name", "specs", "summarize", "table_markdown",
-           "findings_markdown", "report_markdown", "write_report", "run", "estimate", "estimate_text",
+           "findings_markdown", "orders_prose", "report_markdown", "write_report", "run", "estimate", "estimate_text",
            "add_arguments", "config_from_args"]
 
 NAME = "transformer-gates"
@@ -149,12 +150,10 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             per_seed, status, gates, removals = [], [], [], []
             names = [run_name(family, depth, seed) for seed in range(config.seeds)]
             for seed, (name, result) in enumerate(read_runs(out / "runs", names)):
+                status.append(run_status(name, result, diverged_at=False))  # its summaries never recorded it
                 if result is None:
-                    status.append({"run": name, "state": "not started", "epochs": 0})
                     continue
                 final = result.get("final")
-                state = "diverged" if result.get("diverged") else ("finished" if final is not None else "running")
-                status.append({"run": name, "state": state, "epochs": len(result["history"])})
                 if final is None:
                     continue
                 per_seed.append({"seed": seed, **_selected(result["history"]),
@@ -183,10 +182,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     return summary
 
 
-def _mean_std(stat: dict[str, Any], digits: int = 2) -> str:
-    if not stat["n"]:
-        return "pending"
-    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f} (n={stat['n']})"
+def _mean_std(stat: dict[str, Any]) -> str:
+    return format_mean_std(stat, count=True, empty="pending")
 
 
 def _p(row: dict[str, Any]) -> str:
@@ -203,19 +200,19 @@ def table_markdown(summary: dict[str, Any]) -> str:
     families = summary["config"]["families"]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Test error (%) at the epoch of lowest validation error (earliest of ties), mean ± std over seeds", "",
-             "| layers | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+             *table_header(["layers", *families])]
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)]["test_error_pct"]) for f in families) + " |")
     lines += ["", "Test error (%) at the last epoch, mean ± std over seeds (noisier: the learning rate is constant)", "",
-              "| layers | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+              *table_header(["layers", *families])]
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)].get("last_epoch_test_error_pct", {"n": 0}))
                                                   for f in families) + " |")
     lines += ["", "Paired t-test (two-sided) over seeds, gated − other, validation-selected test error in points; p "
               "uncorrected / "
               f"Bonferroni over this table's tests; a verdict only with n ≥ {MIN_SEEDS} and uncorrected p < "
-              f"{SIGNIFICANCE}", "", "| layers | other | n | gated − other | p (uncorrected / Bonferroni) | verdict |",
-              "|---|---|---|---|---|---|"]
+              f"{SIGNIFICANCE}", "", *table_header(["layers", "other", "n", "gated − other",
+                                                    "p (uncorrected / Bonferroni)", "verdict"])]
     for row in summary.get("comparisons", []):
         diff = row["test"]["mean_difference"]
         lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | "
@@ -223,8 +220,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     gated = [f for f in families if f in GATE_SYMBOL]
     lines += ["", "Gates at the end, per branch (two per layer): mean over seeds of each net's mean gate; dead = relu "
               "gate with k ≤ 0 (an exact identity), negative = identity gate below 0", "",
-              "| layers | " + " | ".join(f"{f} (mean {GATE_SYMBOL[f]})".replace("|λ|", "\\|λ\\|") for f in gated) + " |",
-              "|---|" + "---|" * len(gated)]
+              *table_header(["layers", *(f"{f} (mean {GATE_SYMBOL[f]})".replace("|λ|", "\\|λ\\|") for f in gated)])]
     for depth in summary["config"]["depths"]:
         cells = []
         for family in gated:
@@ -236,12 +232,11 @@ def table_markdown(summary: dict[str, Any]) -> str:
             total = sum(g["count"] for g in gates)
             extra = (f"dead {sum(g['dead'] for g in gates)}/{total}" if family == "gated"
                      else f"negative {sum(g['negative'] for g in gates)}/{total}")
-            cells.append(f"{stat['mean']:.3g} ± {stat['std']:.2g} ({extra})")
+            cells.append(f"{format_mean_std(stat, '.3g', '.2g')} ({extra})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     lines += ["", "Share of test accuracy kept with half the layers removed: smallest |gate| first / random orders "
               "(mean over seeds); the paired test of the two orders, p uncorrected / Bonferroni", "",
-              "| layers | family | n | gate order | random | gate − random (pp) | p | verdict |",
-              "|---|---|---|---|---|---|---|---|"]
+              *table_header(["layers", "family", "n", "gate order", "random", "gate − random (pp)", "p", "verdict"])]
     for row in summary.get("removal_tests", []):
         cell = by[(row["family"], row["depth"])]
         greedy = mean_std([r["half_share_greedy"] for r in cell["removal"]])
@@ -277,8 +272,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
                          for r in significant)
         seeds = min(v["n"] for v in finished.values())
         lines.append(f"- {_layers(depth)}: lowest mean test error (validation-selected epoch) {best} "
-                     f"({finished[best]['mean']:.2f} ± "
-                     f"{finished[best]['std']:.2f}%, n={finished[best]['n']}); "
+                     f"({format_mean_std(finished[best])}%, n={finished[best]['n']}); "
                      + (f"too few seeds for a verdict (n = {seeds})" if seeds < MIN_SEEDS else
                         (f"significant at uncorrected p < {SIGNIFICANCE}: {said}" if significant else
                          f"no paired test of gated against another family is significant (uncorrected p < "
@@ -302,6 +296,18 @@ def findings_markdown(summary: dict[str, Any]) -> str:
                          f"{r['test']['p_value']:.2g})" for r in removal if r not in kept) if len(kept) < len(removal)
                         else "") + ".")
     return "\n".join(lines) + "\n"
+
+
+def orders_prose(summary: dict[str, Any], removal: dict[str, Any]) -> str:
+    """How the smallest-|gate|-first orders of the 4-layer gated nets begin, counted over seeds: the
+    layers they remove first, and the mean k of layers 0-1 against layers 2-3 (`removal`: removal.json by run). The docs page's sentence."""
+    gated = [v for k, v in sorted(removal.items()) if k.startswith("gated-L4-")]
+    early = sum(1 for v in gated if sorted(v["greedy_order"][:2]) == [0, 1])
+    cell = next(c for c in summary["cells"] if c["family"] == "gated" and c["depth"] == 4)
+    first = [sum(g["per_branch"][:4]) / 4 for g in cell["gates"]]
+    last = [sum(g["per_branch"][4:]) / 4 for g in cell["gates"]]
+    return (f"in {early} of {len(gated)} seeds the order removes layers 0 and 1 first; their branches' mean k is "
+            f"{sum(first) / len(first):.3f} against {sum(last) / len(last):.3f} for layers 2 and 3")
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
@@ -334,7 +340,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     """Train every run into `out`/runs (resumable, one run per worker process), rewriting the summary,
     the removal records and the report at most every 30 s as runs end, and at the end."""
     out = Path(out)
-    new = read_back(asdict(config))
+    new = json_config(config)
     new["depths"] = sorted(new["depths"])
     resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
@@ -345,12 +351,9 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
     refresh = StudySummary(out / RESULTS_FILE, summary_with_removal, lambda: write_report(out),
                            environment_info(config.device), min_interval_s=30.0, shard=config.shard)
-    if config.merge:
-        return refresh()
-    refresh()
-    run_many(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
-             on_done=lambda name, error: refresh(name, error, force=False), shard=config.shard)
-    return refresh()
+    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
+                                                   progress=progress, on_done=on_done, shard=config.shard),
+                          merge=config.merge)
 
 
 def _step_seconds(depth: int, width: int, steps: int) -> float:
@@ -390,7 +393,7 @@ def estimate_text(config: Config, jobs: int = 1) -> str:
     """`estimate` as a table and a projected wall time."""
     projection = estimate(config, jobs)
     lines = [f"{NAME}: {len(config.families)} families x {len(config.depths)} depths x {config.seeds} seeds, "
-             f"{config.epochs} epochs, {config.limit} images per split", "", "| layers | one run (min) |", "|---|---|"]
+             f"{config.epochs} epochs, {config.limit} images per split", "", *table_header(["layers", "one run (min)"])]
     lines += [f"| {d} | {s / 60:.1f} |" for d, s in projection["per_run_s"].items()]
     lines += ["", f"{projection['runs']} runs: about {projection['wall_s'] / 60:.0f} min on {jobs} worker(s) "
               f"(one thread each)"]

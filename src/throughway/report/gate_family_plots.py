@@ -157,7 +157,7 @@ def plot_init_by_depth(summary: dict[str, Any], path: str | os.PathLike[str]) ->
             if log:
                 shown = [(d, s) for d, s in shown if s["mean"] > 0]
             if shown:
-                ax.errorbar([d for d, _ in shown], [s["mean"] for _, s in shown], yerr=[s["std"] for _, s in shown],
+                ax.errorbar([d for d, _ in shown], [s["mean"] for _, s in shown], yerr=[s["std"] or 0.0 for _, s in shown],
                             marker="o", markersize=4, capsize=2, label=family, **style)
         if zero:
             ax.text(0.98, 0.02, " and ".join(zero) + ": 0 at every depth", transform=ax.transAxes, ha="right",

@@ -12,16 +12,44 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-__all__ = ["PairedTest", "bonferroni", "paired_t_test", "paired_verdict", "student_t_sf", "regularized_incomplete_beta",
-           "SIGNIFICANCE", "MIN_PAIRS_FOR_VERDICT"]
+__all__ = ["PairedTest", "bonferroni", "paired_t_test", "paired_by_seed", "paired_verdict", "student_t_sf",
+           "regularized_incomplete_beta", "mean_std", "format_mean_std", "SIGNIFICANCE", "MIN_PAIRS_FOR_VERDICT"]
 
 # The level at which a difference is called significant in the reports.
 SIGNIFICANCE = 0.05
 # A paired test over 2 seeds has 1 degree of freedom: its p-value swings with a single seed, so no
 # verdict is drawn from fewer than 3 pairs (the table says "too few seeds" instead).
 MIN_PAIRS_FOR_VERDICT = 3
+
+
+def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
+    """The seeds' summary of `values` (None entries skipped): {"mean", "std", "n", "values"}, with
+    `std` the sample standard deviation (n − 1 in the denominator). With no value mean and std are
+    None; with one value std is None too: a sample std is undefined for one seed (it is not 0: one
+    seed says nothing about the spread). Every study summary and table goes through this one function."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0, "values": []}
+    mean = sum(vals) / len(vals)
+    std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+    return {"mean": mean, "std": std, "n": len(vals), "values": vals}
+
+
+def format_mean_std(stat: Mapping[str, Any], fmt: str = ".2f", std_fmt: str | None = None, *, count: bool = False,
+                    empty: str = "—") -> str:
+    """"mean ± std" of a `mean_std` summary, the mean in `fmt` and the std in `std_fmt` (default: `fmt`);
+    with `count`, " (n=N)" after it. `empty` where no value is summarised (n = 0 or mean None). One
+    value (n = 1) renders as the mean alone, without a count: its std is undefined (None; summaries
+    written before that rule stored 0.0 and render the same)."""
+    if not stat.get("n") or stat.get("mean") is None:
+        return empty
+    text = format(stat["mean"], fmt)
+    if stat["n"] == 1 or stat.get("std") is None or math.isnan(stat["std"]):
+        return text
+    text += f" ± {format(stat['std'], std_fmt or fmt)}"
+    return text + (f" (n={stat['n']})" if count else "")
 
 
 def regularized_incomplete_beta(x: float, a: float, b: float) -> float:
@@ -105,6 +133,13 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> PairedTest:
     t = mean / se
     p = min(1.0, 2.0 * student_t_sf(abs(t), n - 1))
     return PairedTest(n, mean, se, t, n - 1, p)
+
+
+def paired_by_seed(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[list[int], PairedTest]:
+    """The seeds both `a` and `b` ({seed: value}) hold, in order, and the paired t-test of a − b over
+    them: the one wrapper behind every per-depth / per-cell comparison of two studies or families."""
+    seeds = sorted(set(a) & set(b))
+    return seeds, paired_t_test([a[s] for s in seeds], [b[s] for s in seeds])
 
 
 def paired_verdict(test: PairedTest, a: str, b: str) -> str:

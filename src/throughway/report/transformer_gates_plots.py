@@ -31,7 +31,7 @@ def plot_transformer_gates(summary: dict[str, Any], path: str | os.PathLike[str]
     for family in config["families"]:
         points = [(d, by[(family, d)]["test_error_pct"]) for d in config["depths"] if by[(family, d)]["test_error_pct"]["n"]]
         if points:
-            left.errorbar([d for d, _ in points], [s["mean"] for _, s in points], yerr=[s["std"] for _, s in points],
+            left.errorbar([d for d, _ in points], [s["mean"] for _, s in points], yerr=[s["std"] or 0.0 for _, s in points],
                           marker="o", capsize=3, color=FAMILY_COLORS.get(family), label=family)
     left.set_xlabel("transformer layers")
     left.set_ylabel("test error (%), validation-selected epoch")

@@ -16,20 +16,25 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overload
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, read_json, read_json_object
+from .._io import atomic_write_json, atomic_write_text, json_safe, read_json, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
 
-__all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "mean_std", "remake_report",
+__all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "remake_report",
            "StudySummary", "rebuild_from_runs", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
-           "check_run_results", "THREADS_ENV", "set_threads", "worker_threads"]
+           "check_run_results", "json_config", "config_from_json", "run_status", "last_epochs_mean", "LAST_EPOCHS",
+           "FINDINGS_FILE", "THREADS_ENV", "set_threads", "worker_threads"]
+
+# The file of a study's findings in words, beside its table.md: written by the study's report (`remake_report`),
+# placed by tools/readme on the study's docs page.
+FINDINGS_FILE = "findings.md"
 
 # The thread count that `--threads` asks for, for this process and every worker it starts (issue 23: a
 # run re-runs bit for bit only with the thread count it was trained with; results.json records it).
@@ -312,24 +317,55 @@ def read_summary(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
     return summary
 
 
-def mean_std(values: Sequence[float]) -> dict[str, Any]:
-    """{"mean", "std" (sample std, 0 for one value), "n", "values"} of finite `values`; mean None if none."""
-    vals = [float(v) for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0, "values": []}
-    mean = sum(vals) / len(vals)
-    std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
-    return {"mean": mean, "std": std, "n": len(vals), "values": vals}
+def json_config(config: Any) -> dict[str, Any]:
+    """A study's config (a dataclass) as its results.json stores it and reads it back: `asdict`, tuples as
+    lists (`_io.json_safe`, the conversion every JSON file of the package goes through). The one way a
+    config becomes JSON: what `check_study_folder` and `stored_study` compare with the stored config."""
+    return dict(json_safe(asdict(config)))
+
+
+def config_from_json(config_cls: type, stored: dict[str, Any]) -> Any:
+    """The inverse of `json_config`: a `config_cls` from a stored JSON config, with the fields it knows
+    (others, e.g. of a newer version, are left out) and lists as tuples."""
+    known = {f.name for f in fields(config_cls)}
+    return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in known})
+
+
+# "the mean of the last 10 epochs" (issue 12): a run's test error less sensitive to one epoch's noise.
+LAST_EPOCHS = 10
+
+
+def last_epochs_mean(history: Sequence[dict[str, Any]], key: str = "test_error_pct") -> float | None:
+    """The mean of `key` over the last `LAST_EPOCHS` records of a run's `history` that hold it; None if none do."""
+    tail = [h[key] for h in history[-LAST_EPOCHS:] if h.get(key) is not None]
+    return sum(tail) / len(tail) if tail else None
+
+
+def run_status(name: str, result: dict[str, Any] | None, *, diverged_at: bool = True) -> dict[str, Any]:
+    """One run's line in a study summary's cell "runs": {"run", "state", "epochs"} with the state "not
+    started" (no results.json: `result` None), "diverged", "finished" (a final record) or "running", and,
+    with `diverged_at`, where it diverged (None unless it did). The one status loop of every study."""
+    if result is None:
+        return {"run": name, "state": "not started", "epochs": 0}
+    state = "diverged" if result.get("diverged") else ("finished" if result.get("final") is not None else "running")
+    status = {"run": name, "state": state, "epochs": len(result["history"])}
+    if diverged_at:
+        status["diverged_at"] = result.get("diverged_at")
+    return status
 
 
 def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[str, Any]], str],
-                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]]) -> str:
-    """Remake `out`/table.md with `table_markdown` and each (plot, file name) figure from
-    `out`/results.json alone; return the table text."""
+                  figures: Sequence[tuple[Callable[[dict[str, Any], Path], Any], str]],
+                  findings: Callable[[dict[str, Any]], str] | None = None) -> str:
+    """Remake `out`/table.md with `table_markdown`, `out`/findings.md with `findings` (the study's findings in
+    words, what its docs page shows) where given, and each (plot, file name) figure from `out`/results.json
+    alone; return the table text."""
     out = Path(out)
     summary = read_summary(out / "results.json", "study")
     table = table_markdown(summary)
     atomic_write_text(out / "table.md", table)
+    if findings is not None:
+        atomic_write_text(out / FINDINGS_FILE, findings(summary))
     for plot, name in figures:
         plot(summary, out / name)
     return table
@@ -410,6 +446,18 @@ class StudySummary:
         self._cost = self._last - began
         return summary
 
+    def around(self, train: Callable[[Callable[[str, str | None], Any]], Any], *, merge: bool) -> dict[str, Any]:
+        """A study's training with its summary kept current, the shard opt-in of every study's `run`: with
+        `merge` (`--merge`: every shard's runs are on disk) only the summary is written; else the summary
+        at once (the folder shows the study before its first run ends), then `train(on_done)`, whose
+        `on_done(name, error)` (the `run_many`/`run_batched` hook) refreshes it as runs end (not forced: at
+        most every `min_interval_s`), then the final, forced summary. Returns the final summary."""
+        if merge:
+            return self()
+        self()
+        train(lambda name, error: self(name, error, force=False))
+        return self()
+
 
 def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resume: bool,
                  legacy: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -425,7 +473,8 @@ def stored_study(out: Path, name: str, config: Any, fields: Sequence[str], resum
     if not resume:
         raise FileExistsError(f"{out} holds a {name} study; pass --resume to continue or extend it")
     stored = read_summary(path, name)
-    now = {field: list(v) if isinstance(v, tuple) else v for field in fields for v in [getattr(config, field)]}
+    stored_config = json_config(config)
+    now = {field: stored_config[field] for field in fields}
     check_same_settings({**(legacy or {}), **stored.get("config", {})}, now, fields, out)
     return stored
 
@@ -480,10 +529,7 @@ def rebuild_from_runs(out: str | os.PathLike[str], config_cls: type, summarize: 
     that is still training elsewhere, run it on a copy of the folder."""
     out = Path(out)
     previous = read_json(out / RESULTS_FILE)
-    known = {f.name for f in fields(config_cls)}
-    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in previous["config"].items()
-                              if k in known}
-    config = config_cls(**stored)
+    config = config_from_json(config_cls, previous["config"])
     if before is not None:
         before(config, out)
     summary = summarize(config, out)

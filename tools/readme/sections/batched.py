@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .common import _json, _match, _text
+from throughway.report.tables import table_header
+
+from .common import _json, _match, _report_file, _text
 
 
 def _batched_benchmark(root: Path) -> str:
@@ -29,9 +31,8 @@ def _batched_benchmark(root: Path) -> str:
         return f"{int(v):,}"
 
     return "\n".join([
-        f"| 32 depth-20 gated residual MLPs (width 50, NAdam, batch 128) | samples/s, summed over models | ratio | "
-        f"share of the fp32 matmul ceiling ({float(ceiling):.0f}–{float(ceiling_end):.0f} GFLOP/s) |",
-        "|---|---|---|---|",
+        *table_header(["32 depth-20 gated residual MLPs (width 50, NAdam, batch 128)", "samples/s, summed over models",
+                       "ratio", f"share of the fp32 matmul ceiling ({float(ceiling):.0f}–{float(ceiling_end):.0f} GFLOP/s)"]),
         f"| one after another, the ordinary `fit` loop | {count(seq)} | 1 | |",
         f"| batched, eager | {count(eager.group(1))} | **{float(eager_ratio):.2f}×** (target ≥ 10×) | {eager.group(2)}% |",
         f"| batched, `torch.compile` ({compile_s} s compilation, paid first) | {count(comp.group(1))} | "
@@ -66,51 +67,10 @@ def _highway_depth_table(root: Path) -> str:
 
 
 def _highway_depth_text(root: Path) -> str:
-    import statistics
+    """The search's findings.md (`highway_depth_report.findings_markdown`), placed as the study wrote it."""
+    from throughway.experiments import highway_depth_report
 
-    from throughway.experiments import highway_depth
-
-    summary = _json(root, "highway-depth/results.json")
-    config = summary["config"]
-    by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
-    layers = config["layers"]
-
-    def best(arch: str, n: int) -> float:
-        return by[(arch, n)]["best"]["final_train_loss"]
-
-    plain = [best("plain", n) for n in layers]
-    high = [best("highway", n) for n in layers]
-    ratio = best("plain", layers[-1]) / best("highway", layers[-1])
-    falling = all(c["best"]["train_loss"][-1] < c["best"]["train_loss"][-2] for c in summary["cells"])
-    diverged = [x for x in summary["trials"] if x.get("diverged_at") is not None]
-    finished = [x for x in summary["trials"] if x.get("diverged_at") is None and x.get("state") == "finished"]
-    activations = sorted({x["activation"] for x in diverged})
-    counts = [c["diverged"] for c in summary["cells"]]
-    verdict = highway_depth.observations(summary)[0][2]
-    shallow = [n for n in layers if n in (10, 20)]
-    shallow_best = [best("plain", n) for n in shallow]
-    return "\n".join([
-        "What it shows, against the paper:",
-        "",  # Python-Markdown (the docs site) reads a list glued to its paragraph as the paragraph's text
-        f"- **Reproduced.** Plain nets get harder to optimise as depth grows. Their best final training loss is "
-        f"{', '.join(f'{v:.1e}' for v in plain[:-1])} and {plain[-1]:.1e} at {', '.join(map(str, layers[:-1]))} and "
-        f"{layers[-1]} layers. Highway nets hardly notice depth: {', '.join(f'{v:.1e}' for v in high[:-1])} and "
-        f"{high[-1]:.1e}. At {layers[-1]} layers the best highway net's loss is {ratio:.0f} times lower than the best "
-        f"plain net's; the paper says \"more than 2 orders of magnitude\".",
-        f"- **Inconclusive.** The paper's {'- and '.join(map(str, shallow))}-layer plain nets reach a loss below 1e-4; "
-        f"our best are {' and '.join(f'{v:.1e}' for v in shallow_best)}. The verdict is "
-        f"\"{verdict.split(':')[0]}\": our search is smaller than the paper's ({config['trials']} trials, not "
-        f"{highway_depth.PAPER_SEARCH_TRIALS}), and its runs are short ({config['epochs']} epochs on "
-        f"{config['limit']:,} images, chosen to fit this 2-core machine). "
-        + ("Every best curve is still falling at its last epoch, so the gap is what a shorter search would give, "
-           "not evidence against the paper." if falling else "Not every best curve is still falling at its last epoch."),
-        f"- Diverged trials rank last. Each cell lost {min(counts)}–{max(counts)} of its {config['trials']} trials to "
-        f"divergence (the table's second count). All {len(diverged)} diverged trials are {' or '.join(a.replace('relu', 'ReLU') for a in activations)} "
-        f"nets, most with large learning rates: their median learning rate is "
-        f"{statistics.median(x['lr'] for x in diverged):.2g}, against "
-        f"{statistics.median(x['lr'] for x in finished):.2g} for the trials that finished. The learning-rate range "
-        f"is ours.",
-    ])
+    return _report_file(root, "highway-depth", "findings.md", highway_depth_report.findings_markdown)
 
 
 def _paper_scale_estimate(root: Path) -> str:

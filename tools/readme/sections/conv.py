@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from throughway.report.tables import table_header
+
 from .common import _json
 
 
@@ -15,8 +17,7 @@ def _conv_table(root: Path) -> str:
     long, short = final("highway-conv-mnist-w16-e20"), final("highway-conv-mnist-w16")
     plain, gated = final("preact14-w8-gated-false"), final("preact14-w8-gated-true")
     return "\n".join([
-        "| run | epochs | test error (%) | paper |",
-        "|---|---|---|---|",
+        *table_header(["run", "epochs", "test error (%)", "paper"]),
         f"| 10-layer conv highway net, width 16, MNIST (`mnist-10-ours`, `highway-conv-mnist-ours`: our layout and "
         f"schedule; the recipe was called `highway-conv-mnist` then) | "
         f"{long['epochs_completed']} | {long['test_error_pct']:.2f} | 0.57 (best of 5 runs; 0.60 ± 0.03 mean) |",

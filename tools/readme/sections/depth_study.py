@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import _json
+from .common import _json, _report_file
 
 
 def _mnist_depth_stem_dense_table(root: Path) -> str:
@@ -25,10 +25,10 @@ def _mnist_depth_table(root: Path) -> str:
 
 
 def _mnist_depth_findings(root: Path) -> str:
-    """The 5-seed study's findings against the paper (`mnist_depth.findings_markdown`)."""
+    """The 5-seed study's findings against the paper: its findings.md (`mnist_depth.findings_markdown`)."""
     from throughway.experiments import mnist_depth
 
-    return mnist_depth.findings_markdown(_json(root, "mnist-depth/results.json"))
+    return _report_file(root, "mnist-depth", "findings.md", mnist_depth.findings_markdown)
 
 
 def _mnist_depth_stem_ablation(root: Path) -> str:

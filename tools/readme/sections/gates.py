@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from throughway.report.tables import table_header
+
 from .common import _json, _match, _text
 
 
@@ -108,8 +110,7 @@ def _highway_analysis_table(root: Path) -> str:
     m_mid, f_mid = ml["summary"]["network_layers_15_to_45"], fl["summary"]["network_layers_15_to_45"]
     inc = ml["increase_pct_points"]
     return "\n".join([
-        "| highway paper section 4 | MNIST (ours) | Fashion-MNIST (ours) |",
-        "|---|---|---|",
+        *table_header(["highway paper section 4", "MNIST (ours)", "Fashion-MNIST (ours)"]),
         f"| most transform-gate biases decreased during training | {100 * m['bias_fraction_below_init']:.1f}% below "
         f"their initial −2 | {100 * f['bias_fraction_below_init']:.1f}% |",
         f"| one sample's gate activity is very sparse | {100 * m['sample_gate_fraction_above_half']:.1f}% of its gates "

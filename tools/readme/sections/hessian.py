@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-from .common import _json, _match, _text
+from throughway.experiments import hessian_dynamics, shortcut_lr
+from throughway.report.tables import table_header
+
+from .common import _json, _match, _report_file, _text
 
 
 def _hessian_theorem2(root: Path) -> str:
@@ -25,8 +27,7 @@ def _hessian_theorem2(root: Path) -> str:
     unit_diff = max(r["unit_blocks_max_difference"] for r in two)
     eig_diff = max(r["eigenvalues_vs_pm_singular_values_max_difference"] for r in two)
     return "\n".join([
-        "| Theorem 2 | measured (width 10, whitened MNIST) |",
-        "|---|---|",
+        *table_header(["Theorem 2", "measured (width 10, whitened MNIST)"]),
         f"| n ≥ 3: zero gradient and zero Hessian | ‖∇ℓ‖ = 0 and H = 0 {'exactly' if exact_zero else 'NOT exactly'} "
         f"at depths {depths(zero)} (n = 3; n = 4 and tanh in the tests) |",
         "| n = 2: block diagonal, eigenvalues ± the singular values of one block, once per unit, depth-invariant | "
@@ -61,136 +62,25 @@ def _hessian_figure4(root: Path) -> str:
     labels = {"xavier": "Xavier", "orthogonal": "orthogonal", "shortcut2-zero": "2-shortcut, zero init",
               "shortcut1-zero": "1-shortcut, zero init"}
     by = {(p["network"], p["depth"]): p for p in summary["points"]}
-    lines = ["| depth | " + " | ".join(labels.get(n, n) for n in networks) + " |",
-             "|---|" + "---|" * len(networks)]
+    lines = table_header(["depth", *(labels.get(n, n) for n in networks)])
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_fmt_condition(by[(n, depth)]) for n in networks) + " |")
     return "\n".join(lines)
 
 
-def figures56_contrary_pairs(summary: dict[str, Any], loss_window: float = 0.05) -> dict[str, Any]:
-    """Figure 5's claim, "the 2-shortcut network's condition number is smaller at every loss", pair by pair.
-
-    A pair is a 2-shortcut point and a point of another network (any seeds) whose loss differs
-    from the 2-shortcut point's by at most `loss_window` (5%) of it (the figure compares the
-    networks at equal loss); it is contrary when the 2-shortcut condition number is not the
-    smaller. Points with an undefined condition number are left out.
-    Returns {"pairs", "contrary", "by_network": {name: (pairs, contrary)}}.
-    """
-    traces = summary["traces"]
-    shortcut = [t for t in traces if t["network"] == "shortcut2-zero"]
-    others = [t for t in traces if t["network"] != "shortcut2-zero"]
-    by_network: dict[str, list[int]] = {}
-    for s in shortcut:
-        for o in others:
-            counts = by_network.setdefault(o["network"], [0, 0])
-            for p in s["hessian"]:
-                for q in o["hessian"]:
-                    if p["condition"] is None or q["condition"] is None:
-                        continue
-                    if abs(q["loss"] - p["loss"]) <= loss_window * p["loss"]:
-                        counts[0] += 1
-                        counts[1] += p["condition"] >= q["condition"]
-    return {"pairs": sum(c[0] for c in by_network.values()), "contrary": sum(c[1] for c in by_network.values()),
-            "by_network": {k: tuple(v) for k, v in by_network.items()}}
-
-
 def _hessian_figures56(root: Path) -> str:
-    summary = _json(root, "hessian/figures5-6/results.json")
-    config = summary["config"]
-    pairs = figures56_contrary_pairs(summary)
-    by = pairs["by_network"]
-    finals: dict[str, list[float]] = {}
-    for t in summary["traces"]:
-        finals.setdefault(t["network"], []).append(t["hessian"][-1]["loss"])
-    orth, short = finals.get("orthogonal", []), finals.get("shortcut2-zero", [])
-    starts = sorted({round(t["hessian"][0]["index"], 3) for t in summary["traces"] if t["network"] == "shortcut2-zero"})
-    ends = [t["hessian"][-1]["index"] for t in summary["traces"] if t["network"] == "shortcut2-zero"]
-    singular = sum(1 for t in summary["traces"] for p in t["hessian"] if p.get("singular"))
-    singular_networks = sorted({t["network"] for t in summary["traces"] if any(p.get("singular") for p in t["hessian"])})
-    points = sum(len(t["hessian"]) for t in summary["traces"])
-    share = 100.0 * pairs["contrary"] / pairs["pairs"] if pairs["pairs"] else math.nan
-    return (
-        f"Along full-batch gradient descent (depth {config['depth']}, lr {config['lr']:g}, {config['epochs']:,} "
-        f"epochs, {len(config['seeds'])} seeds; figures 5 and 6, `results/hessian/figures5-6`) the 2-shortcut "
-        f"network mostly keeps the smaller condition number at equal loss, not at every loss: of {pairs['pairs']} "
-        f"pairs of a 2-shortcut point and another network's point whose loss is within 5% of it, {pairs['contrary']} "
-        f"({share:.0f}%) have the 2-shortcut condition number the larger ("
-        + ", ".join(f"against {n}: {c} of {p}" for n, (p, c) in by.items()) + "). "
-        f"Its index starts at {' / '.join(f'{s:.2f}' for s in starts)} and drops to "
-        f"{min(ends):.3f}–{max(ends):.3f}; at the end orthogonal and 2-shortcut reach similar losses "
-        f"({min(orth + short):.2f}–{max(orth + short):.2f} against the least squares optimum "
-        f"{summary['optimal_linear_loss']:.3f}). {singular} of the {points} Hessians are singular to tolerance"
-        + (f" (all {', '.join(singular_networks)})" if singular_networks else "")
-        + "; their index is undefined and left out of figure 6."
-    )
-
-
-def _lr_point(summary: dict[str, Any], network: str, depth: int) -> dict[str, Any]:
-    """The learning-rate study's point of `network` at `depth`; ValueError naming both when absent."""
-    for p in summary["points"]:
-        if p["network"] == network and p["depth"] == depth:
-            return dict(p)
-    raise ValueError(f"results have no point for network {network!r} at depth {depth}")
+    """Figures 5 and 6 in words: results/hessian/figures5-6/findings.md (`hessian_dynamics.findings_markdown`)."""
+    return _report_file(root, "hessian/figures5-6", "findings.md", hessian_dynamics.findings_markdown)
 
 
 def _hessian_figure7(root: Path) -> str:
-    summary = _json(root, "hessian/figure7-linear/results.json")
-    config = summary["config"]
-    optimum = summary["optimal_linear_loss"]
-    depths = config["depths"]
-    gaps = {d: _lr_point(summary, "shortcut2-zero", d)["best_loss"] - optimum for d in depths}
-    worst = max(gaps, key=lambda d: gaps[d])
-    rates = sorted({_lr_point(summary, "shortcut2-zero", d)["best_lr"] for d in depths if d >= 8})
-    xavier = _lr_point(summary, "xavier", depths[-1])["best_loss"]
-    lrs = [10 ** e for e in config["lr_exponents"]]
-    close: dict[str, float] = {}
-    for network in ("orthogonal", "shortcut1-zero"):
-        allowed = []
-        for d in depths:
-            p = _lr_point(summary, network, d)
-            if p is None:
-                continue
-            allowed += [lr for lr, loss in zip(lrs, p["final_loss_by_lr"]) if loss is not None and loss - optimum <= 0.005]
-        close[network] = max(allowed) if allowed else math.nan
-    return (
-        f"Figure 7 (linear, {config['epochs']:,} epochs of full-batch gradient descent, {len(lrs)} learning rates from "
-        f"{lrs[0]:g} to {lrs[-1]:g}, depths {depths[0]}–{depths[-1]}): the 2-shortcut network's best final loss stays "
-        f"within {max(gaps.values()):.1g} of the least-squares optimum ({optimum:.4f}) at every depth (largest gap at "
-        f"depth {worst}; " + ", ".join(f"{gaps[d]:.0e}" for d in depths) + f" at depths {', '.join(map(str, depths))}), "
-        f"with best learning rates of {' to '.join(f'{r:.3g}' for r in (rates[0], rates[-1]))} from depth 8 on, while "
-        f"Xavier's rises to {xavier:.3f} at depth {depths[-1]}; orthogonal and 1-shortcut nets come within 0.005 of the "
-        f"optimum only with rates ≤ {max(close.values()):.3g}."
-    )
+    """Figure 7 in words: results/hessian/figure7-linear/findings.md (`shortcut_lr.findings_markdown`)."""
+    return _report_file(root, "hessian/figure7-linear", "findings.md", shortcut_lr.findings_markdown)
 
 
 def _hessian_figure8(root: Path) -> str:
-    summary = _json(root, "hessian/figure8-relu/results.json")
-    config = summary["config"]
-    depths = config["depths"]
-
-    def best(network: str, selected: list[int]) -> list[float]:
-        return [_lr_point(summary, network, d)["best_loss"] for d in selected]
-
-    deep = [d for d in depths if d >= 8]
-    late = [d for d in depths if d >= 16]
-    s, x, o = best("shortcut2-zero", deep), best("xavier", late), best("orthogonal", late)
-    s_late = best("shortcut2-zero", late)
-    s2 = _lr_point(summary, "shortcut2-zero", depths[0])
-    holds = max(s_late) < min(x + o)
-    early = [d for d in depths if d < late[0]
-             and min(best("xavier", [d]) + best("orthogonal", [d])) <= best("shortcut2-zero", [d])[0]]
-    return (
-        f"Figure 8 (mid ReLUs, the first {config['subset']:,} images, {config['epochs']} epochs, depths "
-        f"{depths[0]}–{depths[-1]} to fit this machine; the paper's statement is about depth 64): the 2-shortcut net "
-        f"reaches {min(s):.2f}–{max(s):.2f} from depth 8 on; at depths {late[0]}–{late[-1]} Xavier reaches "
-        f"{min(x):.2f}–{max(x):.2f} and orthogonal {min(o):.2f}–{max(o):.2f}, so the paper's statement "
-        f"{'holds there' if holds else 'does not hold there'}"
-        + (f", and only there: at depths {', '.join(map(str, early))} a plain net reaches a loss as low as or lower "
-           f"than the 2-shortcut net's" if early else "") + ". With one unit of 10 mid ReLUs a 2-shortcut net cannot "
-        f"cancel its identity path: its depth-{depths[0]} loss stays at {s2['best_loss']:.2f} after "
-        f"{config['epochs']} epochs."
-    )
+    """Figure 8 in words: results/hessian/figure8-relu/findings.md (`shortcut_lr.findings_markdown`)."""
+    return _report_file(root, "hessian/figure8-relu", "findings.md", shortcut_lr.findings_markdown)
 
 
 def _hessian_figure3(root: Path) -> str:

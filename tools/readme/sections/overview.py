@@ -7,17 +7,13 @@ numbers where a rule decides it (stated beside the rule), and says "pending" whe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from throughway.report.stats import SIGNIFICANCE
+from throughway.experiments.gate_family_report import finished_depths
+from throughway.report.stats import SIGNIFICANCE, format_mean_std
+from throughway.report.tables import table_header
 
 from .common import _json
-from .gate_family import _finished_depths
 from .gates import _gates_numbers
-
-
-def _mean_std(stats: dict[str, Any]) -> str:
-    return f"{stats['mean']:.2f} ± {stats['std']:.2f}"
 
 
 def _mnist_depth_row(root: Path) -> str:
@@ -31,7 +27,7 @@ def _mnist_depth_row(root: Path) -> str:
     verdict = ("reached by " + " and ".join(reached)) if reached else "not reached: every seed above the paper"
     return (f"| [MNIST depth study](docs/reproductions/mnist-depth.md): gated-residual-v2 Table 1, d = {deepest}, "
             f"test error (%) | gated {gated['paper_test_error_pct']:.2f}, residual {residual['paper_test_error_pct']:.2f} "
-            f"| gated {_mean_std(gated['test_error_pct'])}, residual {_mean_std(residual['test_error_pct'])} "
+            f"| gated {format_mean_std(gated['test_error_pct'])}, residual {format_mean_std(residual['test_error_pct'])} "
             f"({n} seeds) | {verdict} |")
 
 
@@ -41,8 +37,7 @@ def _mean_k_row(root: Path) -> str:
     gated = cells[("gated", deepest)]
     ratio = gated["k_mean"]["mean"] / gated["paper_k_mean"]
     return (f"| [MNIST depth study](docs/reproductions/mnist-depth.md): Table 2, mean k of the gated net, "
-            f"d = {deepest} | {gated['paper_k_mean']:.2f} | {gated['k_mean']['mean']:.3f} ± "
-            f"{gated['k_mean']['std']:.3f} | {'lower' if ratio < 1 else 'higher'}: {ratio:.2f}× the paper's |")
+            f"d = {deepest} | {gated['paper_k_mean']:.2f} | {format_mean_std(gated['k_mean'], '.3f')} | {'lower' if ratio < 1 else 'higher'}: {ratio:.2f}× the paper's |")
 
 
 def _pruning_row(root: Path) -> str:
@@ -125,10 +120,10 @@ def _selection_row(root: Path) -> str:
             for arch, v in honest.items())
         deep = next((c for c in selection["cells"] if c["arch"] == "gated" and c["depth"] == 100), None)
         if deep is not None:
-            val += f"; d = 100 gated {deep['best-val']['mean']:.2f} ± {deep['best-val']['std']:.2f}"
+            val += f"; d = 100 gated {format_mean_std(deep['best-val'])}"
     return (f"| [MNIST depth study](docs/reproductions/mnist-depth.md#which-epoch-table-1-reports): Table 1, d = 100 "
-            f"gated, test error (%) at the best test epoch (optimistic) | {cell['paper']:.2f} | {best['mean']:.2f} ± "
-            f"{best['std']:.2f} ({best['n']} seeds; {val}) | {verdict} |")
+            f"gated, test error (%) at the best test epoch (optimistic) | {cell['paper']:.2f} | {format_mean_std(best)} "
+            f"({best['n']} seeds; {val}) | {verdict} |")
 
 
 def _gate_family_row(root: Path) -> str:
@@ -145,7 +140,7 @@ def _gate_family_row(root: Path) -> str:
     if (Path(root) / "gate-family" / "results.json").is_file():
         study = _json(root, "gate-family/results.json")
         seeds = study["config"]["seeds"]
-        done = _finished_depths(study)
+        done = finished_depths(study)
         tests = [r for r in study["comparisons"] if r["depth"] in done]
         counts: dict[str, int] = {}
         for r in tests:
@@ -187,8 +182,7 @@ def _reproductions_table(root: Path) -> str:
     """The README's table: one row per reproduced claim, each linking to its page under docs/reproductions.
     A new study (e.g. the gate family, the Table 1 selection) adds its row function here."""
     return "\n".join([
-        "| reproduction | paper | ours | verdict |",
-        "|---|---|---|---|",
+        *table_header(["reproduction", "paper", "ours", "verdict"]),
         _mnist_depth_row(root), _selection_row(root), _mean_k_row(root), _pruning_row(root), _lesion_row(root), _sdi_row(root),
         _hessian_row(root), _highway_depth_row(root), _conv_row(root),
         "| [Convolutional networks](docs/reproductions/cifar.md): gated-residual-v2 Tables 3, 4, Wide Gated "

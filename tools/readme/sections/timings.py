@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from throughway.report.tables import table_header
+
 from .common import _match, _text
 
 
@@ -51,8 +53,7 @@ def _benchmarks(root: Path) -> str:
     ratios = _match(r"time ratio pruned/full: ([\d.]+)\s+parameter ratio pruned/full: ([\d.]+)", prune, "prune speed")
     wrn = _match(r"ratio toolkit / plain: ([\d.]+)", _text(root, "conv/benchmark_wrn_step_throughput.txt"), "wrn").group(1)
     return "\n".join([
-        "| benchmark | what | measured |",
-        "|---|---|---|",
+        *table_header(["benchmark", "what", "measured"]),
         f"| `benchmarks/batched_throughput.py` | 32 batched depth-20 gated MLPs vs 32 trained one after another by "
         f"`fit` | {float(eager):.2f}× eager, {float(compiled):.1f}× compiled |",
         f"| `benchmarks/hessian_speed.py` | exact Hessian + spectrum of a {int(params):,}-parameter net vs plain "

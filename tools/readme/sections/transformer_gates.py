@@ -11,17 +11,12 @@ from pathlib import Path
 
 from throughway.experiments import transformer_gates
 
-from .common import _json, _text
+from .common import _json, _report_file
 
 
 def _transformer_gates_findings(root: Path) -> str:
     """The study's findings.md, checked against a findings text made anew from its results.json."""
-    text = _text(root, "transformer-gates/findings.md")
-    again = transformer_gates.findings_markdown(_json(root, "transformer-gates/results.json"))
-    if text != again:
-        raise ValueError(f"{root}/transformer-gates/findings.md differs from the findings of its results.json: "
-                         f"rebuild the report (transformer_gates.write_report)")
-    return text
+    return _report_file(root, "transformer-gates", "findings.md", transformer_gates.findings_markdown)
 
 
 def _transformer_gates_table(root: Path) -> str:
@@ -30,14 +25,6 @@ def _transformer_gates_table(root: Path) -> str:
 
 
 def _transformer_gates_orders(root: Path) -> str:
-    """How the smallest-|gate|-first orders of the 4-layer gated nets begin, counted over seeds: the
-    layers they remove first, and the mean k of layers 0-1 against layers 2-3."""
-    removal = _json(root, "transformer-gates/removal.json")
-    summary = _json(root, "transformer-gates/results.json")
-    gated = [v for k, v in sorted(removal.items()) if k.startswith("gated-L4-")]
-    early = sum(1 for v in gated if sorted(v["greedy_order"][:2]) == [0, 1])
-    cell = next(c for c in summary["cells"] if c["family"] == "gated" and c["depth"] == 4)
-    first = [sum(g["per_branch"][:4]) / 4 for g in cell["gates"]]
-    last = [sum(g["per_branch"][4:]) / 4 for g in cell["gates"]]
-    return (f"in {early} of {len(gated)} seeds the order removes layers 0 and 1 first; their branches' mean k is "
-            f"{sum(first) / len(first):.3f} against {sum(last) / len(last):.3f} for layers 2 and 3")
+    """How the 4-layer gated nets' removal orders begin (`transformer_gates.orders_prose`)."""
+    return transformer_gates.orders_prose(_json(root, "transformer-gates/results.json"),
+                                          _json(root, "transformer-gates/removal.json"))
