@@ -27,7 +27,7 @@ from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
 
-__all__ = ["RunSpec", "run_many", "study_lock", "study_folder_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "remake_report",
+__all__ = ["RunSpec", "run_many", "study_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "remake_report",
            "StudySummary", "rebuild_from_runs", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
            "check_run_results", "json_config", "config_from_json", "run_status", "last_epochs_mean", "LAST_EPOCHS",
            "FINDINGS_FILE", "THREADS_ENV", "set_threads", "worker_threads"]
@@ -160,36 +160,6 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
         except (ValueError, KeyError, TypeError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             raise ValueError(f"run {spec.name}: {message}") from exc
-
-
-@contextlib.contextmanager
-def study_folder_lock(out: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold the exclusive lock of a study's output folder `out` while the block runs (an unsharded
-    study holds it throughout; `study_lock`, study.shards, says who takes which lock): a second study
-    process on the same folder fails at once with RunLockedError naming the holder (pid, host,
-    command) instead of racing the first for its runs' locks and summary.
-    The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
-    folder; a linked `out`/runs is refused too. A folder created for the lock is removed again when
-    the study wrote nothing into it (a study refused before any work)."""
-    from ..train.rundir import RunDir
-
-    out = Path(out)
-    runs = out / "runs"
-    if runs.is_symlink():  # the runs would be trained wherever it points (issue 25, finding 2)
-        raise ValueError(f"--out {out}: {runs} is a symbolic link (to {os.readlink(runs)}); refused, nothing was "
-                         f"changed: replace it by a real folder, or choose another --out")
-    created = not out.exists()
-    try:
-        with RunDir(out, "--out").locked():
-            yield
-    finally:
-        if created:
-            from ..train.rundir import LOCK_TARGET
-
-            with contextlib.suppress(OSError):
-                if [p.name for p in out.iterdir()] == [LOCK_TARGET]:
-                    (out / LOCK_TARGET).unlink()  # the lock's own empty file, in a folder made for it
-                out.rmdir()  # only succeeds when empty
 
 
 def prepare_data(configs: Sequence[RunConfig]) -> None:

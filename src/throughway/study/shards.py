@@ -179,6 +179,36 @@ def _other_counts(out: Path, n: int) -> list[str]:
 
 
 @contextlib.contextmanager
+def study_folder_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of a study's output folder `out` while the block runs (an unsharded
+    study holds it throughout; `study_lock`, study.shards, says who takes which lock): a second study
+    process on the same folder fails at once with RunLockedError naming the holder (pid, host,
+    command) instead of racing the first for its runs' locks and summary.
+    The same lock as a run directory's (`train.rundir.RunDir.locked`), which refuses a linked study
+    folder; a linked `out`/runs is refused too. A folder created for the lock is removed again when
+    the study wrote nothing into it (a study refused before any work)."""
+    from ..train.rundir import RunDir
+
+    out = Path(out)
+    runs = out / "runs"
+    if runs.is_symlink():  # the runs would be trained wherever it points (issue 25, finding 2)
+        raise ValueError(f"--out {out}: {runs} is a symbolic link (to {os.readlink(runs)}); refused, nothing was "
+                         f"changed: replace it by a real folder, or choose another --out")
+    created = not out.exists()
+    try:
+        with RunDir(out, "--out").locked():
+            yield
+    finally:
+        if created:
+            from ..train.rundir import LOCK_TARGET
+
+            with contextlib.suppress(OSError):
+                if [p.name for p in out.iterdir()] == [LOCK_TARGET]:
+                    (out / LOCK_TARGET).unlink()  # the lock's own empty file, in a folder made for it
+                out.rmdir()  # only succeeds when empty
+
+
+@contextlib.contextmanager
 def study_lock(out: str | os.PathLike[str], shard: str | None = None, merge: bool = False) -> Iterator[None]:
     """Hold the locks a study process needs in its folder `out` while the block runs.
 
@@ -190,8 +220,6 @@ def study_lock(out: str | os.PathLike[str], shard: str | None = None, merge: boo
     is written under `summary_lock`). A folder created for a lock is removed again when the study
     wrote nothing into it.
     """
-    from .runs import study_folder_lock
-
     out = Path(out)
     if merge:
         yield
