@@ -52,6 +52,23 @@ def check_eval_batch_size(eval_batch_size: Any) -> None:
         raise ValueError(f"eval_batch_size={eval_batch_size}: accepted: an integer ≥ 1 (samples per evaluation chunk)")
 
 
+def check_channels_last(model: nn.Module, device: torch.device, channels_last: bool) -> None:
+    """`channels_last` on the CPU with one intra-op thread, for a model with a strided 1×1 convolution (a
+    ResNet's projection shortcut): refused with a ValueError naming the way out, before any step. torch 2.13's
+    oneDNN corrupts the heap in that convolution's backward pass there ("corrupted double-linked list", an
+    abort; 2 threads, stride 1, NCHW or oneDNN off all run). The five-line reproduction is in
+    docs/reliability.md; a memory corruption may also pass silently, so it is refused, not tried."""
+    if not channels_last or device.type != "cpu" or torch.get_num_threads() != 1:
+        return
+    for name, module in model.named_modules():
+        if (isinstance(module, nn.Conv2d) and tuple(module.kernel_size) == (1, 1)
+                and any(s > 1 for s in module.stride)):
+            raise ValueError(f"channels_last=True on the CPU with 1 thread: the model's {name or 'root'} is a strided "
+                             f"1x1 convolution, whose backward pass corrupts memory in torch's oneDNN there; "
+                             f"use channels_last=False on the CPU (it is a GPU option), or more threads "
+                             f"(torch.set_num_threads(2) / --threads 2)")
+
+
 def _hook_names(callback: Any) -> tuple[list[str], list[str]]:
     """(the hooks `callback` has, the other callable `on_*` attributes it has)."""
     names = [name for name in dir(callback) if name.startswith("on_") and callable(getattr(callback, name, None))]

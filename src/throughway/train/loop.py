@@ -72,8 +72,9 @@ from ..data import DataSplits, Split
 from ..layers import scalar_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
-from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_eval_batch_size, check_labels, check_loss,
-                     check_optimizer_parameters, check_outputs, model_dtype, modes_kept, probe, rng_kept)
+from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_channels_last, check_eval_batch_size,
+                     check_labels, check_loss, check_optimizer_parameters, check_outputs, model_dtype, modes_kept, probe,
+                     rng_kept)
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
@@ -494,6 +495,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
             raise ValueError("eval_data and test_data: give one (eval_data is the older name of test_data)")
         test_data = eval_data
     device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
+    check_channels_last(model, device, channels_last)
     if not isinstance(train, DataLoader) and len(train) < 2:
         raise ValueError("the training split needs at least 2 samples")
     names = ({"data": "data", "val": "val_data", "test": "test_data"} if splits is None else
