@@ -174,6 +174,10 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     config = summary["config"]
     by = {(c["arch"], c["layers"]): c for c in summary["cells"]}
     layers = config["layers"]
+    missing = [f"{arch} {n}-layer" for arch in ("plain", "highway") for n in layers if (arch, n) not in by]
+    if missing:  # a search of one architecture (--archs plain) has nothing to compare
+        return (f"No findings: they compare plain and highway nets at each depth, and this search has no "
+                f"{', '.join(missing)} cell.\n")
 
     def best(arch: str, n: int) -> float:
         return by[(arch, n)]["best"]["final_train_loss"]
