@@ -54,7 +54,9 @@ fi
 
 if [ "$what" = test-suite ] || [ "$what" = all ]; then
   root=$(fresh)
+  setup_start=$(date +%s.%N)
   in_clone "$root" ./scripts/setup.sh > "$root/setup.log" 2>&1
+  setup_end=$(date +%s.%N)
   load=$(cut -d' ' -f1 /proc/loadavg)
   start=$(date +%s.%N)
   set +e
@@ -68,6 +70,7 @@ if [ "$what" = test-suite ] || [ "$what" = all ]; then
     echo "summary: $(grep -E '^[0-9]+ (passed|failed)' "$root/suite.log" | tail -1)"
     echo "exit_code: $code"
     echo "wall_s: $(python3 -c "print(round($end - $start, 1))")"
+    echo "setup_wall_s: $(python3 -c "print(round($setup_end - $setup_start, 1))") (./scripts/setup.sh in the fresh clone, before the timed suite)"
     echo "load_average_at_start: $load"
     stamp; } > "$out/test-suite.txt"
   cp "$root/suite.log" /tmp/throughway-suite.log

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -56,24 +59,33 @@ def fake_mnist_root(tmp_path, monkeypatch, fake_arrays):
     return root
 
 
-# The suite runs in worker processes (pytest-xdist: `-n auto --dist loadgroup` in pyproject.toml). Each worker
-# trains on one thread, so two workers share 2 cores without oversubscribing them.
+# The suite runs in worker processes (pytest-xdist: `-n auto` in pyproject.toml). Each worker trains on one
+# thread, so two workers share 2 cores without oversubscribing them.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
-# Fixtures that train for a minute are made once per worker that asks for them, so each one's tests share a
-# group (one worker); a test module can name its own group with `pytestmark = pytest.mark.xdist_group(...)`.
-_GROUP_BY_FIXTURE = {"gate_family_quick": "gate-family-quick", "analyses": "recorded-analyses"}
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            for fixture, group in _GROUP_BY_FIXTURE.items():
-                if fixture in getattr(item, "fixturenames", ()):
-                    item.add_marker(pytest.mark.xdist_group(group))
-                    break
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, filled by `build(folder)` once per test session whichever worker asks first: the
+    others wait for it (a file lock) and share it. For fixtures that train for many seconds; what they
+    return must be read back from the folder. A build that raises leaves no folder (the next asker tries
+    again, and fails the same way)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-xdist gives each worker a folder in the session's
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            try:
+                build(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            (folder / ".built").touch()
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -104,23 +116,27 @@ GATE_FAMILY_QUICK_ARGV = ("reproduce", "gate-family", "--jobs", "2", "--quiet", 
 
 @pytest.fixture(scope="session")
 def gate_family_quick(tmp_path_factory) -> tuple[Path, str]:
-    """The folder of the session's gate-family quick study and what its command printed (read only)."""
+    """The folder of the session's gate-family quick study and what its command printed (read only; made
+    once per session, whichever worker asks first: `built_once`)."""
     import contextlib
     import io
 
     from throughway.cli import main
 
-    root = tmp_path_factory.mktemp("gate-family-quick")
-    save_cache(root / "data" / "mnist", make_arrays(), "test fixture")
-    out, printed = root / "quick", io.StringIO()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the recorded studies ran (OMP_NUM_THREADS=1; each worker takes 1 thread too)
-    try:
-        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
-            mp.setenv("THROUGHWAY_DATA", str(root / "data"))
-            torch.manual_seed(0)
-            code = main([*GATE_FAMILY_QUICK_ARGV, "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)
-    assert code == 0, f"throughway {' '.join(GATE_FAMILY_QUICK_ARGV)} exited {code}"
-    return out, printed.getvalue()
+    def build(root: Path) -> None:
+        save_cache(root / "data" / "mnist", make_arrays(), "test fixture")
+        printed = io.StringIO()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the recorded studies ran (OMP_NUM_THREADS=1; each worker takes 1 thread too)
+        try:
+            with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+                mp.setenv("THROUGHWAY_DATA", str(root / "data"))
+                torch.manual_seed(0)
+                code = main([*GATE_FAMILY_QUICK_ARGV, "--out", str(root / "quick")])
+        finally:
+            torch.set_num_threads(threads)
+        assert code == 0, f"throughway {' '.join(GATE_FAMILY_QUICK_ARGV)} exited {code}"
+        (root / "printed.txt").write_text(printed.getvalue())
+
+    root = built_once(tmp_path_factory, "gate-family-quick", build)
+    return root / "quick", (root / "printed.txt").read_text()

@@ -24,9 +24,6 @@ from throughway.train import RunConfig, run_training
 
 from conftest import make_arrays
 
-# one worker (pytest-xdist) runs this module: its module fixtures (a trained base run) are made once
-pytestmark = pytest.mark.xdist_group("hostile_inputs_property")
-
 ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--limit", "64", "--quiet"]
 CONFIG = RunConfig(model="mlp_plain", depth=2, epochs=2, limit=64, model_kwargs={"width": 8})
 TARGETS = {"checkpoint.json": "run", "results.json": "run", "manifest.json": "data/mnist"}

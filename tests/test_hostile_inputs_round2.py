@@ -27,9 +27,6 @@ from throughway.train.checkpoint import read_checkpoint_meta, save_checkpoint
 from throughway.train.rundir import RunDir
 from conftest import Crash, make_arrays
 
-# one worker (pytest-xdist) runs this module: its module fixture (a trained base run) is made once
-pytestmark = pytest.mark.xdist_group("hostile_inputs_round2")
-
 TRAIN = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--width", "8", "--epochs", "2", "--limit", "64",
          "--quiet"]
 CONFIG = RunConfig(model="mlp_gated_residual", depth=2, epochs=2, limit=64, model_kwargs={"width": 8})

@@ -16,9 +16,6 @@ from packaging.version import Version
 
 import throughway
 
-# one worker (pytest-xdist) runs this module: the wheel is built once
-pytestmark = pytest.mark.xdist_group("packaging")
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

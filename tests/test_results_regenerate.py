@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import hashlib
 import io
 import json
 import os
@@ -53,7 +54,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ import throughway
 from throughway.cli import build_parser, main
 from throughway.data.sources import save_cache
 
-from conftest import GATE_FAMILY_QUICK_ARGV, make_arrays
+from conftest import GATE_FAMILY_QUICK_ARGV, built_once, make_arrays
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -492,51 +493,40 @@ def committed_output(command: Recorded) -> Path:
     return command.source.parent
 
 
-def _run_group(command: Recorded) -> pytest.MarkDecorator:
-    """The aspects of one quick run are checked in one worker (pytest-xdist), which trains it once; the
-    gate-family ones share the session's quick study (conftest.py) with tests/test_gate_family.py."""
-    argv = _without_jobs(quick_variant(command))
-    if argv == _without_jobs(GATE_FAMILY_QUICK_ARGV):
-        return pytest.mark.xdist_group("gate-family-quick")
-    return pytest.mark.xdist_group("quick " + " ".join(argv))
-
-
 REPRODUCE = _by_kind("reproduce")
 REPRODUCE_CASES = [
-    pytest.param(c, aspect, id=f"{c.id()}-{aspect}", marks=[*_known(f"{c.id()}-{aspect}"), _run_group(c)])
+    pytest.param(c, aspect, id=f"{c.id()}-{aspect}", marks=_known(f"{c.id()}-{aspect}"))
     for c in REPRODUCE
     for aspect in (("estimate",) if c.stdout else ("files", "top-level keys", "row keys", "config keys"))
 ]
 
 
-@pytest.fixture(scope="module")
-def quick_runs(data_root) -> dict[tuple[str, ...], tuple[Path, str] | str]:
-    """Quick runs made so far by their argv, or their failure message (equal variants of two recorded
-    commands run once; a failed run is not retried by each aspect)."""
-    return {}
-
-
-def _quick_run(command: Recorded, runs: dict[tuple[str, ...], tuple[Path, str] | str], tmp_path_factory,
-               request: pytest.FixtureRequest) -> tuple[Path, str]:
+def _quick_run(command: Recorded, tmp_path_factory, request: pytest.FixtureRequest) -> tuple[Path, str]:
+    """The quick variant's output folder and what it printed, or its failure: made once per session whichever
+    worker asks first (conftest.built_once; equal variants of two recorded commands run once, and a failed
+    run is not retried by each aspect)."""
     argv = quick_variant(command)
     if _without_jobs(argv) == _without_jobs(GATE_FAMILY_QUICK_ARGV):  # trained once per session (conftest.py)
         return request.getfixturevalue("gate_family_quick")
-    if tuple(argv) not in runs:
-        out = tmp_path_factory.mktemp("quick") / "out"
+    request.getfixturevalue("data_root")  # $THROUGHWAY_DATA: the fake MNIST
+
+    def build(folder: Path) -> None:
         try:
-            runs[tuple(argv)] = (out, run_cli([*argv, "--out", str(out)], command.where))
+            (folder / "printed.txt").write_text(run_cli([*argv, "--out", str(folder / "out")], command.where))
         except pytest.fail.Exception as exc:
-            runs[tuple(argv)] = str(exc)
-    done = runs[tuple(argv)]
-    if isinstance(done, str):
-        pytest.fail(done)
-    return done
+            (folder / "failure.txt").write_text(str(exc))
+
+    name = "quick-" + hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
+    folder = built_once(tmp_path_factory, name, build)
+    if (folder / "failure.txt").exists():
+        pytest.fail((folder / "failure.txt").read_text())
+    return folder / "out", (folder / "printed.txt").read_text()
 
 
 @pytest.mark.parametrize("command,aspect", REPRODUCE_CASES)
-def test_reproduce_quick_variant_writes_committed_structure(command: Recorded, aspect: str, quick_runs,
-                                                            tmp_path_factory, request):
-    out, stdout = _quick_run(command, quick_runs, tmp_path_factory, request)
+def test_reproduce_quick_variant_writes_committed_structure(command: Recorded, aspect: str, tmp_path_factory,
+                                                            request):
+    out, stdout = _quick_run(command, tmp_path_factory, request)
     committed = committed_output(command)
     where = f"{command.where}\n  (quick variant: throughway {shlex.join(quick_variant(command))}; " \
             f"compared with {committed.relative_to(REPO)})"
@@ -654,31 +644,37 @@ def _analysis_out(command: Recorded) -> str:
 
 
 @pytest.fixture(scope="module")
-def analyses(data_root, tmp_path_factory) -> dict[Recorded, Path | str]:
-    """Every recorded analysis (in each COMMAND.txt's order), writing into tmp/<its recorded --out>
-    (--compare paths under results/ point at those copies too): its output folder, or its failure."""
-    root = tmp_path_factory.mktemp("analyses")
-    done: dict[Recorded, Path | str] = {}
-    for command in ANALYZE:
-        out = root / _analysis_out(command)
-        changes: dict[str, list[str] | None] = {"--out": [str(out)], "--quiet": []}
-        changes.update({opt: values for opt, values in ANALYZE_SMALL.items() if command.option(opt) is not None})
-        compare = command.option("--compare")
-        if compare:
-            changes["--compare"] = [str(root / p) if p.startswith("results/") else p for p in compare]
-        try:
-            run_cli(with_options(command.argv, changes), command.where)
-            done[command] = out
-        except pytest.fail.Exception as exc:  # reported by each test of this command
-            done[command] = str(exc)
-    return done
+def analyses(data_root, tmp_path_factory) -> Callable[[Recorded], Path]:
+    """The output folder of a recorded analysis, or a failure naming it. The analyses of one COMMAND.txt run
+    together, in its order, writing into tmp/<their recorded --out> (--compare paths under results/ point at
+    those copies too), once per session whichever worker asks first (conftest.built_once): two workers make
+    two COMMAND.txt's analyses at once."""
+    def build_source(source: Path) -> Callable[[Path], None]:
+        def build(root: Path) -> None:
+            failures: dict[str, str] = {}
+            for command in (c for c in ANALYZE if c.source == source):
+                out = root / _analysis_out(command)
+                changes: dict[str, list[str] | None] = {"--out": [str(out)], "--quiet": []}
+                changes.update({opt: values for opt, values in ANALYZE_SMALL.items()
+                                if command.option(opt) is not None})
+                compare = command.option("--compare")
+                if compare:
+                    changes["--compare"] = [str(root / p) if p.startswith("results/") else p for p in compare]
+                try:
+                    run_cli(with_options(command.argv, changes), command.where)
+                except pytest.fail.Exception as exc:  # reported by each test of this command
+                    failures[command.id()] = str(exc)
+            (root / "failures.json").write_text(json.dumps(failures))
+        return build
 
-
-def _analysis_output(command: Recorded, analyses: dict[Recorded, Path | str]) -> Path:
-    out = analyses[command]
-    if isinstance(out, str):
-        pytest.fail(out)
-    return out
+    def output(command: Recorded) -> Path:
+        name = "analyses-" + str(command.source.parent.relative_to(RESULTS)).replace("/", "-")
+        root = built_once(tmp_path_factory, name, build_source(command.source))
+        failure = json.loads((root / "failures.json").read_text()).get(command.id())
+        if failure is not None:
+            pytest.fail(failure)
+        return root / _analysis_out(command)
+    return output
 
 
 ANALYSIS_FILE = {"gates": "gates", "prune": "prune", "lesion": "lesion", "highway": "highway", "bn-stats": "bn_stats"}
@@ -687,7 +683,7 @@ ANALYZE_CASES = [pytest.param(c, id=f"{c.id()}-json keys", marks=_known(f"{c.id(
 
 @pytest.mark.parametrize("command", ANALYZE_CASES)
 def test_analysis_writes_committed_keys(command: Recorded, analyses):
-    out = _analysis_output(command, analyses)
+    out = analyses(command)
     what = ANALYSIS_FILE[command.argv[1]]
     committed = REPO / _analysis_out(command)
     fresh = json.loads((out / f"{what}.json").read_text())
@@ -708,7 +704,7 @@ ANALYSIS_FOLDERS = sorted({(c.source, _analysis_out(c)) for c in ANALYZE})
 def test_analyses_write_committed_files(source: Path, folder: str, analyses):
     commands = [c for c in ANALYZE if c.source == source and _analysis_out(c) == folder]
     where = f"{source.relative_to(REPO)}: the analyses writing {folder} (lines {', '.join(str(c.line) for c in commands)})"
-    out = [_analysis_output(c, analyses) for c in commands][0]
+    out = [analyses(c) for c in commands][0]
     ours, theirs = _files(out, (".json", ".txt", *FIGURE_SUFFIXES)), _files(REPO / folder, (".json", ".txt", *FIGURE_SUFFIXES))
     theirs.discard("COMMAND.txt")  # an analysis may write into its results folder's top (bn-stats)
     assert ours == theirs, f"{where}\n  files: only fresh {sorted(ours - theirs)}, only committed {sorted(theirs - ours)}"
