@@ -65,6 +65,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked slow (more than about 8 s each) first, in their order, then the rest: the workers start
+    on the long ones, and the short ones fill in at the end instead of one worker finishing a long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
     """The folder `name`, filled by `build(folder)` once per test session whichever worker asks first: the
     others wait for it (a file lock) and share it. For fixtures that train for many seconds; what they

@@ -31,6 +31,7 @@ def test_train_smoke(tmp_path, fake_mnist_root, capsys):
     assert "test error" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_reproduce_mnist_depth_smoke_and_report(tmp_path, fake_mnist_root, capsys):
     out = tmp_path / "study"
     args = ["reproduce", "mnist-depth", "--depths", "2", "4", "--epochs", "1", "--seeds", "2", "--out", str(out),

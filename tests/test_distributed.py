@@ -90,6 +90,7 @@ def _worker(out: Path, cli_out: Path) -> None:
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+@pytest.mark.slow
 def test_torchrun_two_ranks_match_each_other_and_one_process(tmp_path, fake_mnist_root):
     cli_out = tmp_path / "cli-ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -124,6 +124,7 @@ def test_greedy_removal_order_of_rezero_sorts_alpha():
     assert removal_order(model, "greedy") == [2, 1, 0]
 
 
+@pytest.mark.slow
 def test_gate_family_quick_study(gate_family_quick):
     # The session's `reproduce gate-family --quick` (conftest.py; trained once, read here and by
     # tests/test_results_regenerate.py): d = 2, 10, 2 seeds, every family.
@@ -172,6 +173,7 @@ def test_gate_family_refuses_bad_options(tmp_path, capsys):
     assert not (tmp_path / "y").exists()
 
 
+@pytest.mark.slow
 def test_reproduce_gate_family_quick_from_the_command_line(gate_family_quick, tmp_path, fake_mnist_root):
     quick, _ = gate_family_quick  # `throughway reproduce gate-family --quick --jobs 2 --quiet` (conftest.py)
     results = json.loads((quick / "results.json").read_text())

@@ -241,6 +241,7 @@ def test_a_held_lock_is_refused_naming_the_holder(tmp_path, fake_mnist_root, cap
     assert not (tmp_path / "run" / LOCK_FILE).exists(), "the lock's record outlives the lock"
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_out(tmp_path, fake_mnist_root, capsys):
     """One `train` process runs; a second on the same --out exits 2 naming the first; the first keeps its run.
 

@@ -200,6 +200,7 @@ def _summary_fields(content: Any) -> list[tuple[Any, ...]]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(command=st.sampled_from(["report", "resume"]), choice=st.integers(0, 10**6), value=values, drop=st.booleans(),
        whole=st.sampled_from([None, None, None, [], "text", 3, {}]))
+@pytest.mark.slow
 def test_random_summary_edits_keep_the_promises(finished, capsys, command, choice, value, drop, whole):
     """Whatever a study summary's field holds (or the whole file), `report DIR` and `reproduce ...
     --resume` exit 0 or 2 with a one-line message, never change a run's files (no finished work

@@ -337,6 +337,7 @@ STUDY = ["reproduce", "mnist-depth", "--quick", "--archs", "gated", "--depths", 
          "--limit", "64", "--width", "8", "--jobs", "1", "--quiet"]
 
 
+@pytest.mark.slow
 def test_12_a_damaged_finished_run_fails_alone_and_the_advice_retrains_only_it(tmp_path, capsys, monkeypatch):
     save_cache(tmp_path / "data" / "mnist", make_arrays(n_train=128, n_val=64, n_test=64), "test fixture")
     monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "data"))

@@ -63,6 +63,7 @@ def _in_own_process(name: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters():
     if _in_own_process("test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters"):
         return
@@ -75,6 +76,7 @@ def test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_channels_last_converts_model_and_batches_and_matches_default_numerics():
     if _in_own_process("test_channels_last_converts_model_and_batches_and_matches_default_numerics"):
         return

@@ -524,6 +524,7 @@ def _quick_run(command: Recorded, tmp_path_factory, request: pytest.FixtureReque
 
 
 @pytest.mark.parametrize("command,aspect", REPRODUCE_CASES)
+@pytest.mark.slow
 def test_reproduce_quick_variant_writes_committed_structure(command: Recorded, aspect: str, tmp_path_factory,
                                                             request):
     out, stdout = _quick_run(command, tmp_path_factory, request)
@@ -549,6 +550,7 @@ def test_reproduce_quick_variant_writes_committed_structure(command: Recorded, a
     assert not problems, f"{where}\n  " + "\n  ".join(problems)
 
 
+@pytest.mark.slow
 def test_compiled_quick_batch_trains_as_eager(data_root, tmp_path):
     """What the recorded `--compile` (results/mnist-depth-val, results/gate-family) adds, checked once
     instead of in each quick variant: a batch of the three MNIST-depth architectures trained through
@@ -682,6 +684,7 @@ ANALYZE_CASES = [pytest.param(c, id=f"{c.id()}-json keys", marks=_known(f"{c.id(
 
 
 @pytest.mark.parametrize("command", ANALYZE_CASES)
+@pytest.mark.slow
 def test_analysis_writes_committed_keys(command: Recorded, analyses):
     out = analyses(command)
     what = ANALYSIS_FILE[command.argv[1]]
@@ -763,6 +766,7 @@ PYTHON = list({c.argv: c for c in reversed(ALL_COMMANDS) if c.program == "python
 
 
 @pytest.mark.parametrize("command", PYTHON, ids=_ids(PYTHON))
+@pytest.mark.slow
 def test_script_runs_small(command: Recorded, data_root, tmp_path):
     script = command.argv[0]
     assert script in SCRIPTS, f"{command.where}\n  {script}: no small option set in SCRIPTS"

@@ -115,6 +115,7 @@ def test_shard_auto_on_the_command_line(tmp_path, capsys, monkeypatch):
 
 # -- shards at the same time into one folder ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_two_shards_at_once_into_one_folder_give_the_unsharded_summary(tmp_path, fake_mnist_root):
     whole, shared = tmp_path / "whole", tmp_path / "shared"
     env = _env(THROUGHWAY_DATA=str(fake_mnist_root))
@@ -168,6 +169,7 @@ def test_a_shard_of_another_split_and_a_second_process_of_one_shard_are_refused(
     assert "holds shards of another split (1-of-2)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_rerun_shard_needs_resume_and_failures_reach_the_summary(tmp_path, fake_mnist_root, capsys):
     out = tmp_path / "s"
     assert main([*TINY, "--shard", "2/2", "--out", str(out)]) == 0
@@ -185,6 +187,7 @@ def test_a_rerun_shard_needs_resume_and_failures_reach_the_summary(tmp_path, fak
 
 # -- the SLURM array script ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_slurm_array_script_runs_each_task_as_its_shard(tmp_path, fake_mnist_root):
     out = tmp_path / "study"
     study = " ".join(TINY[:-3] + ["--out", str(out)])  # the script adds --jobs, --threads, --quiet
