@@ -90,3 +90,19 @@ def test_a_throttled_summary_waits_four_times_its_last_write(tmp_path, monkeypat
     clock[0] += 30.0
     assert refresh("b", None, force=False) is not None and len(writes) == 2
     assert refresh() is not None and len(writes) == 3  # a forced call always writes
+
+
+def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path):
+    # `around`: results.json at once (the folder shows the study), but no table or figures of a study with no
+    # finished run; a study shorter than min_interval_s draws them once, at the end.
+    reports = []
+    refresh = StudySummary(tmp_path / "results.json", lambda: {"cells": []}, lambda: reports.append(1), {},
+                           min_interval_s=3600)
+
+    def train(on_done):
+        assert (tmp_path / "results.json").is_file() and reports == []
+        on_done("run-a", None)
+        on_done("run-b", None)
+
+    final = refresh.around(train, merge=False)
+    assert reports == [1] and final["errors"] == {}

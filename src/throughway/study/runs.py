@@ -347,7 +347,8 @@ class StudySummary:
     Calling it (`refresh(name, error)`, the `on_done` hook of `run_many`/`run_batched`) records
     `error` against run `name` if there is one, rebuilds the summary with `summarize()`, adds the
     study's command line, environment and errors, writes `path` atomically and remakes the report
-    with `write_report()`; it returns the summary. With `min_interval_s` > 0 a call that is not
+    with `write_report()` (not with `report=False`); it returns the summary. With `min_interval_s` > 0 a
+    call that is not
     forced and comes sooner than that (or than 4 times the last write's duration) after the last write
     ended only records its error and returns None
     (a search whose batches end every few seconds need not rewrite its figure each time); the final
@@ -376,14 +377,14 @@ class StudySummary:
 
     @overload
     def __call__(self, name: str | None = None, error: str | None = None, *,
-                 force: Literal[True] = True) -> dict[str, Any]: ...
+                 force: Literal[True] = True, report: bool = True) -> dict[str, Any]: ...
 
     @overload
     def __call__(self, name: str | None = None, error: str | None = None, *,
-                 force: bool) -> dict[str, Any] | None: ...
+                 force: bool, report: bool = True) -> dict[str, Any] | None: ...
 
     def __call__(self, name: str | None = None, error: str | None = None, *,
-                 force: bool = True) -> dict[str, Any] | None:
+                 force: bool = True, report: bool = True) -> dict[str, Any] | None:
         if name is not None and error:
             self.errors[name] = error
         elif name is not None:
@@ -411,20 +412,23 @@ class StudySummary:
             if states:
                 summary["shards"] = states
             atomic_write_json(self.path, summary)
-            self.write_report()
+            if report:
+                self.write_report()
         self._last = time.monotonic()
         self._cost = self._last - began
         return summary
 
     def around(self, train: Callable[[Callable[[str, str | None], Any]], Any], *, merge: bool) -> dict[str, Any]:
         """A study's training with its summary kept current, the shard opt-in of every study's `run`: with
-        `merge` (`--merge`: every shard's runs are on disk) only the summary is written; else the summary
-        at once (the folder shows the study before its first run ends), then `train(on_done)`, whose
+        `merge` (`--merge`: every shard's runs are on disk) only the summary is written; else results.json
+        at once (the folder shows the study before its first run ends; no table or figures of a study with
+        no finished run, and a study shorter than `min_interval_s` draws its figures once), then
+        `train(on_done)`, whose
         `on_done(name, error)` (the `run_many`/`run_batched` hook) refreshes it as runs end (not forced: at
         most every `min_interval_s`), then the final, forced summary. Returns the final summary."""
         if merge:
             return self()
-        self()
+        self(report=False)
         train(lambda name, error: self(name, error, force=False))
         return self()
 
