@@ -422,13 +422,14 @@ def test_recorded_throughway_command_parses(command: Recorded):
 
 # Options of each experiment changed for its small variant (None: the option is dropped), after
 # `--quick` where the experiment has one. Measured here (2 shared cores, the fake MNIST of 600
-# training images): mnist-depth's own --quick (all 5 depths and 3 archs, 2 epochs, 2 seeds; the
-# recorded --seeds 1 kept) takes about 30 s, two thirds of it redrawing the figures after each of its
-# runs; highway-depth's --quick about 2 s (its recorded --trials / --epochs dropped for --quick's 4 and
+# training images): mnist-depth's own --quick (2 epochs, 2 seeds; the recorded --seeds 1 kept) at depths 2
+# and 10 for the 3 archs takes a few seconds; highway-depth's --quick about 2 s (its recorded --trials / --epochs dropped for --quick's 4 and
 # 2, its --limit kept). The other experiments have no --quick: the small configurations of their own
 # options below take 0.5-3 s each (sdi-table reads no data and runs as recorded in about 1 s).
 SMALL: dict[str, dict[str, list[str] | None]] = {
-    "mnist-depth": {},
+    # depths 2 and 10 whatever was recorded (the files and keys do not depend on which depths ran; d = 50 and
+    # 100 were most of each quick run's time, and the val study's per-depth commands become one run)
+    "mnist-depth": {"--depths": ["2", "10"]},
     "highway-depth": {"--trials": None, "--epochs": None},  # --quick's 4 trials, 2 epochs; --limit kept
     "hessian-init": {"--depths": ["2", "4"], "--runs": ["2"], "--theorem2-depths": ["6"]},
     "hessian-dynamics": {"--depth": ["4"], "--seeds": ["1"], "--epochs": ["10"], "--hessian-points": ["3"]},
