@@ -3,9 +3,8 @@ recipes, momentum across learning-rate steps, and a conv run through run_trainin
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import contextlib
+from typing import Iterator
 
 import pytest
 import torch
@@ -45,28 +44,18 @@ def _training(seen: list) -> list:
     return [entry for entry in seen if entry[2]]
 
 
-def _in_own_process(name: str) -> bool:
-    """Run the test `name` in a fresh Python process and return True (the caller returns); False inside
-    that process, where the test runs. The bf16 and channels_last convolutions go through oneDNN, which
-    crashed (a segmentation fault in the backward pass) late in a long run of the whole suite, after
-    torch.compile's C++ kernels had been loaded into the process, while each file passed alone: a fresh
-    process checks the same things without that state."""
-    if os.environ.get("THROUGHWAY_TEST_IN_PROCESS") == name:
-        return False
-    # -n 0: in that process itself, not in workers of its own; without PYTEST_XDIST_WORKER, so with torch's
-    # default thread count (conftest.py gives each worker 1 thread, and fit refuses channels_last on 1 CPU thread)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                           f"{__file__}::{name}"], env={**env, "THROUGHWAY_TEST_IN_PROCESS": name},
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count is `n` within the block (the suite's workers run on 1)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
-@pytest.mark.slow
 def test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters():
-    if _in_own_process("test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters"):
-        return
     model = _model()
     seen = _conv_input_dtypes(model)
     history = fit(model, _images(), _recipe(), progress=False, amp=True)
@@ -76,13 +65,11 @@ def test_bf16_autocast_runs_on_cpu_and_keeps_float32_parameters():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-@pytest.mark.slow
 def test_channels_last_converts_model_and_batches_and_matches_default_numerics():
-    if _in_own_process("test_channels_last_converts_model_and_batches_and_matches_default_numerics"):
-        return
     model = _model()
     seen = _conv_input_dtypes(model)
-    history = fit(model, _images(), _recipe(), progress=False, channels_last=True)
+    with _threads(2):  # channels_last on one CPU thread is refused (a oneDNN bug, docs/reliability.md)
+        history = fit(model, _images(), _recipe(), progress=False, channels_last=True)
     assert model.stem.weight.is_contiguous(memory_format=torch.channels_last)
     assert _training(seen)[0][1]  # a training batch arrived in NHWC
     reference = fit(_model(), _images(), _recipe(), progress=False)
@@ -191,12 +178,8 @@ def test_gpu_options_through_run_training_checkpoint_and_resume_a_gated_wide_res
     config = RunConfig(model="wide_resnet", depth=10, dataset="cifar10", recipe="wrn-cifar", epochs=2,
                        model_kwargs={"widen_factor": 1, "dropout": 0.3, "gated": True},
                        recipe_overrides={"batch_size": 16}, amp=True, channels_last=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # channels_last on one CPU thread is refused (a oneDNN bug, docs/reliability.md)
-    try:
+    with _threads(2):  # channels_last on one CPU thread is refused (a oneDNN bug, docs/reliability.md)
         _checkpoint_and_resume(config, tmp_path)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _checkpoint_and_resume(config: RunConfig, tmp_path) -> None:
@@ -222,11 +205,6 @@ def test_channels_last_on_one_cpu_thread_is_refused_before_any_step():
     # (docs/reliability.md): fit refuses it by name, with the model's weights untouched.
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.raises(ValueError, match=r"channels_last=True on the CPU with 1 thread: .*blocks\.1\.shortcut"):
-            fit(model, _images(), _recipe(), progress=False, channels_last=True)
-    finally:
-        torch.set_num_threads(threads)
+    with _threads(1), pytest.raises(ValueError, match=r"channels_last=True on the CPU with 1 thread: .*blocks\.1\.shortcut"):
+        fit(model, _images(), _recipe(), progress=False, channels_last=True)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
