@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info
 from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
@@ -216,17 +215,13 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if summary_path.is_file() and not resume and not (is_sharded(config.shard) or config.merge):
         raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    # Rewritten as runs end, at most every REFRESH_INTERVAL_S (the figures take seconds), and always at the end.
-    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
+    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out))
 
     return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
                                                    progress=progress, on_done=on_done, shard=config.shard),
                           merge=config.merge)
 
 
-# The summary, table and figures are rewritten at most this often while runs end (and always at the end).
-REFRESH_INTERVAL_S = 10.0
 
 
 _NEEDS_DATA = ("cifar-gated needs CIFAR: pass --data-dir DIR, where DIR holds the official python version "

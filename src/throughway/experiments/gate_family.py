@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info, read_json
+from .._io import read_json
 from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import check_known, check_residual_depths
@@ -42,7 +42,7 @@ from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config
                           read_runs, rebuild_from_runs, remake_report, run_status)
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
-from ..train import RESULTS_FILE, RunConfig, load_model
+from ..train import RunConfig, load_model
 from ..report.tables import table_header
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
                                  gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
@@ -259,7 +259,6 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     """Train every run of the study into `out`/runs (resumable; the runs of a depth train as stacked
     batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends."""
     out = Path(out)
-    summary_path = out / RESULTS_FILE
     new = json_config(config)
     new["depths"] = sorted(new["depths"])
     resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
@@ -269,20 +268,15 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         _update_removal(config, out)
         return summarize(config, out)
 
-    # A batch's runs end together: the summary and figures are rewritten at most every
-    # REFRESH_INTERVAL_S as batches end (the removal curves and figures take seconds), and always at the end.
-    refresh = StudySummary(summary_path, summary_with_removal, lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
+    # A stack's runs end together: the summary (with its removal curves) and figures are rewritten at most
+    # every study.runs.REFRESH_INTERVAL_S as stacks end, and always at the end.
+    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out))
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
     return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
                                                       progress=progress, on_done=on_done, compile=config.compile,
                                                       shard=config.shard),
                           merge=config.merge)
-
-
-# The summary, table and figures are rewritten at most this often while batches end (and always at the end).
-REFRESH_INTERVAL_S = 10.0
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:

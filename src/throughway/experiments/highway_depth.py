@@ -70,7 +70,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import environment_info
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.stacking import add_estimate_options, project_batches, projection_markdown, run_batched
@@ -314,8 +313,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                             fields, out)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
-    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=60, shard=config.shard)
+    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
+                                     min_interval_s=60)
 
     if not config.merge:
         mine = specs(config, config.shard)

@@ -31,7 +31,7 @@ from ..study.stacking import add_estimate_options, project_batches, depth_study_
 from ..report.stats import mean_std, paired_by_seed, paired_verdict
 from .mnist_depth_report import (batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import (LAST_EPOCHS, RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean, read_runs,
+from ..study.runs import (LAST_EPOCHS, REFRESH_INTERVAL_S, RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean, read_runs,
                           read_summary, remake_report, run_status)
 from ..study.shards import merge_option, shard_option
 
@@ -238,13 +238,11 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     """Train every run of the study (or of its shard, `config.shard`) into `out`/runs (resumable), then
     write the summary, table and figure from every run under `out`/runs; with `config.merge`, only the latter."""
     out = Path(out)
-    summary_path = out / RESULTS_FILE
     resume = check_study_folder(out, NAME, json_config(config), resume, config.shard, config.merge)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
     # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
-    refresh = StudySummary(summary_path, lambda: summarize(config, out), lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=REFRESH_INTERVAL_S, shard=config.shard)
+    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out))
     # The nets of one depth (every architecture and seed) train together as one batched computation
     # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
     # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
@@ -252,10 +250,6 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                                                       progress=progress, on_done=on_done, compile=config.compile,
                                                       shard=config.shard),
                           merge=config.merge)
-
-
-# The summary, table and figures are rewritten at most this often while runs end (and always at the end).
-REFRESH_INTERVAL_S = 10.0
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
@@ -267,14 +261,14 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     import time
 
     projection = project_batches(specs(config), jobs, steps, compile=config.compile, shard=config.shard)
-    # The study rewrites its summary, table and figures at the start, as batches end (at most every
-    # REFRESH_INTERVAL_S) and at the end: time one such rewrite, of the study before any run.
+    # The study draws its table and figures as stacks end (at most every REFRESH_INTERVAL_S, none before the
+    # first has ended) and at the end: time one such rewrite, of the study before any run.
     with tempfile.TemporaryDirectory(prefix="throughway-estimate-") as folder:
         began = time.perf_counter()
         StudySummary(Path(folder) / "results.json", lambda: summarize(config, Path(folder)),
                      lambda: write_report(folder), environment_info(config.device))()
         report_s = time.perf_counter() - began
-    rewrites = 2 + min(len(projection["batches"]), int(projection["wall_s"] / REFRESH_INTERVAL_S))
+    rewrites = 1 + min(len(projection["batches"]), int(projection["wall_s"] / REFRESH_INTERVAL_S))
     for key in ("fixed_s", "serial_s", "wall_s"):
         projection[key] += rewrites * report_s
     return projection

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_text, environment_info, read_json
+from .._io import atomic_write_text, read_json
 from ..analysis.gates import block_gates
 from ..models import create_model
 from ..analysis.blocks import gate_value
@@ -349,8 +349,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         _update_removal(config, out)
         return summarize(config, out)
 
-    refresh = StudySummary(out / RESULTS_FILE, summary_with_removal, lambda: write_report(out),
-                           environment_info(config.device), min_interval_s=30.0, shard=config.shard)
+    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out), min_interval_s=30.0)
     return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
                                                    progress=progress, on_done=on_done, shard=config.shard),
                           merge=config.merge)

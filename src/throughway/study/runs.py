@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overloa
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, json_safe, read_json, read_json_object
+from .._io import atomic_write_json, atomic_write_text, environment_info, json_safe, read_json, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
@@ -341,6 +341,11 @@ def remake_report(out: str | os.PathLike[str], table_markdown: Callable[[dict[st
     return table
 
 
+# A running study's summary, table and figures are rewritten at most this often as its runs end (the figures
+# take seconds), and always at the end: StudySummary.for_study's default.
+REFRESH_INTERVAL_S = 10.0
+
+
 class StudySummary:
     """Keeps a running study's results.json, table and figures current as its runs end.
 
@@ -417,6 +422,14 @@ class StudySummary:
         self._last = time.monotonic()
         self._cost = self._last - began
         return summary
+
+    @classmethod
+    def for_study(cls, out: str | os.PathLike[str], config: Any, summarize: Callable[[], dict[str, Any]],
+                  write_report: Callable[[], Any], *, min_interval_s: float = REFRESH_INTERVAL_S) -> "StudySummary":
+        """The running summary of a study in `out` (its results.json), for a study `config` with `device` and
+        `shard` fields: the environment of that device, that shard, rewritten at most every `min_interval_s`."""
+        return cls(Path(out) / RESULTS_FILE, summarize, write_report, environment_info(config.device),
+                   min_interval_s=min_interval_s, shard=config.shard)
 
     def around(self, train: Callable[[Callable[[str, str | None], Any]], Any], *, merge: bool) -> dict[str, Any]:
         """A study's training with its summary kept current, the shard opt-in of every study's `run`: with
