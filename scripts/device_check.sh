@@ -48,7 +48,7 @@ part() {  # part NAME LIMIT_S COMMAND...: run COMMAND under `timeout`, its outpu
 
 part device 30 "$PY" scripts/device_check.py device --out "$OUT" $DRY
 if [ -z "$DRY" ]; then
-  part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_path.py
+  part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider tests/test_cuda_path.py
 else
   echo "== gpu-tests: not run in a dry run" >>"$LOG"
 fi
