@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -147,9 +148,10 @@ def project_protocol(per_depth: dict[int, dict[str, float]], epochs: int = PROTO
 
 
 def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, batch_size: int,
-                        device: torch.device, width: int = 50) -> dict[str, float]:
+                        device: torch.device, width: int = 50, compile: bool = False) -> dict[str, float]:
     """Seconds of the first and later training epochs and of one evaluation of a stack of 3·seeds
-    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device`."""
+    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device` (its forward
+    and loss compiled by torch.compile when `compile`: the first epoch then includes the compilation)."""
     from throughway.models import create_model
     from throughway.train import get_recipe
     from throughway.train.batched import order_generator
@@ -165,7 +167,7 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     stack = StackedModels(models, device=device)
     optimizer = StackedOptimizer(stack, [recipe] * len(models))
     optimizer.param_groups[0]["lr"] = torch.full((len(models), 1), recipe.lr, device=device)
-    step = GraphedStep(stack, optimizer)
+    step = GraphedStep(stack, optimizer, compile=compile)
     x, y = data.train.x.flatten(1), data.train.y
     generators = [order_generator(device).manual_seed(i) for i in range(len(models))]
     times = []
@@ -202,7 +204,8 @@ def protocol(args: argparse.Namespace) -> dict[str, Any]:
     data = random_mnist(args.samples, args.test, device)
     per_depth, scaled = {}, {}
     for depth in args.depths:
-        measured = time_protocol_depth(depth, args.seeds, data, args.epochs, args.batch_size, device, args.width)
+        measured = time_protocol_depth(depth, args.seeds, data, args.epochs, args.batch_size, device, args.width,
+                                       compile=args.compile)
         per_depth[depth] = measured
         # at the protocol's sizes: the epoch scales with the training images, evaluation with the test images
         train_scale, test_scale = PROTOCOL_TRAIN / args.samples, PROTOCOL_TEST / args.test
@@ -215,7 +218,7 @@ def protocol(args: argparse.Namespace) -> dict[str, Any]:
     projection = project_protocol(scaled, PROTOCOL_EPOCHS)
     result = {"device": str(device), "seeds": args.seeds, "models": 3 * args.seeds * len(args.depths),
               "samples_timed": args.samples, "test_timed": args.test, "batch_size": args.batch_size,
-              "width": args.width, "measured": {str(d): m for d, m in per_depth.items()},
+              "width": args.width, "compile": args.compile, "measured": {str(d): m for d, m in per_depth.items()},
               "at_protocol_size": {str(d): m for d, m in scaled.items()}, "projection": projection,
               "goal_min": 5.0}
     print(f"projected protocol ({result['models']} models x {PROTOCOL_EPOCHS} epochs): "
@@ -265,10 +268,12 @@ def time_toolkit(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, dev
     return args.batch * args.steps / history.epochs[0]["epoch_time_s"]
 
 
-def time_hand_loop(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, device: torch.device) -> float:
+def time_hand_loop(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, device: torch.device,
+                   read_loss: bool = False) -> float:
     """Images per second of a hand-written loop: the same model, data, augmentation and rule
     (torch.optim.SGD, Nesterov 0.9, weight decay 5e-4 on the weights), bf16 autocast, channels_last,
-    no host synchronisation until the clock stops."""
+    no host synchronisation until the clock stops; with `read_loss`, the loss read by the host after
+    each forward pass, before the backward one (what fit's divergence check costs)."""
     from throughway.data.augment import RandomCropFlip
     amp = device.type == "cuda"
     net = _wrn(args.depth, args.widen, device).train()
@@ -288,6 +293,8 @@ def time_hand_loop(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, d
             images = images.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = torch.nn.functional.cross_entropy(net(images), y[index])
+        if read_loss and not math.isfinite(float(loss.detach())):
+            raise FloatingPointError("the hand loop's loss is not finite")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -311,6 +318,7 @@ def wrn(args: argparse.Namespace) -> dict[str, Any]:
     flops = step_flops(_wrn(args.depth, args.widen, device), args.batch, device, amp=device.type == "cuda")
     toolkit = time_toolkit(x, y, args, device)
     hand = time_hand_loop(x, y, args, device)
+    hand_reading = time_hand_loop(x, y, args, device, read_loss=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     peak = peak_bf16(name) if device.type == "cuda" else None
     per_image = flops / args.batch
@@ -319,6 +327,7 @@ def wrn(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch, "steps": args.steps, "amp_bf16": device.type == "cuda",
         "channels_last": device.type == "cuda", "flops_per_step": flops,
         "toolkit_images_per_s": toolkit, "hand_loop_images_per_s": hand, "ratio": toolkit / hand,
+        "hand_loop_reading_loss_images_per_s": hand_reading, "ratio_to_hand_loop_reading_loss": toolkit / hand_reading,
         "peak_bf16_flops": peak, "goal_ratio": 1.0,
         "toolkit_share_of_peak": None if peak is None else toolkit * per_image / peak,
         "hand_loop_share_of_peak": None if peak is None else hand * per_image / peak,
@@ -500,7 +509,8 @@ def summary(out: Path) -> str:
     protocol_result = _read(out, "protocol.json")
     if protocol_result:
         p = protocol_result["projection"]
-        lines += [f"Table 1 protocol ({protocol_result['models']} models x {p['epochs']} epochs), projected: "
+        how = "compiled and captured" if protocol_result.get("compile") else "captured, eager kernels"
+        lines += [f"Table 1 protocol ({protocol_result['models']} models x {p['epochs']} epochs; step {how}), projected: "
                   f"**{p['total_min']:.2f} min** (goal {protocol_result['goal_min']:g} min).", "",
                   "| d | first epoch (s) | epoch (s) | evaluation (s) | projected (min) |", "|---|---|---|---|---|"]
         for d, m in protocol_result["at_protocol_size"].items():
@@ -516,6 +526,10 @@ def summary(out: Path) -> str:
                  f"{100 * w['hand_loop_share_of_peak']:.1f}%")
         lines.append(f"{w['model']} step, batch {w['batch']}: toolkit {w['toolkit_images_per_s']:.0f} images/s, hand "
                      f"loop {w['hand_loop_images_per_s']:.0f}: **ratio {w['ratio']:.3f}** (goal ≥ 1.0){share}.")
+        if w.get("hand_loop_reading_loss_images_per_s"):
+            lines.append(f"The hand loop reading its loss each step before the backward pass (fit's divergence "
+                         f"check): {w['hand_loop_reading_loss_images_per_s']:.0f} images/s; the toolkit's ratio to it "
+                         f"{w['ratio_to_hand_loop_reading_loss']:.3f}.")
     else:
         lines.append("WRN step: wrn.json missing (see device_check.log).")
     lines.append("")
@@ -563,6 +577,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=int, default=3, help="epochs timed per depth (the first includes the capture)")
     s.add_argument("--batch-size", type=int, default=128)
     s.add_argument("--width", type=int, default=50)
+    s.add_argument("--compile", action="store_true", help="the step's forward and loss compiled (torch.compile) "
+                                                          "inside the captured graph, as the studies' long stacks run")
     s = part("wrn", "time a WRN-28-10 gated step: toolkit against a hand-written loop")
     s.add_argument("--depth", type=int, default=28)
     s.add_argument("--widen", type=int, default=10)
@@ -608,6 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.part == "highway":
         if args.dry_run and args.data_dir is None:
             args.data_dir = str(_fake_mnist(Path(tempfile.mkdtemp(prefix="device-check-data-"))))
+        if args.dry_run and args.results == str(REPOSITORY / HIGHWAY_RESULTS):  # never the committed runs
+            args.results = tempfile.mkdtemp(prefix="device-check-results-")
         report = highway(args)
         _write_json(out / "highway_shard.json", report)
         print(f"highway shard {report['shard']}: {report['outcome']}", flush=True)

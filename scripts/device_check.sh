@@ -5,8 +5,9 @@
 #   then summary.md. Each part runs under its own `timeout`, so one failure cannot eat the window;
 #   the highway shard gets what is left of the budget and stops its runs at an epoch's end before it.
 #
-#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--dry-run]
+#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--dry-run]
 #
+# --tests=EXPR: only the GPU tests pytest's `-k EXPR` selects (a later window re-checks what changed).
 # --dry-run: every part with tiny sizes on the CPU in seconds (tests/test_device_check.py), no GPU tests.
 set -u
 cd "$(dirname "$0")/.."
@@ -14,12 +15,14 @@ cd "$(dirname "$0")/.."
 BUDGET_S=480
 DATA_DIR=${THROUGHWAY_DATA:-.throughway-data}
 DRY=""
+TESTS=""
 for arg in "$@"; do
   case $arg in
     --dry-run) DRY=--dry-run ;;
     --budget-s=*) BUDGET_S=${arg#*=} ;;
     --data-dir=*) DATA_DIR=${arg#*=} ;;
-    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --dry-run" >&2; exit 2 ;;
+    --tests=*) TESTS=${arg#*=} ;;
+    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --dry-run" >&2; exit 2 ;;
   esac
 done
 case $BUDGET_S in ''|*[!0-9]*) echo "device_check.sh: --budget-s=$BUDGET_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
@@ -48,11 +51,15 @@ part() {  # part NAME LIMIT_S COMMAND...: run COMMAND under `timeout`, its outpu
 
 part device 30 "$PY" scripts/device_check.py device --out "$OUT" $DRY
 if [ -z "$DRY" ]; then
-  part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider tests/test_cuda_path.py
+  part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
+    tests/test_cuda_path.py
 else
   echo "== gpu-tests: not run in a dry run" >>"$LOG"
 fi
-part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $DRY
+# The protocol's step compiled and captured, as the studies' long stacks run (the dry run: eager kernels).
+COMPILE=--compile
+[ -n "$DRY" ] && COMPILE=""
+part protocol "$(smaller 220 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
 part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
 HIGHWAY_S=$(( $(left) - 25 ))
 DATA_ARG=()

@@ -684,7 +684,10 @@ class _ModuleEngine:
         state, optimizer, world = self.state, self.optimizer, distributed.rank_and_world()[1]
         state.model.train()
         stats = EpochStats([0.0], [0], 0, 0)
-        wrong, classified = 0, True
+        # The epoch's errors are summed on the device and read once, at its end: the step's one read of the
+        # device is the loss, which the divergence check needs before the backward pass.
+        wrong: int | torch.Tensor = 0
+        classified = True
         for step, (x, y) in enumerate(self._batches()):
             if not self.checked:
                 self._first_batch(x, y)
@@ -725,14 +728,14 @@ class _ModuleEngine:
             loss.backward()
             optimizer.step()
             stats.loss_sum[0] += loss_value * batch_seen
-            wrong += int(wrong_count)
+            wrong = wrong + wrong_count
             stats.seen += batch_seen
             stats.steps += 1
             state.step += 1
             call(callbacks[0], "on_step_end", state, state.step, loss_value)
             if state.stop:
                 break
-        stats.wrong = [wrong if classified else None]
+        stats.wrong = [int(wrong) if classified else None]
         return stats
 
     def evaluate(self, which: str) -> list[tuple[float | None, float | None]] | None:
