@@ -199,7 +199,19 @@ def random_mnist(train: int, test: int, device: torch.device) -> DataSplits:
     return DataSplits("random", 10, Split(images[:train], labels[:train]), None, Split(images[train:], labels[train:]))
 
 
-def protocol(args: argparse.Namespace) -> dict[str, Any]:
+def _protocol_result(args: argparse.Namespace, device: torch.device, per_depth: dict[int, Any],
+                     scaled: dict[int, Any], projection: dict[str, Any] | None) -> dict[str, Any]:
+    return {"device": str(device), "seeds": args.seeds, "models": 3 * args.seeds * len(args.depths),
+            "samples_timed": args.samples, "test_timed": args.test, "batch_size": args.batch_size,
+            "width": args.width, "compile": args.compile, "depths": list(args.depths),
+            "complete": projection is not None, "measured": {str(d): m for d, m in per_depth.items()},
+            "at_protocol_size": {str(d): m for d, m in scaled.items()}, "projection": projection, "goal_min": 5.0}
+
+
+def protocol(args: argparse.Namespace, out: Path | None = None) -> dict[str, Any]:
+    """Time each depth's stack and project the protocol; with `out`, OUT/protocol.json is written after
+    each depth (`complete` false and no projection until every depth is measured), so a part stopped at
+    its time limit still brings back the depths it measured."""
     device = torch.device(args.device)
     data = random_mnist(args.samples, args.test, device)
     per_depth, scaled = {}, {}
@@ -215,12 +227,10 @@ def protocol(args: argparse.Namespace) -> dict[str, Any]:
         print(f"protocol d = {depth}: {measured['models']} models, first epoch {measured['first_epoch_s']:.2f} s, "
               f"epoch {measured['epoch_s']:.3f} s, evaluation {measured['eval_s']:.3f} s "
               f"({args.samples} / {args.test} images)", flush=True)
-    projection = project_protocol(scaled, PROTOCOL_EPOCHS)
-    result = {"device": str(device), "seeds": args.seeds, "models": 3 * args.seeds * len(args.depths),
-              "samples_timed": args.samples, "test_timed": args.test, "batch_size": args.batch_size,
-              "width": args.width, "compile": args.compile, "measured": {str(d): m for d, m in per_depth.items()},
-              "at_protocol_size": {str(d): m for d, m in scaled.items()}, "projection": projection,
-              "goal_min": 5.0}
+        if out is not None and len(per_depth) < len(args.depths):
+            _write_json(out / "protocol.json", _protocol_result(args, device, per_depth, scaled, None))
+    result = _protocol_result(args, device, per_depth, scaled, project_protocol(scaled, PROTOCOL_EPOCHS))
+    projection = result["projection"]
     print(f"projected protocol ({result['models']} models x {PROTOCOL_EPOCHS} epochs): "
           f"{projection['total_min']:.2f} min", flush=True)
     return result
@@ -507,7 +517,10 @@ def summary(out: Path) -> str:
         lines.append("Device: device.json missing.")
     lines.append("")
     protocol_result = _read(out, "protocol.json")
-    if protocol_result:
+    if protocol_result and not protocol_result.get("projection"):
+        measured = ", ".join(f"d = {d}: epoch {m['epoch_s']:.3f} s" for d, m in protocol_result["at_protocol_size"].items())
+        lines.append(f"Table 1 protocol: stopped before every depth was measured, no projection ({measured or 'none'}).")
+    elif protocol_result:
         p = protocol_result["projection"]
         how = "compiled and captured" if protocol_result.get("compile") else "captured, eager kernels"
         lines += [f"Table 1 protocol ({protocol_result['models']} models x {p['epochs']} epochs; step {how}), projected: "
@@ -618,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part == "device":
         _write_json(out / "device.json", device_info())
     elif args.part == "protocol":
-        _write_json(out / "protocol.json", protocol(args))
+        _write_json(out / "protocol.json", protocol(args, out))
     elif args.part == "wrn":
         _write_json(out / "wrn.json", wrn(args))
     elif args.part == "highway":

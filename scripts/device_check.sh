@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One GPU window of issue 35, every output under $OUT (docs/benchmarks.md, "On a GPU"):
-#   (a) the GPU-marked tests, (b) the Table 1 protocol timed per depth and projected, (c) a WRN-28-10
-#   gated step against a hand-written loop, (d) the next unfinished shard of the conv highway table,
+#   (a) the GPU-marked tests, (b) a WRN-28-10 gated step against a hand-written loop, (c) the Table 1
+#   protocol timed per depth and projected, (d) the next unfinished shard of the conv highway table,
 #   then summary.md. Each part runs under its own `timeout`, so one failure cannot eat the window;
 #   the highway shard gets what is left of the budget and stops its runs at an epoch's end before it.
 #
-#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--dry-run]
+#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--compile-protocol] [--dry-run]
 #
 # --tests=EXPR: only the GPU tests pytest's `-k EXPR` selects (a later window re-checks what changed).
+# --compile-protocol: the protocol's step compiled by torch.compile inside the captured graph.
 # --dry-run: every part with tiny sizes on the CPU in seconds (tests/test_device_check.py), no GPU tests.
 set -u
 cd "$(dirname "$0")/.."
@@ -16,13 +17,15 @@ BUDGET_S=480
 DATA_DIR=${THROUGHWAY_DATA:-.throughway-data}
 DRY=""
 TESTS=""
+COMPILE=""
 for arg in "$@"; do
   case $arg in
     --dry-run) DRY=--dry-run ;;
     --budget-s=*) BUDGET_S=${arg#*=} ;;
     --data-dir=*) DATA_DIR=${arg#*=} ;;
     --tests=*) TESTS=${arg#*=} ;;
-    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --dry-run" >&2; exit 2 ;;
+    --compile-protocol) COMPILE=--compile ;;
+    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --compile-protocol --dry-run" >&2; exit 2 ;;
   esac
 done
 case $BUDGET_S in ''|*[!0-9]*) echo "device_check.sh: --budget-s=$BUDGET_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
@@ -56,11 +59,11 @@ if [ -z "$DRY" ]; then
 else
   echo "== gpu-tests: not run in a dry run" >>"$LOG"
 fi
-# The protocol's step compiled and captured, as the studies' long stacks run (the dry run: eager kernels).
-COMPILE=--compile
-[ -n "$DRY" ] && COMPILE=""
-part protocol "$(smaller 220 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
+# The WRN step first: it takes seconds. The protocol's step is captured with eager kernels unless
+# --compile-protocol: window h200-2026-11-26-b measured compilation at 17-65 s per depth, about what it
+# saves over 100 epochs, and it ate that window (results/device-check/COMMAND.txt).
 part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
+part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
 HIGHWAY_S=$(( $(left) - 25 ))
 DATA_ARG=()
 [ -z "$DRY" ] && DATA_ARG=(--data-dir "$DATA_DIR")

@@ -146,13 +146,40 @@ def test_the_protocol_dry_run_writes_its_file_and_the_summary(tmp_path):
     assert dc.main(["protocol", "--out", str(tmp_path), "--dry-run"]) == 0
     assert dc.main(["summary", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "protocol.json").read_text())
-    assert result["device"] == "cpu" and set(result["measured"]) == {"2", "4"}
+    assert result["device"] == "cpu" and set(result["measured"]) == {"2", "4"} and result["complete"] is True
     assert result["measured"]["2"]["models"] == 3 and result["projection"]["epochs"] == 100
     scale = dc.PROTOCOL_TRAIN / result["samples_timed"]
     assert result["at_protocol_size"]["4"]["epoch_s"] == pytest.approx(result["measured"]["4"]["epoch_s"] * scale)
     text = (tmp_path / "summary.md").read_text()
     assert "projected" in text and "wrn.json missing" in text and "highway_shard.json missing" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json", "summary.md"]
+
+
+def test_a_protocol_stopped_between_depths_leaves_the_depths_it_measured(tmp_path, monkeypatch):
+    """protocol.json is written after each depth; a part killed at its time limit (window
+    h200-2026-11-26-b) still brings back what it measured, marked incomplete, with no projection."""
+    measured = {"first_epoch_s": 2.0, "epoch_s": 1.0, "eval_s": 0.1, "models": 3, "captures": 0, "epochs_timed": 2}
+
+    def time_depth(depth, *args, **kwargs):
+        if depth == 4:
+            raise KeyboardInterrupt  # what `timeout` ends the part with, as far as the file is concerned
+        return dict(measured)
+
+    monkeypatch.setattr(dc, "time_protocol_depth", time_depth)
+    with pytest.raises(KeyboardInterrupt):
+        dc.main(["protocol", "--out", str(tmp_path), "--dry-run"])
+    result = json.loads((tmp_path / "protocol.json").read_text())
+    assert result["complete"] is False and result["projection"] is None and set(result["measured"]) == {"2"}
+    assert dc.main(["summary", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert "stopped before every depth was measured" in text and "d = 2: epoch" in text
+
+
+def test_the_shell_script_takes_the_protocol_compiled_on_request():
+    sh = SCRIPT.read_text()
+    assert "--compile-protocol) COMPILE=--compile" in sh and 'protocol --out "$OUT" $COMPILE' in sh
+    args = dc.parser().parse_args(["protocol", "--out", "x", "--compile"])
+    assert args.compile is True and dc.parser().parse_args(["protocol", "--out", "x"]).compile is False
 
 
 def test_the_outputs_fit_what_a_device_window_brings_back():
@@ -182,6 +209,7 @@ def test_the_shell_script_needs_out(tmp_path):
 def test_every_part_is_time_limited_and_the_highway_part_gets_the_rest_of_the_budget():
     sh = SCRIPT.read_text()
     parts = [line for line in sh.splitlines() if line.startswith("part ")]
-    assert [p.split()[1] for p in parts] == ["device", "protocol", "wrn", "highway", "summary"]
+    # the WRN step (seconds) before the protocol (minutes): window h200-2026-11-26-b's protocol ate the window
+    assert [p.split()[1] for p in parts] == ["device", "wrn", "protocol", "highway", "summary"]
     assert "timeout --kill-after" in sh and "gpu-tests" in sh and "-m gpu" in sh
     assert "--budget-s \"$HIGHWAY_S\"" in sh
