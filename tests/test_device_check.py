@@ -213,3 +213,44 @@ def test_every_part_is_time_limited_and_the_highway_part_gets_the_rest_of_the_bu
     assert [p.split()[1] for p in parts] == ["device", "wrn", "protocol", "highway", "summary"]
     assert "timeout --kill-after" in sh and "gpu-tests" in sh and "-m gpu" in sh
     assert "--budget-s \"$HIGHWAY_S\"" in sh
+
+
+# --------------------------------------------------------------------------------------------
+# The docs' rendering of the windows (tools/readme/sections/device.py)
+
+def test_the_highway_table_renders_finished_runs_with_n_and_marks_the_rest(tmp_path):
+    from tools.readme.sections.device import _highway_conv_table
+
+    folder = tmp_path / "highway-conv-table1"
+    for seed, error in ((0, 0.6), (1, 0.7)):
+        _finished(folder / f"w16-s{seed}")
+        data = json.loads((folder / f"w16-s{seed}" / "results.json").read_text())
+        data["final"]["test_error_pct"] = error
+        (folder / f"w16-s{seed}" / "results.json").write_text(json.dumps(data))
+    _stopped(folder / "w16-s2", 40)
+    stopped = json.loads((folder / "w16-s2" / "results.json").read_text())
+    stopped["history"] = [{"test_error_pct": 1.0}] * 40
+    (folder / "w16-s2" / "results.json").write_text(json.dumps(stopped))
+    rows = {line.split("|")[1].strip(): line for line in _highway_conv_table(tmp_path).splitlines()[2:]}
+    assert "| 2 of 5 | 0.65 ± 0.07 (n=2) |" in rows["16"] and "1 resumable at epoch 40 of 300" in rows["16"]
+    assert "2 pending" in rows["16"] and "0.57 / 0.60 ± 0.03" in rows["16"]
+    assert "| 0 of 5 | — |" in rows["32"] and "5 pending" in rows["32"]
+
+
+def test_a_window_stopped_in_its_protocol_renders_the_depths_its_log_kept(tmp_path):
+    from tools.readme.sections.device import _gpu_protocol, _gpu_windows
+
+    window = tmp_path / "device-check" / "h200-x"
+    window.mkdir(parents=True)
+    (window / "device.json").write_text(json.dumps({"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}))
+    (window / "device_check.log").write_text(
+        "== gpu-tests: limit 110 s\n1 passed, 14 deselected, 4 warnings in 73.48s\n"
+        "torch/_inductor/compile_fx.py:322: UserWarning: TensorFloat32\n"
+        "protocol d = 2: 15 models, first epoch 58.67 s, epoch 0.117 s, evaluation 0.018 s (60000 / 10000 images)\n"
+        "protocol d = 10: 15 models, first epoch 17.27 s, epoch 0.244 s, evaluation 0.023 s (60000 / 10000 images)\n")
+    (window / "highway_shard.json").write_text(json.dumps({"shard": [], "before": {}, "outcome": "skipped: no MNIST"}))
+    windows = _gpu_windows(tmp_path)
+    assert "1 passed, 14 deselected" in windows and "not run (no time left)" in windows
+    assert "stopped at its limit after d = 2, d = 10 (compiled): no projection" in windows and "skipped: no MNIST" in windows
+    protocol = _gpu_protocol(tmp_path)
+    assert "| 10 | 0.244 / 17.3 |" in protocol and "(compiled, stopped)" in protocol

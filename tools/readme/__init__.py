@@ -59,6 +59,7 @@ from .sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
 from .sections.overview import _reproductions_table
 from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_orders,
                                          _transformer_gates_table)
+from .sections.device import RENDERERS as DEVICE_RENDERERS
 from .sections.timings import _benchmarks, _main_job_time, _test_suite_time
 
 __all__ = ["RENDERERS", "BLOCK", "REPOSITORY", "block_names", "render_text", "differing_blocks", "update_file",
@@ -116,6 +117,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "conv-table": _conv_table,
     "benchmarks": _benchmarks,
     "cli-reference": cli_reference,
+    **DEVICE_RENDERERS,
 }
 
 
