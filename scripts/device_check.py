@@ -3,7 +3,7 @@ scripts/device_check.sh, which gives each part its own time limit.
 
     python scripts/device_check.py device   --out OUT              # OUT/device.json
     python scripts/device_check.py protocol --out OUT [--epochs 3] # OUT/protocol.json
-    python scripts/device_check.py wrn      --out OUT [--steps 50] # OUT/wrn.json
+    python scripts/device_check.py wrn      --out OUT [--steps 150] # OUT/wrn.json
     python scripts/device_check.py highway  --out OUT --budget-s S # OUT/highway_shard.json, OUT/highway_runs.tar.gz
     python scripts/device_check.py summary  --out OUT              # OUT/summary.md
 
@@ -596,7 +596,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--depth", type=int, default=28)
     s.add_argument("--widen", type=int, default=10)
     s.add_argument("--batch", type=int, default=128)
-    s.add_argument("--steps", type=int, default=50)
+    s.add_argument("--steps", type=int, default=150,
+                   help="timed steps (fit's fixed costs per call, its first-step checks and a fresh optimiser "
+                        "state, spread over them; window a timed 50)")
     s.add_argument("--warmup", type=int, default=5)
     s = part("highway", "run the next unfinished shard of the conv highway table")
     s.add_argument("--results", default=str(REPOSITORY / HIGHWAY_RESULTS), help="where the committed runs are")
