@@ -148,10 +148,10 @@ def project_protocol(per_depth: dict[int, dict[str, float]], epochs: int = PROTO
 
 
 def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, batch_size: int,
-                        device: torch.device, width: int = 50, compile: bool = False) -> dict[str, float]:
+                        device: torch.device, width: int = 50, compile: str | None = None) -> dict[str, float]:
     """Seconds of the first and later training epochs and of one evaluation of a stack of 3·seeds
-    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device` (its forward
-    and loss compiled by torch.compile when `compile`: the first epoch then includes the compilation)."""
+    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device` (compiled by
+    torch.compile when `compile` is "whole" or "blocks": the first epoch then includes the compilation)."""
     from throughway.models import create_model
     from throughway.train import get_recipe
     from throughway.train.batched import order_generator
@@ -167,7 +167,7 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     stack = StackedModels(models, device=device)
     optimizer = StackedOptimizer(stack, [recipe] * len(models))
     optimizer.param_groups[0]["lr"] = torch.full((len(models), 1), recipe.lr, device=device)
-    step = GraphedStep(stack, optimizer, compile=compile)
+    step = GraphedStep(stack, optimizer, compile={None: False, "whole": True, "blocks": "blocks"}[compile])
     x, y = data.train.x.flatten(1), data.train.y
     generators = [order_generator(device).manual_seed(i) for i in range(len(models))]
     times = []
@@ -522,7 +522,8 @@ def summary(out: Path) -> str:
         lines.append(f"Table 1 protocol: stopped before every depth was measured, no projection ({measured or 'none'}).")
     elif protocol_result:
         p = protocol_result["projection"]
-        how = "compiled and captured" if protocol_result.get("compile") else "captured, eager kernels"
+        how = {None: "captured, eager kernels", False: "captured, eager kernels", True: "compiled and captured",
+               "whole": "compiled and captured", "blocks": "compiled per block and captured"}[protocol_result.get("compile")]
         lines += [f"Table 1 protocol ({protocol_result['models']} models x {p['epochs']} epochs; step {how}), projected: "
                   f"**{p['total_min']:.2f} min** (goal {protocol_result['goal_min']:g} min).", "",
                   "| d | first epoch (s) | epoch (s) | evaluation (s) | projected (min) |", "|---|---|---|---|---|"]
@@ -590,8 +591,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=int, default=3, help="epochs timed per depth (the first includes the capture)")
     s.add_argument("--batch-size", type=int, default=128)
     s.add_argument("--width", type=int, default=50)
-    s.add_argument("--compile", action="store_true", help="the step's forward and loss compiled (torch.compile) "
-                                                          "inside the captured graph, as the studies' long stacks run")
+    s.add_argument("--compile", choices=("whole", "blocks"), default=None,
+                   help="the step compiled by torch.compile inside the captured graph: the whole unrolled forward "
+                        "and loss, or one block reused by every block (compilation about constant in depth)")
     s = part("wrn", "time a WRN-28-10 gated step: toolkit against a hand-written loop")
     s.add_argument("--depth", type=int, default=28)
     s.add_argument("--widen", type=int, default=10)

@@ -8,7 +8,8 @@
 #   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--compile-protocol] [--dry-run]
 #
 # --tests=EXPR: only the GPU tests pytest's `-k EXPR` selects (a later window re-checks what changed).
-# --compile-protocol: the protocol's step compiled by torch.compile inside the captured graph.
+# --compile-protocol: the protocol's step compiled by torch.compile inside the captured graph, one block
+#   compiled and reused by every block (`compile="blocks"`: compilation about constant in depth).
 # --dry-run: every part with tiny sizes on the CPU in seconds (tests/test_device_check.py), no GPU tests.
 set -u
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ for arg in "$@"; do
     --budget-s=*) BUDGET_S=${arg#*=} ;;
     --data-dir=*) DATA_DIR=${arg#*=} ;;
     --tests=*) TESTS=${arg#*=} ;;
-    --compile-protocol) COMPILE=--compile ;;
+    --compile-protocol) COMPILE="--compile blocks" ;;
     *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --compile-protocol --dry-run" >&2; exit 2 ;;
   esac
 done
@@ -60,8 +61,8 @@ else
   echo "== gpu-tests: not run in a dry run" >>"$LOG"
 fi
 # The WRN step first: it takes seconds. The protocol's step is captured with eager kernels unless
-# --compile-protocol: window h200-2026-11-26-b measured compilation at 17-65 s per depth, about what it
-# saves over 100 epochs, and it ate that window (results/device-check/COMMAND.txt).
+# --compile-protocol: window h200-2026-11-26-b compiled the whole unrolled step, 17-65 s per depth, about
+# what it saves over 100 epochs, and it ate that window (results/device-check/COMMAND.txt).
 part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
 part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
 HIGHWAY_S=$(( $(left) - 25 ))

@@ -177,6 +177,63 @@ def test_uint8_data_is_normalised_on_the_device_to_the_same_numbers(fake_arrays)
     assert torch.equal(data.test.y, torch.from_numpy(fake_arrays.test_y[:50].astype(np.int64)))
 
 
+@pytest.mark.slow
+def test_blocks_compile_once_and_train_what_the_eager_kernels_train():
+    """compile="blocks" (the protocol's compiled step on a GPU): one compiled function serves every block of
+    block 0's structure, so a deeper stack compiles no more graphs; under SGD the steps are the eager
+    kernels' up to rounding (BatchNorm's statistics included)."""
+    from torch._dynamo.utils import counters
+
+    x, y, orders = _data(n=64)
+    eager_stack, eager_opt = _stack(depth=6, recipe="highway-mnist")
+    blocks_stack, blocks_opt = _stack(depth=6, recipe="highway-mnist")  # three residual blocks
+    eager, blocks = BatchedStep(eager_stack, eager_opt), GraphedStep(blocks_stack, blocks_opt, compile="blocks")
+    torch._dynamo.reset()
+    counters.clear()
+    for epoch in range(2):
+        a = train_epoch(eager, x, y, orders.roll(epoch, 1), 32)
+        b = blocks.epoch(x, y, orders.roll(epoch, 1), 32)  # one batch size: one graph
+        torch.testing.assert_close(b.loss_sum, a.loss_sum, rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 1  # not one per block (3), not none (blocks run eagerly)
+    want, have = _state(eager_stack, eager_opt), _state(blocks_stack, blocks_opt)
+    for name in want:
+        torch.testing.assert_close(have[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="compile='fast'"):
+        GraphedStep(*_stack(depth=2), compile="fast")
+
+
+def test_every_stack_compiles_past_dynamos_recompile_limit(monkeypatch):
+    """Dynamo keeps its graphs per code object and runs a function eagerly, silently, once it holds
+    `recompile_limit` (8) of them: a study's ninth stack shape trained uncompiled. Each stack's step
+    compiles a copy with a code object of its own (`stacked.own_code`), whole or per block. Dynamo's own
+    "eager" backend stands in for inductor here: the limit is dynamo's, and tracing takes a fraction of a second."""
+    from torch._dynamo.utils import counters
+
+    from throughway.train.stacked import own_code
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, backend="eager", **options))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)  # the mechanism of 8, in fewer stacks
+    limit = torch._dynamo.config.recompile_limit
+    x, y, orders = _data(n=32)
+    for compile in (True, "blocks"):
+        torch._dynamo.reset()
+        counters.clear()
+        for depth in range(2, 2 * (limit + 2) + 1, 2):  # limit + 1 stacks, each of its own depth
+            GraphedStep(*_stack(depth=depth), compile=compile).epoch(x, y, orders, 32)
+        assert counters["stats"]["unique_graphs"] >= limit + 1, compile  # each compiled (a graph break adds one)
+
+    def shared(t):
+        return t.sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    for n in range(1, limit + 3):  # the failure guarded against: one shared code object stops at the limit
+        torch.compile(shared, dynamic=False)(torch.ones(n))
+    assert counters["stats"]["unique_graphs"] == limit
+    assert own_code(shared).__code__ is not shared.__code__ and own_code(shared)(torch.ones(3)) == 3
+
+
 # ----------------------------------------------------------------------------------------------
 # On a GPU
 # ----------------------------------------------------------------------------------------------

@@ -177,9 +177,9 @@ def test_a_protocol_stopped_between_depths_leaves_the_depths_it_measured(tmp_pat
 
 def test_the_shell_script_takes_the_protocol_compiled_on_request():
     sh = SCRIPT.read_text()
-    assert "--compile-protocol) COMPILE=--compile" in sh and 'protocol --out "$OUT" $COMPILE' in sh
-    args = dc.parser().parse_args(["protocol", "--out", "x", "--compile"])
-    assert args.compile is True and dc.parser().parse_args(["protocol", "--out", "x"]).compile is False
+    assert '--compile-protocol) COMPILE="--compile blocks"' in sh and 'protocol --out "$OUT" $COMPILE' in sh
+    args = dc.parser().parse_args(["protocol", "--out", "x", "--compile", "blocks"])
+    assert args.compile == "blocks" and dc.parser().parse_args(["protocol", "--out", "x"]).compile is None
 
 
 def test_the_outputs_fit_what_a_device_window_brings_back():

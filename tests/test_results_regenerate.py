@@ -752,6 +752,8 @@ SCRIPTS: dict[str, dict[str, list[str] | None] | None] = {
     # --help only: even its smallest options take about 7 s (its fixed matmul-ceiling measurements),
     # and the recorded --compile minutes
     "benchmarks/batched_throughput.py": None,
+    # --help only: each of its stacks compiles in a fresh process (ten seconds and more even at depth 2)
+    "benchmarks/compile_blocks.py": None,
     # runs both contenders at depth 2 with 1 seed on 640 images, eager (its docstring's check; a few seconds)
     "benchmarks/mnist_depth_protocol.py": {"--depths": ["2"], "--seeds": ["1"], "--samples": ["640"],
                                            "--rounds": ["1"], "--compile": None},

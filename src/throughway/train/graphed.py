@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from .loop import epoch_starts
 from .optim import EAGER, Kernels
-from .stacked import EpochTotals, StackedModels, StackedOptimizer, backward
+from .stacked import EpochTotals, StackedModels, StackedOptimizer, backward, compiled_forward
 
 __all__ = ["GraphedStep", "update_rows_on_device"]
 
@@ -82,18 +82,19 @@ class GraphedStep:
     `stacked.train_epoch(StackedStep(stack, optimizer), ...)` with the same totals and semantics.
 
     `capture`: None (default) captures on a CUDA device and runs eagerly elsewhere; True demands a CUDA
-    device. `compile=True` passes the forward and loss through torch.compile before the capture."""
+    device. `compile=True` passes the forward and loss through torch.compile before the capture;
+    `compile="blocks"` compiles one MLP block and reuses it for every block (`stacked.compiled_forward`)."""
 
     def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, *, capture: bool | None = None,
-                 compile: bool = False, warmup: int = _WARMUP_STEPS) -> None:
+                 compile: bool | str = False, warmup: int = _WARMUP_STEPS) -> None:
         cuda = stack.device.type == "cuda"
         if capture and not cuda:
             raise ValueError(f"capture=True: CUDA graphs need a CUDA device; the stack is on {stack.device}")
         self.stack, self.optimizer = stack, optimizer
         self.capture = cuda if capture is None else capture
         self.warmup = warmup
-        self._forward_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
-            torch.compile(self._forward_loss_eager) if compile else self._forward_loss_eager)
+        self._forward_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = compiled_forward(
+            stack, self._forward_loss_eager, compile)
         self._key: tuple[Any, ...] | None = None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)

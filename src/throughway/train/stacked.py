@@ -17,9 +17,10 @@ graph, with the same totals (issue 35).
 from __future__ import annotations
 
 import math
+import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ from .loop import epoch_starts, evaluate_members
 from .optim import EAGER, closure_loss, compiled_kernels, update_rows
 from .recipes import Recipe, parameter_groups
 
-__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "own_name", "stack_family", "SUPPORTED_MODELS",
+__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "compiled_forward", "own_name", "stack_family", "SUPPORTED_MODELS",
            "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
            # The former names (before issue 33, "batch" meant a stack), the same objects:
            "BatchedOptimizer", "BatchedStep", "batch_family"]
@@ -54,6 +55,34 @@ def stack_family(model: str) -> str:
     return _MIXED_FAMILY if model in MIXABLE_MODELS else model
 
 _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+
+
+class _Scope(NamedTuple):
+    """The stacked tensors one interpretation of a module reads: parameters and BatchNorm statistics by name."""
+    params: dict[str, torch.Tensor]
+    running: dict[str, torch.Tensor]
+
+
+def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (a function or a bound method) with a code object of its own, for torch.compile.
+
+    Dynamo keeps compiled graphs per code object and, past `torch._dynamo.config.recompile_limit`
+    (8) of them, runs the function eagerly from then on, with no error: the ninth stack of a new shape
+    compiled in one process (a study's depths, each with two batch sizes) trained eagerly
+    (tests/test_cuda_path.py). Each stack's step compiles a copy of its own."""
+    func = getattr(fn, "__func__", fn)
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = func.__kwdefaults__, func.__qualname__, func.__doc__
+    owner = getattr(fn, "__self__", None)
+    return types.MethodType(copy, owner) if owner is not None else copy
+
+
+def _block_region(stack: "StackedModels", block: nn.Module, scope: _Scope, x: torch.Tensor) -> torch.Tensor:
+    """One block of every model of `stack`: `block`'s structure over the tensors of `scope`. Compiled
+    by `StackedModels.compile_blocks`, one compilation serves every block of that structure, so
+    compiling a depth-d stack costs about what a depth-2 one does."""
+    return stack._module(block, "", x, scope)
 
 
 def backward(loss: torch.Tensor) -> None:
@@ -192,8 +221,17 @@ class StackedModels:
                     [st[f"{n}.{key}"].detach() for st in states]).to(self.device).contiguous()
         self.steps = torch.tensor([int(st[f"{n}.num_batches_tracked"]) for st in states
                                    for n in self.bn_names[:1]] or [0] * len(models), dtype=torch.long)
+        # `compile_blocks`: the MLP blocks through one compiled function (None: every block interpreted eagerly).
+        self._compiled_block: Callable[..., torch.Tensor] | None = None
         self._make_masks()
         self._make_views()
+
+    def compile_blocks(self) -> None:
+        """Run each MLP block of block 0's structure through one torch.compile'd function (`_block_region`)
+        instead of compiling the whole unrolled stack: compilation then costs about the same at every
+        depth (tens of seconds on a GPU for the whole stack at d = 50: results/device-check), and the
+        kernels of a block are fused as before. Blocks of another structure, the stem and the head run eagerly."""
+        self._compiled_block = torch.compile(own_code(_block_region), dynamic=False)
 
     def _canonical_state(self, i: int, model: nn.Module) -> dict[str, torch.Tensor]:
         """Model i's parameters and buffers under the template's names (a k of 1 where it has no gate)."""
@@ -231,6 +269,18 @@ class StackedModels:
             leaf = self.flat[:, o:o + size].view(n, *shape).detach().requires_grad_(True)
             leaf.grad = self.grad[:, o:o + size].view(n, *shape)
             self.params[name] = leaf
+        # Block i's tensors under its own names ("branch.0.weight"), for a block of block 0's structure; None
+        # for the others, and for models without blocks.
+        blocks = getattr(self.template, "blocks", None)
+        self._block_scopes: list[_Scope | None] = []
+        if isinstance(blocks, nn.ModuleList) and len(blocks):
+            shape_of = repr(blocks[0])
+            for i, block in enumerate(blocks):
+                prefix = f"blocks.{i}."
+                same = type(block) is type(blocks[0]) and repr(block) == shape_of
+                self._block_scopes.append(_Scope(
+                    {k[len(prefix):]: v for k, v in self.params.items() if k.startswith(prefix)},
+                    {k[len(prefix):]: v for k, v in self.running.items() if k.startswith(prefix)}) if same else None)
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the models at positions `keep` (in that order); used to drop diverged models."""
@@ -297,9 +347,9 @@ class StackedModels:
             x = x.transpose(1, 2)  # (N, features, B): a strided view that the batched product reads as is
         return self._module(self.template, "", x)
 
-    def _linear(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
-        w = self.params[f"{prefix}weight"]
-        b = self.params.get(f"{prefix}bias")
+    def _linear(self, prefix: str, x: torch.Tensor, scope: _Scope) -> torch.Tensor:
+        w = scope.params[f"{prefix}weight"]
+        b = scope.params.get(f"{prefix}bias")
         n, out_features, in_features = w.shape
         if x.dim() == 2:  # one input batch (B, in) for every model: a single matrix product
             y = torch.mm(w.reshape(n * out_features, in_features), x.t())
@@ -310,26 +360,30 @@ class StackedModels:
             return torch.bmm(w, x)
         return torch.baddbmm(b.unsqueeze(2), w, x)
 
-    def _batch_norm(self, prefix: str, module: nn.BatchNorm1d, x: torch.Tensor) -> torch.Tensor:
+    def _batch_norm(self, prefix: str, module: nn.BatchNorm1d, x: torch.Tensor, scope: _Scope) -> torch.Tensor:
         n, channels, batch = x.shape
         # (1, N·C, B): BatchNorm's statistics over the batch, one per model and channel.
-        w = self.params.get(f"{prefix}weight")
-        b = self.params.get(f"{prefix}bias")
-        h = F.batch_norm(x.reshape(1, n * channels, batch), self.running[f"{prefix}running_mean"].view(-1),
-                         self.running[f"{prefix}running_var"].view(-1),
+        w = scope.params.get(f"{prefix}weight")
+        b = scope.params.get(f"{prefix}bias")
+        h = F.batch_norm(x.reshape(1, n * channels, batch), scope.running[f"{prefix}running_mean"].view(-1),
+                         scope.running[f"{prefix}running_var"].view(-1),
                          w.reshape(-1) if w is not None else None, b.reshape(-1) if b is not None else None,
                          self._training, cast(float, module.momentum), module.eps)
         return h.view(n, channels, batch)
 
-    def _gate(self, prefix: str, gate: ScalarGate) -> torch.Tensor:
-        return GATE_FUNCTIONS[gate.function](self.params[f"{prefix}k"]).view(-1, 1, 1)
+    def _gate(self, prefix: str, gate: ScalarGate, scope: _Scope) -> torch.Tensor:
+        return GATE_FUNCTIONS[gate.function](scope.params[f"{prefix}k"]).view(-1, 1, 1)
 
-    def _module(self, m: nn.Module, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    def _module(self, m: nn.Module, prefix: str, x: torch.Tensor, scope: _Scope | None = None) -> torch.Tensor:
+        """`m`'s output for every model: its parameters and statistics are `scope`'s under `prefix` +
+        their names in `m` (the stack's own, `self.params` and `self.running`, by default)."""
+        if scope is None:
+            scope = _Scope(self.params, self.running)
         if isinstance(m, nn.Linear):
-            return self._linear(prefix, x)
+            return self._linear(prefix, x, scope)
         if isinstance(m, nn.Sequential):
             for name, child in m.named_children():
-                x = self._module(child, f"{prefix}{name}.", x)
+                x = self._module(child, f"{prefix}{name}.", x, scope)
             return x
         if isinstance(m, nn.ReLU):
             return torch.relu(x)
@@ -338,40 +392,45 @@ class StackedModels:
         if isinstance(m, nn.Identity):
             return x
         if isinstance(m, nn.BatchNorm1d):
-            return self._batch_norm(prefix, m, x)
+            return self._batch_norm(prefix, m, x, scope)
         if isinstance(m, PlainBlock):
-            return self._module(m.branch, f"{prefix}branch.", x)
+            return self._module(m.branch, f"{prefix}branch.", x, scope)
         if isinstance(m, ResidualBlock):
             if not isinstance(m.shortcut, nn.Identity):
                 raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
-            out = self._module(m.branch, f"{prefix}branch.", x)
+            out = self._module(m.branch, f"{prefix}branch.", x, scope)
             if self.mixed:  # u = s·x + g·f_r(x): s = 0 for plain nets, g = 1 for ungated ones
-                g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", cast(ScalarGate, m.gate)), 1.0)
+                g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", cast(ScalarGate, m.gate), scope), 1.0)
                 return torch.addcmul(x * self.shortcut_mask, g, out)
             if isinstance(m.gate, ScalarGate):
-                return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate), out)  # x + g(k)·f_r(x), one pass
+                return torch.addcmul(x, self._gate(f"{prefix}gate.", m.gate, scope), out)  # x + g(k)·f_r(x), one pass
             if isinstance(m.gate, VectorGate):  # LayerScale, x + diag(g(λ))·f_r(x): λ is (N, C), x (N, C, B)
-                g = GATE_FUNCTIONS[m.gate.function](self.params[f"{prefix}gate.k"]).unsqueeze(2)
+                g = GATE_FUNCTIONS[m.gate.function](scope.params[f"{prefix}gate.k"]).unsqueeze(2)
                 return torch.addcmul(x, g, out)
             return out + x
         if isinstance(m, AugmentedLayer):
-            g = self._gate(f"{prefix}gate.", m.gate)
-            return g * self._module(m.branch, f"{prefix}branch.", x) + (1.0 - g) * x
+            g = self._gate(f"{prefix}gate.", m.gate, scope)
+            return g * self._module(m.branch, f"{prefix}branch.", x, scope) + (1.0 - g) * x
         if isinstance(m, HighwayLayer):
             if not isinstance(m.gate, TransformGate):
                 raise TypeError(f"{prefix}gate: batched training supports TransformGate only")
             if x.dim() == 2:  # one shared input batch (B, C): every model's copy of it, feature-major
                 x = x.t().unsqueeze(0).expand(self.n, *x.t().shape)
-            t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x))
-            h = self._module(m.branch, f"{prefix}branch.", x)
+            t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x, scope))
+            h = self._module(m.branch, f"{prefix}branch.", x, scope)
             # Highway eq. 3, H·T + x·(1 − T), computed as x + T·(H − x): the same value up to rounding
             # in two elementwise passes instead of four (forward and backward alike).
             return torch.addcmul(x, t, h - x)
         if hasattr(m, "stem") and hasattr(m, "blocks") and hasattr(m, "head"):  # the MLP family
-            h = self._module(cast(nn.Module, m.stem), "stem.", x)
-            for i, block in enumerate(cast(nn.ModuleList, m.blocks)):
-                h = self._module(block, f"blocks.{i}.", h)
-            return self._module(cast(nn.Module, m.head), "head.", h)
+            h = self._module(cast(nn.Module, m.stem), "stem.", x, scope)
+            blocks = cast(nn.ModuleList, m.blocks)
+            for i, block in enumerate(blocks):
+                if self._compiled_block is not None and self._block_scopes[i] is not None:
+                    # one compiled function for every block of block 0's structure (`compile_blocks`)
+                    h = self._compiled_block(self, blocks[0], cast(_Scope, self._block_scopes[i]), h)
+                else:
+                    h = self._module(block, f"blocks.{i}.", h, scope)
+            return self._module(cast(nn.Module, m.head), "head.", h, scope)
         raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by batched training "
                         f"(supported models: {list(SUPPORTED_MODELS)})")
 
@@ -394,6 +453,20 @@ def evaluate_stack(stack: StackedModels, split: Split, chunk: int = EVAL_CHUNK) 
     return [loss for loss, _ in results], [error if error is not None else math.nan for _, error in results]
 
 
+def compiled_forward(stack: StackedModels, forward_loss: Callable[..., Any], compile: bool | str) -> Callable[..., Any]:
+    """The step's forward-and-loss for `compile`: False, the function itself; True, torch.compile of the
+    whole unrolled function (the fastest step; its compilation grows with depth: window
+    h200-2026-11-26-b took 17-65 s per depth on an H200); "blocks", the function itself with the
+    stack's MLP blocks compiled once (`StackedModels.compile_blocks`: compilation about constant in
+    depth, a step somewhat slower than the whole one). ValueError for another value."""
+    if compile == "blocks":
+        stack.compile_blocks()
+        return forward_loss
+    if isinstance(compile, bool):
+        return torch.compile(own_code(forward_loss)) if compile else forward_loss
+    raise ValueError(f"compile={compile!r}: accepted: False, True (the whole step) or 'blocks' (one block, reused)")
+
+
 class StackedStep:
     """One training step of every model of a stack: forward in training mode, per-model mean
     cross-entropy, backward into the flat gradient, and the optimiser's update with per-model
@@ -403,12 +476,13 @@ class StackedStep:
     activations and the gates' elementwise work; the backward is compiled with it) and the
     optimiser's update through its own compiled function. Compilation happens on the first call
     (tens of seconds to minutes, more with depth), and again when the number of models changes
-    (a diverged model leaves the stack), so it pays only for long stacks.
+    (a diverged model leaves the stack), so it pays only for long stacks. `compile="blocks"`
+    compiles one block instead and runs every block of its structure through it (`compiled_forward`).
     """
 
-    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, compile: bool = False) -> None:
+    def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, compile: bool | str = False) -> None:
         self.stack, self.optimizer = stack, optimizer
-        self._forward_loss = torch.compile(self._forward_loss_eager) if compile else self._forward_loss_eager
+        self._forward_loss = compiled_forward(stack, self._forward_loss_eager, compile)
 
     def _forward_loss_eager(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.stack.forward_logits(x, training=True)  # (N, classes, B)

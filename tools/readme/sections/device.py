@@ -22,6 +22,11 @@ _PROTOCOL_LINE = re.compile(r"protocol d = (\d+): (\d+) models, first epoch ([\d
                             r"evaluation ([\d.]+) s \((\d+) / (\d+) images\)")
 
 
+# protocol.json's "compile": how the protocol's step ran (False in windows before "whole" and "blocks" existed).
+_HOW = {None: "eager kernels", False: "eager kernels", True: "compiled", "whole": "compiled",
+        "blocks": "compiled per block"}
+
+
 def _windows(root: Path) -> list[Path]:
     return sorted(p for p in (root / "device-check").iterdir() if p.is_dir())
 
@@ -35,7 +40,7 @@ def _tests_line(log: str) -> str:
 def _protocol_cell(window: Path, log: str) -> str:
     if (window / "protocol.json").is_file():
         p = json.loads((window / "protocol.json").read_text())
-        how = "compiled" if p.get("compile") else "eager kernels"
+        how = _HOW[p.get("compile")]
         if p.get("projection"):
             return f"**{p['projection']['total_min']:.1f} min** projected ({how}; goal {p['goal_min']:g})"
         done = ", ".join(f"d = {d}" for d in p["at_protocol_size"])
@@ -82,7 +87,7 @@ def _gpu_protocol(root: Path) -> str:
     for window in _windows(root):
         if (window / "protocol.json").is_file():
             p = json.loads((window / "protocol.json").read_text())
-            label = f"`{window.name}` ({'compiled' if p.get('compile') else 'eager kernels'})"
+            label = f"`{window.name}` ({_HOW[p.get('compile')]})"
             columns[label] = {int(d): (m["first_epoch_s"], m["epoch_s"]) for d, m in p["at_protocol_size"].items()}
             continue
         lines = _PROTOCOL_LINE.findall(_text(root, f"device-check/{window.name}/device_check.log"))
@@ -132,5 +137,23 @@ def _highway_conv_table(root: Path) -> str:
     return "\n".join(rows)
 
 
+def _compile_blocks(root: Path) -> str:
+    """benchmarks/compile_blocks.py's output (results/protocol): per depth, the first epoch (compilation
+    included) and a later epoch, compiled whole and per block."""
+    text = _text(root, "protocol/benchmark_compile_blocks_cpu.txt")
+    found = re.findall(r"d = (\d+) (whole|blocks): first epoch ([\d.]+) s \(compilation included\), epoch ([\d.]+) s", text)
+    if not found:
+        raise ValueError("protocol/benchmark_compile_blocks_cpu.txt: no `d = N whole|blocks: ...` line")
+    by_depth: dict[int, dict[str, tuple[str, str]]] = {}
+    for depth, mode, first, epoch in found:
+        by_depth.setdefault(int(depth), {})[mode] = (first, epoch)
+    rows = table_header(["d", "whole: first epoch (s) / epoch (s)", "per block: first epoch (s) / epoch (s)",
+                         "first epoch, whole / per block"])
+    for depth, modes in sorted(by_depth.items()):
+        (wf, we), (bf, be) = modes["whole"], modes["blocks"]
+        rows.append(f"| {depth} | {wf} / {we} | {bf} / {be} | {float(wf) / float(bf):.1f}× |")
+    return "\n".join(rows)
+
+
 RENDERERS: dict[str, Any] = {"gpu-windows": _gpu_windows, "gpu-protocol": _gpu_protocol,
-                             "highway-conv-table": _highway_conv_table}
+                             "highway-conv-table": _highway_conv_table, "compile-blocks": _compile_blocks}
