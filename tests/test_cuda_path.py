@@ -214,25 +214,27 @@ def test_every_stack_compiles_past_dynamos_recompile_limit(monkeypatch):
 
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, backend="eager", **options))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # the mechanism of 8, in two stacks
-    limit = torch._dynamo.config.recompile_limit
-    x, y, orders = _data(n=32)
-    for compile in (True, "blocks"):
+    # the mechanism of 8, in two stacks (config.patch: monkeypatch's undo breaks dynamo's config module)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        limit = torch._dynamo.config.recompile_limit
+        x, y, orders = _data(n=32)
+        for compile in (True, "blocks"):
+            torch._dynamo.reset()
+            counters.clear()
+            for depth in range(2, 2 * (limit + 2) + 1, 2):  # limit + 1 stacks, each of its own depth
+                GraphedStep(*_stack(depth=depth), compile=compile).epoch(x, y, orders, 32)
+            assert counters["stats"]["unique_graphs"] >= limit + 1, compile  # each compiled (a graph break adds one)
+
+        def shared(t):
+            return t.sum()
+
         torch._dynamo.reset()
         counters.clear()
-        for depth in range(2, 2 * (limit + 2) + 1, 2):  # limit + 1 stacks, each of its own depth
-            GraphedStep(*_stack(depth=depth), compile=compile).epoch(x, y, orders, 32)
-        assert counters["stats"]["unique_graphs"] >= limit + 1, compile  # each compiled (a graph break adds one)
-
-    def shared(t):
-        return t.sum()
-
+        for n in range(1, limit + 3):  # the failure guarded against: one shared code object stops at the limit
+            torch.compile(shared, dynamic=False)(torch.ones(n))
+        assert counters["stats"]["unique_graphs"] == limit
+        assert own_code(shared).__code__ is not shared.__code__ and own_code(shared)(torch.ones(3)) == 3
     torch._dynamo.reset()
-    counters.clear()
-    for n in range(1, limit + 3):  # the failure guarded against: one shared code object stops at the limit
-        torch.compile(shared, dynamic=False)(torch.ones(n))
-    assert counters["stats"]["unique_graphs"] == limit
-    assert own_code(shared).__code__ is not shared.__code__ and own_code(shared)(torch.ones(3)) == 3
 
 
 # ----------------------------------------------------------------------------------------------

@@ -274,13 +274,17 @@ class StackedModels:
         blocks = getattr(self.template, "blocks", None)
         self._block_scopes: list[_Scope | None] = []
         if isinstance(blocks, nn.ModuleList) and len(blocks):
-            shape_of = repr(blocks[0])
+            def signature(block: nn.Module, scope: _Scope) -> tuple[Any, ...]:
+                # what `_module` reads of a block: its modules' types and options (`_structure`), and shapes
+                return (_structure(block), sorted((k, tuple(v.shape)) for k, v in (*scope.params.items(),
+                                                                                    *scope.running.items())))
+            first: tuple[Any, ...] | None = None
             for i, block in enumerate(blocks):
                 prefix = f"blocks.{i}."
-                same = type(block) is type(blocks[0]) and repr(block) == shape_of
-                self._block_scopes.append(_Scope(
-                    {k[len(prefix):]: v for k, v in self.params.items() if k.startswith(prefix)},
-                    {k[len(prefix):]: v for k, v in self.running.items() if k.startswith(prefix)}) if same else None)
+                scope = _Scope({k[len(prefix):]: v for k, v in self.params.items() if k.startswith(prefix)},
+                               {k[len(prefix):]: v for k, v in self.running.items() if k.startswith(prefix)})
+                first = signature(block, scope) if first is None else first
+                self._block_scopes.append(scope if signature(block, scope) == first else None)
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only the models at positions `keep` (in that order); used to drop diverged models."""
