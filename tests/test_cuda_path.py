@@ -210,7 +210,7 @@ def test_every_stack_compiles_past_dynamos_recompile_limit(monkeypatch):
     "eager" backend stands in for inductor here: the limit is dynamo's, and tracing takes a fraction of a second."""
     from torch._dynamo.utils import counters
 
-    from throughway.train.stacked import own_code
+    from throughway.train.stacked import compiled_forward, own_code
 
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, backend="eager", **options))
@@ -218,15 +218,21 @@ def test_every_stack_compiles_past_dynamos_recompile_limit(monkeypatch):
     with torch._dynamo.config.patch(recompile_limit=1):
         limit = torch._dynamo.config.recompile_limit
         x, y, orders = _data(n=32)
-        for compile in (True, "blocks"):
-            torch._dynamo.reset()
-            counters.clear()
-            for depth in range(2, 2 * (limit + 2) + 1, 2):  # limit + 1 stacks, each of its own depth
-                GraphedStep(*_stack(depth=depth), compile=compile).epoch(x, y, orders, 32)
-            assert counters["stats"]["unique_graphs"] >= limit + 1, compile  # each compiled (a graph break adds one)
+        torch._dynamo.reset()
+        counters.clear()
+        for depth in range(2, 2 * (limit + 2) + 1, 2):  # per block: limit + 1 stacks, each of its own depth
+            GraphedStep(*_stack(depth=depth), compile="blocks").epoch(x, y, orders, 32)
+        assert counters["stats"]["unique_graphs"] >= limit + 1  # each compiled (a graph break adds one)
 
         def shared(t):
             return t.sum()
+
+        torch._dynamo.reset()
+        counters.clear()
+        stack = _stack(depth=2)[0]
+        for n in range(1, limit + 3):  # whole: the step's function of limit + 2 stacks, each its own shape
+            compiled_forward(stack, shared, True)(torch.ones(n))
+        assert counters["stats"]["unique_graphs"] == limit + 2
 
         torch._dynamo.reset()
         counters.clear()
