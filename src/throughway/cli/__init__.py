@@ -18,14 +18,20 @@ work is done in cli.commands; this module dispatches and turns bad input into ex
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .commands import cmd_analyze, cmd_data, cmd_list, cmd_report, cmd_reproduce, cmd_sdi, cmd_train
 from .parser import build_parser, command_of
 
 __all__ = ["main", "build_parser"]
+
+# Each command's work, given its parsed arguments.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": lambda args: cmd_list(), "train": cmd_train, "reproduce": cmd_reproduce, "report": cmd_report,
+    "data": cmd_data, "sdi": cmd_sdi, "analyze": cmd_analyze}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,20 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from ..study.runs import set_threads
 
                 set_threads(args.threads)
-            if args.command == "list":
-                return cmd_list()
-            if args.command == "train":
-                return cmd_train(args)
-            if args.command == "reproduce":
-                return cmd_reproduce(args)
-            if args.command == "report":
-                return cmd_report(args)
-            if args.command == "data":
-                return cmd_data(args)
-            if args.command == "sdi":
-                return cmd_sdi(args)
-            if args.command == "analyze":
-                return cmd_analyze(args)
+            if args.command in COMMANDS:
+                return COMMANDS[args.command](args)
         except KeyboardInterrupt:
             print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
             return 130

@@ -231,6 +231,7 @@ class StackedModels:
         instead of compiling the whole unrolled stack: compilation then costs about the same at every
         depth (tens of seconds on a GPU for the whole stack at d = 50: results/device-check), and the
         kernels of a block are fused as before. Blocks of another structure, the stem and the head run eagerly."""
+        self._make_block_scopes()
         self._compiled_block = torch.compile(own_code(_block_region), dynamic=False)
 
     def _canonical_state(self, i: int, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -269,8 +270,12 @@ class StackedModels:
             leaf = self.flat[:, o:o + size].view(n, *shape).detach().requires_grad_(True)
             leaf.grad = self.grad[:, o:o + size].view(n, *shape)
             self.params[name] = leaf
-        # Block i's tensors under its own names ("branch.0.weight"), for a block of block 0's structure; None
-        # for the others, and for models without blocks.
+        if self._compiled_block is not None:
+            self._make_block_scopes()
+
+    def _make_block_scopes(self) -> None:
+        """Block i's tensors under its own names ("branch.0.weight") for `compile_blocks`, for a block of block
+        0's structure; None for the others."""
         blocks = getattr(self.template, "blocks", None)
         self._block_scopes: list[_Scope | None] = []
         if isinstance(blocks, nn.ModuleList) and len(blocks):

@@ -37,19 +37,31 @@ def _tests_line(log: str) -> str:
     return found[0].strip().rstrip(",") if found else "not run"
 
 
-def _protocol_cell(window: Path, log: str) -> str:
+def _protocol(window: Path, log: str) -> tuple[str, dict[int, tuple[float, float]], dict[str, Any] | None] | None:
+    """A window's protocol: how its step ran, {d: (first epoch s, epoch s)} at the protocol's sizes, and
+    its projection (None when stopped at its limit); from protocol.json, else from the lines its log
+    kept. None when the part did not run."""
     if (window / "protocol.json").is_file():
         p = json.loads((window / "protocol.json").read_text())
-        how = _HOW[p.get("compile")]
-        if p.get("projection"):
-            return f"**{p['projection']['total_min']:.1f} min** projected ({how}; goal {p['goal_min']:g})"
-        done = ", ".join(f"d = {d}" for d in p["at_protocol_size"])
-        return f"stopped at its limit after {done} ({how}): no projection"
+        return (_HOW[p.get("compile")], {int(d): (m["first_epoch_s"], m["epoch_s"]) for d, m in p["at_protocol_size"].items()},
+                p.get("projection") and {**p["projection"], "goal_min": p["goal_min"]})
     lines = _PROTOCOL_LINE.findall(log)
     if not lines:
-        return "not run"
+        return None
+    if any(int(m[5]) != 60_000 for m in lines):  # the log's lines are at the protocol's sizes only then
+        raise ValueError(f"device-check/{window.name}: the protocol timed fewer than 60,000 images")
     how = "compiled" if "torch/_inductor" in log else "eager kernels"  # inductor warns only when it compiles
-    return f"stopped at its limit after {', '.join(f'd = {m[0]}' for m in lines)} ({how}): no projection"
+    return how, {int(m[0]): (float(m[2]), float(m[3])) for m in lines}, None
+
+
+def _protocol_cell(window: Path, log: str) -> str:
+    protocol = _protocol(window, log)
+    if protocol is None:
+        return "not run"
+    how, per_depth, projection = protocol
+    if projection:
+        return f"**{projection['total_min']:.1f} min** projected ({how}; goal {projection['goal_min']:g})"
+    return f"stopped at its limit after {', '.join(f'd = {d}' for d in per_depth)} ({how}): no projection"
 
 
 def _wrn_cell(window: Path) -> str:
@@ -85,18 +97,10 @@ def _gpu_protocol(root: Path) -> str:
     protocol's sizes: protocol.json where the part finished, else the lines its log kept."""
     columns: dict[str, dict[int, tuple[float, float]]] = {}
     for window in _windows(root):
-        if (window / "protocol.json").is_file():
-            p = json.loads((window / "protocol.json").read_text())
-            label = f"`{window.name}` ({_HOW[p.get('compile')]})"
-            columns[label] = {int(d): (m["first_epoch_s"], m["epoch_s"]) for d, m in p["at_protocol_size"].items()}
-            continue
-        lines = _PROTOCOL_LINE.findall(_text(root, f"device-check/{window.name}/device_check.log"))
-        if lines:  # the log's lines are at the protocol's sizes when the part timed 60,000 images
-            if any(int(m[5]) != 60_000 for m in lines):
-                raise ValueError(f"device-check/{window.name}: the protocol timed fewer than 60,000 images")
-            log = _text(root, f"device-check/{window.name}/device_check.log")
-            how = "compiled" if "torch/_inductor" in log else "eager kernels"
-            columns[f"`{window.name}` ({how}, stopped)"] = {int(m[0]): (float(m[2]), float(m[3])) for m in lines}
+        protocol = _protocol(window, _text(root, f"device-check/{window.name}/device_check.log"))
+        if protocol is not None:
+            how, per_depth, projection = protocol
+            columns[f"`{window.name}` ({how}{'' if projection else ', stopped'})"] = per_depth
     depths = sorted({d for c in columns.values() for d in c})
     rows = table_header(["d", *(f"{label}: epoch / first epoch (s)" for label in columns)])
     for d in depths:
