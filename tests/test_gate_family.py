@@ -171,6 +171,17 @@ def test_gate_family_refuses_bad_options(tmp_path, capsys):
     assert _exit_code(["reproduce", "gate-family", "--depths", "3", "--out", str(tmp_path / "y")]) == 2
     assert "depths" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()
+    assert _exit_code(["reproduce", "gate-family", "--dataset", "cifar10", "--out", str(tmp_path / "z")]) == 2
+    assert "fashion-mnist" in capsys.readouterr().err  # the accepted values
+    assert not (tmp_path / "z").exists()
+
+
+def test_gate_family_trains_every_run_on_the_dataset_it_is_given():
+    from throughway.experiments import gate_family
+
+    config = dataclasses.replace(gate_family.QUICK, dataset="fashion-mnist")
+    assert {spec.config.dataset for spec in gate_family.specs(config)} == {"fashion-mnist"}
+    assert {spec.config.dataset for spec in gate_family.specs(gate_family.QUICK)} == {"mnist"}
 
 
 @pytest.mark.slow

@@ -52,7 +52,10 @@ __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "
 
 NAME = "gate-family"
 DESCRIPTION = ("residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
-               "variants (SkipInit's setting) on MNIST, d = 2..100")
+               "variants (SkipInit's setting) on MNIST (or Fashion-MNIST: --dataset), d = 2..100")
+
+# the datasets of 28x28 grey images that the MLPs' 784 inputs fit
+DATASETS = ("mnist", "fashion-mnist")
 
 # family -> (registered model, model kwargs). "-nf": no BatchNorm in the branch (norm="none").
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -86,6 +89,8 @@ class Config:
     train_on_full: bool = option(False, "train on all 60,000 images (default: 50,000, 10,000 held out for the "
                                         "validation error)")
     width: int = option(50, "units per layer (gated-residual-v2: 50)", minimum=1)
+    dataset: str = option("mnist", "the data every run trains on (gated-residual-v2: MNIST; fashion-mnist asks "
+                                   "whether the verdicts hold on a second dataset)", choices=DATASETS)
     limit: int | None = option(None, "keep only the first N samples of each split (smoke tests)", quick=2000,
                                minimum=1)
     compile: bool | None = option(None, "torch.compile each batch's training step; default: only the batches that "
@@ -125,7 +130,7 @@ def specs(config: Config) -> list[RunSpec]:
             model, kwargs = FAMILIES[family]
             for seed in range(config.seeds):
                 out.append(RunSpec(run_name(family, depth, seed), RunConfig(
-                    model=model, depth=depth, dataset="mnist", recipe=config.recipe, epochs=config.epochs,
+                    model=model, depth=depth, dataset=config.dataset, recipe=config.recipe, epochs=config.epochs,
                     seed=seed, train_on_full=config.train_on_full, device=config.device, limit=config.limit,
                     data_dir=config.data_dir, model_kwargs={"width": config.width, **kwargs},
                 )))
