@@ -15,9 +15,13 @@ from torch import nn
 from throughway import add_gates, register_block
 from throughway.analysis import (find_blocks, find_branches, gate_statistics, k_statistics, lesion, prune,
                                  removable_blocks, removal_curve, removal_order, unremovable_blocks)
-from throughway.analysis.gates import block_gates
-from throughway.layers import GatedOutput, ScalarGate, VectorGate, block_spec
+from throughway.layers import ScalarGate, VectorGate, block_spec
 from throughway.train import get_recipe, param_groups, parameter_groups
+
+
+def block_gates(model: nn.Module) -> dict:
+    """Each branch's gate, from the one lister."""
+    return {name: ref.gate for name, ref in find_branches(model).items()}
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -122,7 +126,8 @@ def test_layerscale_and_rezero_gates_on_tokens_scale_the_last_dimension():
     # α = 0 everywhere: every layer is the identity, so the encoder output is its input (then the final norm-free head)
     with torch.no_grad():
         assert _same(rezero.encoder(rezero.embed(x)), rezero.embed(x))
-    assert isinstance(plain.dropout1, GatedOutput)
+    assert isinstance(plain.branch_gates["attn"], ScalarGate)  # the gate under its own name
+    assert "dropout1" in dict(plain.named_children())  # the layer's own modules keep theirs
 
 
 def test_add_gates_refuses_what_it_cannot_do():
@@ -492,7 +497,14 @@ def test_add_gates_keeps_device_dtype_and_deepcopy_and_state_dict_work():
     assert all(p.dtype == torch.float64 for p in net.parameters())
     clone = copy.deepcopy(net)
     assert clone.state_dict().keys() == net.state_dict().keys()
-    assert "encoder.layers.0.dropout1.gate.k" in net.state_dict()
+    assert "encoder.layers.0.branch_gates.attn.k" in net.state_dict()
+    # the deep copy's hooks scale by the copy's own gates
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        clone.encoder.layers[0].branch_gates.attn.k.fill_(0.0)
+        assert not torch.equal(clone.eval()(x), net.eval()(x))
+        net.encoder.layers[0].branch_gates.attn.k.fill_(0.0)
+        assert torch.equal(clone(x), net(x))
 
 
 # ---- distances and callbacks on any model ---------------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from throughway.layers import ScalarGate, TransformGate, scalar_gates
+from throughway.layers import ScalarGate, TransformGate, find_branches
 from throughway.layers.conv import PreActBlock, WideBlock, ZeroPadShortcut, conv_highway_layer
 from throughway.models import create_model
 
@@ -175,7 +175,7 @@ def test_preact_block_feeds_raw_input_to_zero_padding_shortcut():
 
 def test_gated_models_have_one_scalar_gate_per_block_and_only_on_the_branch():
     model = create_model("preact_resnet", depth=14, gated=True)
-    gates = scalar_gates(model)
+    gates = [ref.gate for ref in find_branches(model).values() if ref.gate is not None]
     assert len(gates) == len(model.blocks) == 6
     assert all(isinstance(b.gate, ScalarGate) and b.gate.k.item() == 1.0 for b in model.blocks)
     assert all(isinstance(b.gate, nn.Identity) for b in create_model("preact_resnet", depth=14).blocks)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from throughway.analysis.gates import (
-    block_scalar_gates,
     highway_layer_change,
     highway_sample_activations,
     k_statistics,
@@ -16,6 +15,12 @@ from throughway.analysis.gates import (
     transform_gate_statistics,
 )
 from throughway.models import create_model
+
+
+def block_scalar_gates(model):
+    """The scalar gate of every branch, from the one lister."""
+    from throughway.layers import find_branches
+    return [ref.gate for ref in find_branches(model).values()]
 
 
 def _gated(ks: list[float], function: str = "relu") -> torch.nn.Module:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from throughway.analysis.gates import block_scalar_gates
 from throughway.analysis.removal import check_prunable, lesion, prune, removal_curve, removal_order
 from throughway.models import create_model
 from throughway.train import load_model, save_model
+
+
+def block_scalar_gates(model):
+    """The scalar gate of every branch, from the one lister."""
+    from throughway.layers import find_branches
+    return [ref.gate for ref in find_branches(model).values()]
 
 
 def _gated(ks: list[float]) -> torch.nn.Module:

@@ -12,9 +12,14 @@ from torch import nn
 
 from throughway.analysis import (find_blocks, gate_statistics, k_statistics, lesion, model_family, prune,
                                  removal_curve, removal_order)
-from throughway.analysis.gates import block_scalar_gates
 from throughway.layers import PlainBlock, ResidualBlock, ScalarGate, dense_unit
 from throughway.train import load_model, save_model
+
+
+def block_scalar_gates(model):
+    """The scalar gate of every branch, from the one lister."""
+    from throughway.layers import find_branches
+    return [ref.gate for ref in find_branches(model).values()]
 
 
 class MyNet(nn.Module):

@@ -6,10 +6,11 @@ The analyses (gate statistics, lesioning, pruning, removal curves) work on a res
 hooks, they walk `model.named_modules()` and pick out the modules that are blocks, so the blocks may
 sit in a `blocks` ModuleList, an `nn.Sequential`, several stages, or plain attributes.
 
-A block is a module of one of `BLOCK_TYPES`, any module that follows the block contract of
-docs/design.md (attributes `branch`, `shortcut` and `gate`, with `shortcut` None for a plain
-layer), or a module of a registered type (`layers.adapters.register_block`: torch's and Hugging
-Face transformer layers, torchvision's and timm's ResNet, ViT and ConvNeXt blocks are built in).
+A block is a module whose type is registered (`layers.blocks.register_block`: the toolkit's own
+block types are registered like any other library's; torch's and Hugging Face transformer layers,
+torchvision's and timm's blocks are built in, `layers.known_blocks`), one a registered rule
+recognises, or one that follows the block contract of docs/design.md (attributes `branch`,
+`shortcut` and `gate`, with `shortcut` None for a plain layer).
 A block has one residual branch or several (a transformer layer's attention and feed-forward
 branches); `find_branches` lists them, named "encoder.layers.3.ff". The search does not descend into a block: a block inside another block's branch belongs to
 that block. Blocks are reported by their qualified name (`model.get_submodule(name)` returns the
@@ -24,98 +25,93 @@ branch each, the two orders coincide. The command line prints qualified names.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence, cast
 
 import torch
 from torch import nn
 
-from ..layers import HighwayLayer, PlainBlock
-from ..layers.adapters import NATIVE_BLOCK_TYPES, BranchRef, block_branches, block_spec, is_block, iter_blocks
-from ..layers.gated import AugmentedLayer
+from ..layers.blocks import (BranchRef, block_branches, block_spec, check_blocks, find_branches, has_shortcut,
+                             identity_shortcut, is_block, iter_blocks, registered_blocks)
 
-__all__ = ["BLOCK_TYPES", "FAMILIES", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate", "gate_value",
+__all__ = ["FAMILIES", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate", "gate_value",
            "gate_magnitude", "resolve_block", "resolve_blocks", "resolve_branches", "identity_shortcut"]
 
-# The package's block types; a user's own block is found when it follows the block contract or its
-# type is registered (layers.adapters.register_block).
-BLOCK_TYPES: tuple[type[nn.Module], ...] = NATIVE_BLOCK_TYPES
 # What `block_kind` and `gates.model_family` answer.
 FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
 
 
-def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
+def _layer_stacks(model: nn.Module) -> list[str]:
+    """"name (N x Class)" for each ModuleList / Sequential of 2 or more children of one class: what a model
+    without registered blocks probably keeps its layers in."""
+    stacks = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2:
+            kinds = {type(child) for child in module}
+            if len(kinds) == 1:
+                cls = next(iter(kinds))
+                stacks.append(f"{name or '(the model)'} ({len(module)} x {cls.__module__}.{cls.__qualname__})")
+    return stacks
+
+
+def find_blocks(model: nn.Module, example_input: Any = None) -> dict[str, nn.Module]:
     """Every block of `model`, in module order, keyed by qualified name ("blocks.0", "stages.1.2",
-    "encoder.layers.3", ...): the toolkit's block types, modules following the block contract, and
-    every registered block type of other libraries (torch's and Hugging Face transformer layers,
-    torchvision's and timm's ResNet, ViT and ConvNeXt blocks: `layers.adapters`).
+    "encoder.layers.3", ...): every module whose type is registered (the toolkit's own blocks, torch's
+    and Hugging Face transformer layers, torchvision's and timm's blocks: `layers.known_blocks`) or
+    recognised by a registered rule, and modules following the block contract.
 
-    `model` itself counts as a block when it is one (its name is then ""). Empty when the model has
-    no block; the functions that need blocks raise ValueError then. ValueError naming both names
+    `model` itself counts as a block when it is one (its name is then ""). With `example_input`, every
+    block's spec is checked on it first (`layers.blocks.check_blocks`: ValueError naming the block and
+    the branch that fail). A model without any block gets an empty dict and one warning that names
+    `register_block` and the module lists that look like layer stacks. ValueError naming both names
     when one block module is reachable under two names (weight sharing)."""
-    return dict(iter_blocks(model))
-
-
-def find_branches(model: nn.Module) -> dict[str, BranchRef]:
-    """Every residual branch of `model`, in module order, keyed by name: a single-branch block's
-    branch has the block's name ("blocks.3", "layer1.0"), a transformer layer's two are named by the
-    layer's qualified name plus "attn" / "ff" ("encoder.layers.3.ff"). Each `BranchRef` says which
-    block holds it, which module ends it and its gate (None when ungated)."""
-    return {ref.name: ref for name, block in iter_blocks(model) for ref in block_branches(name, block)}
+    blocks = dict(iter_blocks(model))
+    if not blocks:
+        stacks = _layer_stacks(model)
+        warnings.warn(f"{type(model).__name__} has no block the toolkit knows (none of "
+                      f"{len(registered_blocks())} registered types or rules); register its block type with "
+                      f"throughway.register_block (docs/guide.md, 'Your own architecture')"
+                      + (f"; layer stacks seen: {', '.join(stacks[:3])}" if stacks else ""), stacklevel=2)
+    elif example_input is not None:
+        check_blocks(model, example_input)
+    return blocks
 
 
 def no_blocks_error(model: nn.Module) -> ValueError:
-    """The error every analysis raises for a model without blocks, naming the model and how to register
-    its block type."""
-    return ValueError(f"{type(model).__name__} has no blocks (none of the toolkit's block types, no module with the "
-                      f"attributes branch, shortcut and gate, and no registered block type): nothing to analyse; "
-                      f"register its block type with throughway.layers.register_block (docs/guide.md, 'Your own "
-                      f"architecture')")
+    """The error every analysis raises for a model without blocks, naming the model, the module lists that
+    look like layer stacks and how to register its block type."""
+    stacks = _layer_stacks(model)
+    return ValueError(f"{type(model).__name__} has no blocks (no registered block type or rule, and no module with "
+                      f"the attributes branch, shortcut and gate): nothing to analyse; register its block type with "
+                      f"throughway.layers.register_block (docs/guide.md, 'Your own architecture')"
+                      + (f"; layer stacks seen: {', '.join(stacks[:3])}" if stacks else ""))
 
 
 def block_gate(block: nn.Module) -> Any:
-    """The gate of `block` whose `value()` gives g: a `ScalarGate` (0-d g), a vector gate (g of
-    shape (C,), LayerScale's diag(λ)), any module with a `value()` method, or the gate of a
-    registered block's only branch (timm's LayerScale γ, a gate `add_gates` inserted); None for an
-    ungated block and for highway layers, whose transform gate T(x) depends on x. For a registered
-    block with several branches: the first branch's gate when every branch has one, else None
-    (use `find_branches` for each branch's own)."""
-    if block_spec(block) is not None:
-        gates = [ref.gate for ref in block_branches("", block)]
-        return gates[0] if gates and all(g is not None for g in gates) else None
-    gate = getattr(block, "gate", None)
-    return gate if isinstance(gate, nn.Module) and callable(getattr(gate, "value", None)) else None
+    """The gate of `block` whose `value()` gives g, read from its branches (`find_branches`): a
+    `ScalarGate` (0-d g), a vector gate (g of shape (C,), LayerScale's diag(λ)), timm's LayerScale γ,
+    a gate `add_gates` inserted; None for an ungated block and for highway layers, whose transform
+    gate T(x) depends on x. For a block with several branches: the first branch's gate when every
+    branch has one, else None (`find_branches` gives each branch's own)."""
+    gates = [ref.gate for ref in block_branches("", block)]
+    return gates[0] if gates and all(g is not None for g in gates) else None
 
 
 def block_kind(block: nn.Module) -> str:
-    """The family of one block (one of FAMILIES): "highway" (HighwayLayer), "augmented"
-    (AugmentedLayer, u = g·f(x) + (1 − g)·x), "gated" (a residual block whose gate has a value:
-    u = g·f_r(x) + shortcut(x), scalar or vector g; a registered block whose every branch is gated),
-    "residual" (the same ungated) or "plain" (no shortcut). ValueError naming the type for a module
-    that is not a block."""
-    if isinstance(block, HighwayLayer):
-        return "highway"
-    if isinstance(block, AugmentedLayer):
-        return "augmented"
-    if not is_block(block):
-        raise ValueError(f"a {type(block).__name__} is not a block: known are {[t.__name__ for t in BLOCK_TYPES]}, "
-                         f"registered block types and modules with the attributes branch, shortcut and gate "
+    """The family of one block (one of FAMILIES), from its spec: "highway" and "augmented" (the spec's
+    kind), "plain" (no shortcut: `has_shortcut`), "gated" (a residual block whose every branch has a
+    gate with a value: u = g·f_r(x) + shortcut(x), scalar or vector g) or "residual" (the same
+    ungated). ValueError naming the type for a module that is not a block."""
+    spec = block_spec(block)
+    if spec is None or not is_block(block):
+        raise ValueError(f"a {type(block).__name__} is not a block: register its type with "
+                         f"throughway.layers.register_block, or give it the attributes branch, shortcut and gate "
                          f"(docs/design.md)")
-    if block_spec(block) is None and (isinstance(block, PlainBlock) or getattr(block, "shortcut", None) is None):
+    if spec.kind in ("highway", "augmented"):
+        return spec.kind
+    if not has_shortcut(block):
         return "plain"
     return "gated" if block_gate(block) is not None else "residual"
-
-
-def identity_shortcut(block: nn.Module) -> bool:
-    """True when the block's shortcut is the identity, so that removing the block keeps the shapes:
-    an `nn.Identity` shortcut of a contract block; a registered block whose projection attribute
-    (`BlockSpec.shortcut`, e.g. torchvision's `downsample`) is None or nn.Identity."""
-    spec = block_spec(block)
-    if spec is None:
-        return isinstance(getattr(block, "shortcut", None), nn.Identity)
-    if spec.shortcut is None:
-        return True
-    projection = getattr(block, spec.shortcut, None)
-    return projection is None or isinstance(projection, nn.Identity)
 
 
 def gate_value(gate: Any) -> torch.Tensor:
@@ -141,7 +137,7 @@ def resolve_block(model: nn.Module, block: int | str, *, negative: bool = False)
     """(qualified name, block) for `block`, a position in `find_blocks(model)` (from 0; from the end
     when negative=True allows it) or a qualified name. IndexError naming the accepted values,
     ValueError when the model has no blocks or the name is a module that is not a block."""
-    blocks = find_blocks(model)
+    blocks = dict(iter_blocks(model))
     if not blocks:
         raise no_blocks_error(model)
     if isinstance(block, str):

@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate
-from ..layers.adapters import block_branches, block_spec
-from .blocks import find_blocks
+from ..layers.blocks import BranchRef, block_branches, block_spec, has_shortcut, iter_blocks
+from .blocks import block_kind
 
 __all__ = ["block_identity_distance", "nearest_identity_distance", "IdentityDistance"]
 
@@ -49,51 +49,70 @@ def _linear_layers(module: nn.Module) -> list[_Weighted]:
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
-def _registered_identity_distance(block: nn.Module) -> tuple[str, float]:
-    """A registered block (a transformer layer, a torchvision or timm ResNet block): "gated" when
-    every branch has a relu ScalarGate (Σ max(k, 0)² over branches: only k has to move), otherwise
-    "residual": the squared norm of every parameter of the block outside its normalisation layers
-    and its projection shortcut (Ŵ = 0, b̂ = 0 for every layer of the branches, section 2.3)."""
-    gates = [ref.gate for ref in block_branches("", block)]
-    with torch.no_grad():
-        if gates and all(isinstance(g, ScalarGate) and g.function == "relu" for g in gates):
-            return "gated", sum(float(torch.clamp(g.k, min=0.0) ** 2) for g in gates)
-        spec = block_spec(block)
-        skip: set[int] = set()
-        projection = getattr(block, spec.shortcut, None) if spec is not None and spec.shortcut else None
-        for module in block.modules():
-            if isinstance(module, _NORMS) or "norm" in type(module).__name__.lower() or \
-                    isinstance(module, (ScalarGate,)) or (projection is not None and module is projection):
-                skip.update(id(p) for p in module.parameters())
-        if isinstance(projection, nn.Module):
-            skip.update(id(p) for p in projection.parameters())
-        total = sum(float(p.detach().double().pow(2).sum()) for p in block.parameters() if id(p) not in skip)
-        return "residual", total
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, _NORMS) or "norm" in type(module).__name__.lower()
+
+
+def _branch_parameters(block: nn.Module, refs: list[BranchRef]) -> list[torch.Tensor]:
+    """The parameters an identity configuration sets to zero: every parameter of the block outside its
+    normalisation layers, its gates (and gate slots: a highway layer's T) and its projection shortcut.
+    For the toolkit's blocks these are the weights and biases of the branch's Linear / convolution
+    layers (section 2.3: Ŵ = 0, b̂ = 0); for a library's block, every weight of its branches."""
+    spec = block_spec(block)
+    skip: set[int] = set()
+    excluded: list[Any] = [ref.gate for ref in refs if isinstance(ref.gate, nn.Module)]
+    if spec is not None:
+        excluded += [block.get_submodule(path) for path in spec.gates.values()
+                     if isinstance(getattr(block, path.split(".")[0], None), nn.Module)
+                     and _resolves_to_module(block, path)]
+        if spec.shortcut is not None and isinstance(getattr(block, spec.shortcut, None), nn.Module):
+            excluded.append(block.get_submodule(spec.shortcut))
+    for module in block.modules():
+        if _is_norm(module):
+            skip.update(id(p) for p in module.parameters())
+    for module in excluded:
+        skip.update(id(p) for p in cast(nn.Module, module).parameters())
+    for ref in refs:
+        if ref.gate is not None and not isinstance(ref.gate, nn.Module):
+            skip.update(id(p) for p in ref.gate.parameters())  # a library's γ parameter
+    return [p for p in block.parameters() if id(p) not in skip]
+
+
+def _resolves_to_module(block: nn.Module, path: str) -> bool:
+    try:
+        return isinstance(block.get_submodule(path), nn.Module)
+    except AttributeError:
+        return False
+
+
+def _gate_route(gate: Any) -> float | None:
+    """The squared distance that closes one scalar gate: max(k, 0)² for g = ReLU (only k has to move,
+    section 3), k² for an identity gate (ReZero's α); None otherwise (a sigmoid gate only approaches 0)."""
+    if isinstance(gate, ScalarGate) and gate.function == "relu":
+        return float(torch.clamp(gate.k.detach().double(), min=0.0) ** 2)
+    if isinstance(gate, ScalarGate) and gate.function == "identity":
+        return float(gate.k.detach().double() ** 2)
+    return None
 
 
 def block_identity_distance(block: nn.Module) -> tuple[str, float]:
-    """(kind, squared distance to the paper's identity configuration) of one block: the distance the
-    paper's SDI measures at initialisation (gated-residual-v1 sections 2.1, 2.3, 3; see the module
-    docstring). A registered block of another library is measured as `_registered_identity_distance`
-    says."""
-    if block_spec(block) is not None:
-        return _registered_identity_distance(block)
-    gate = getattr(block, "gate", None)
-    shortcut = getattr(block, "shortcut", None)
-    branch = getattr(block, "branch", block)
+    """(kind, squared distance to the paper's identity configuration) of one block, read from its
+    branches (`find_branches`) the same way for the toolkit's blocks and every library's: the
+    distance the paper's SDI measures at initialisation (gated-residual-v1 sections 2.1, 2.3, 3).
+
+    "gated" when every branch has a scalar gate: Σ over branches of max(k, 0)² (g = ReLU: only k has to
+    move) or k² (another g, ReZero's α); "residual" for a block with a shortcut otherwise: the squared
+    norm of the parameters its branches would zero (`_branch_parameters`: Ŵ = 0, b̂ = 0); "plain" for a
+    block without one: ‖W − I‖² + ‖b‖² over its Linear / convolution layers (section 2.1; a rectangular
+    W uses the rectangular identity, a kernel the centre tap)."""
+    refs = block_branches("", block)
     with torch.no_grad():
-        if isinstance(gate, ScalarGate) and gate.function == "relu":
-            return "gated", float(torch.clamp(gate.k, min=0.0) ** 2)
-        if isinstance(gate, ScalarGate):
-            return "gated", float(gate.k ** 2)
+        if refs and all(isinstance(ref.gate, ScalarGate) for ref in refs):
+            return "gated", sum(_gate_route(ref.gate) or float(ref.gate.k.detach().double() ** 2) for ref in refs)
+        if has_shortcut(block):
+            return "residual", sum(float(p.detach().double().pow(2).sum()) for p in _branch_parameters(block, refs))
         total = 0.0
-        if shortcut is not None:
-            for layer in _linear_layers(branch):
-                total += float(layer.weight.double().pow(2).sum())
-                if layer.bias is not None:
-                    total += float(layer.bias.double().pow(2).sum())
-            return "residual", total
-        for layer in _linear_layers(branch):
+        for layer in _linear_layers(getattr(block, "branch", block)):
             w = layer.weight.double()
             eye = torch.zeros_like(w)
             n = min(w.shape[0], w.shape[1])
@@ -137,27 +156,34 @@ def _silencing_distance(branch: nn.Module) -> float | None:
     return float(silence.sum() + constant.pow(2).sum())
 
 
+def _branch_route(block: nn.Module, ref: BranchRef) -> float | None:
+    """The squared distance that silences one branch unit by unit: through the contract's `branch`
+    module, or through the Linear / convolution / BatchNorm the spec's `fold` path names (the module
+    whose output is the branch)."""
+    if ref.spec.fold.get(ref.key):
+        module = block.get_submodule(ref.spec.fold[ref.key])
+        return _silencing_distance(nn.Sequential(module)) if not _is_norm(module) else \
+            float(sum(p.detach().double().pow(2).sum() for p in module.parameters()))
+    branch = getattr(block, "branch", None)
+    return _silencing_distance(branch) if isinstance(branch, nn.Module) and len(block_branches("", block)) == 1 \
+        else None
+
+
 def nearest_identity_distance(block: nn.Module) -> float | None:
-    """Squared distance to the nearest identity configuration that silences the block's residual
-    branch unit by unit or closes its gate (see the module docstring); None for a block without a
-    shortcut, or whose branch ending is not `Linear/Conv [BatchNorm] [ReLU]`."""
-    if block_spec(block) is not None:
-        kind, distance = _registered_identity_distance(block)
-        return distance if kind == "gated" else None
-    gate = getattr(block, "gate", None)
-    shortcut = getattr(block, "shortcut", None)
-    if shortcut is None:
+    """Squared distance to the nearest identity configuration that silences each branch of the block
+    unit by unit or closes its gate (see the module docstring): Σ over branches of the smaller route;
+    None for a block without a shortcut, a highway or augmented layer, or a branch with neither route
+    (its ending is not `Linear/Conv [BatchNorm] [ReLU]` and it has no exact-zero gate)."""
+    if not has_shortcut(block) or block_kind(block) in ("highway", "augmented", "plain"):
         return None
+    total = 0.0
     with torch.no_grad():
-        branch_route = _silencing_distance(getattr(block, "branch", block))
-        gate_route = None
-        if isinstance(gate, ScalarGate) and gate.function == "relu":
-            gate_route = float(torch.clamp(gate.k.detach().double(), min=0.0) ** 2)
-        elif isinstance(gate, ScalarGate) and gate.function == "identity":
-            gate_route = float(gate.k.detach().double() ** 2)
-        # a sigmoid gate only approaches 0, so it offers no exact identity of its own
-    routes = [r for r in (branch_route, gate_route) if r is not None]
-    return min(routes) if routes else None
+        for ref in block_branches("", block):
+            routes = [r for r in (_branch_route(block, ref), _gate_route(ref.gate)) if r is not None]
+            if not routes:
+                return None
+            total += min(routes)
+    return total
 
 
 def _block_vectors(model: nn.Module) -> list[torch.Tensor]:
@@ -167,7 +193,7 @@ def _block_vectors(model: nn.Module) -> list[torch.Tensor]:
 
 
 def _blocks_of(model: nn.Module) -> list[nn.Module]:
-    blocks = list(find_blocks(model).values())
+    blocks = [block for _, block in iter_blocks(model)]
     if not blocks:
         raise ValueError(f"IdentityDistance: {type(model).__name__} has no blocks (the toolkit's blocks, modules with "
                          f"branch/shortcut/gate attributes, or registered block types: register_block)")

@@ -25,13 +25,12 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate, TransformGate
-from .blocks import FAMILIES, no_blocks_error, block_kind, find_blocks, find_branches, gate_value, identity_shortcut
+from ..layers.blocks import iter_blocks
+from .blocks import FAMILIES, no_blocks_error, block_kind, find_branches, gate_value, identity_shortcut
 
 __all__ = [
     "FAMILIES",
     "model_family",
-    "block_scalar_gates",
-    "block_gates",
     "k_statistics",
     "gate_statistics",
     "projection_blocks",
@@ -44,7 +43,7 @@ __all__ = [
 
 
 def _blocks(model: nn.Module) -> dict[str, nn.Module]:
-    blocks = find_blocks(model)
+    blocks = dict(iter_blocks(model))
     if not blocks:
         raise no_blocks_error(model)
     return blocks
@@ -67,35 +66,21 @@ def model_family(model: nn.Module) -> str:
     return next(iter(kinds))
 
 
-def block_gates(model: nn.Module) -> dict[str, Any]:
-    """The gate of every residual branch, keyed by the branch's name (a block's qualified name for
-    the toolkit's one-branch blocks, "encoder.layers.3.ff" for a transformer layer's), in order: any
-    gate with a `value()` (scalar k, ReZero's α, LayerScale's vector λ, timm's LayerScale γ, the
-    gates `add_gates` inserted). ValueError naming the first branch that has none (an ungated
-    residual, plain or highway block)."""
+def _gated_branches(model: nn.Module, scalar: bool) -> dict[str, Any]:
+    """The gate of every residual branch (`find_branches`), keyed by branch name, in order; ValueError
+    naming the first branch without a gate with a value (or, with scalar=True, without a scalar k)."""
     _blocks(model)
     gates = {}
     for name, ref in find_branches(model).items():
-        if ref.gate is None:
+        if ref.gate is None or (scalar and not isinstance(ref.gate, ScalarGate)):
             block = model.get_submodule(ref.block)
+            if scalar:
+                raise ValueError(f"block {name!r} ({type(block).__name__}) has no scalar gate k; k statistics need a "
+                                 f"gated residual or augmented model"
+                                 + (" (its gate is a vector: use gate_statistics)" if ref.gate is not None else ""))
             raise ValueError(f"branch {name!r} ({type(block).__name__}) has no gate with a value; gate statistics "
                              f"need gated branches (throughway.add_gates puts one in every residual branch)")
         gates[name] = ref.gate
-    return gates
-
-
-def block_scalar_gates(model: nn.Module) -> list[ScalarGate]:
-    """The scalar gate of every residual branch, in order. Raises ValueError naming the first branch
-    that has none (an ungated residual, plain or highway block, or a vector gate: see `block_gates`)."""
-    _blocks(model)
-    gates = []
-    for name, ref in find_branches(model).items():
-        if not isinstance(ref.gate, ScalarGate):
-            block = model.get_submodule(ref.block)
-            raise ValueError(f"block {name!r} ({type(block).__name__}) has no scalar gate k; "
-                             f"k statistics need a gated residual or augmented model"
-                             + (" (its gate is a vector: use gate_statistics)" if ref.gate is not None else ""))
-        gates.append(ref.gate)
     return gates
 
 
@@ -122,8 +107,9 @@ def k_statistics(model: nn.Module) -> dict[str, Any]:
     gated-residual-v2 Table 2 reports the mean k (0.67 at d = 100) and figure 5 left the k of each
     block (indexed from 1 there, from 0 here).
     """
-    gates = block_scalar_gates(model)
-    names = list(find_branches(model))
+    by_branch = _gated_branches(model, scalar=True)
+    names = list(by_branch)
+    gates = cast(list[ScalarGate], list(by_branch.values()))
     ks = [float(g.k.detach().cpu()) for g in gates]
     values = [g.value().detach().cpu() for g in gates]
     functions = sorted({g.function for g in gates})
@@ -153,7 +139,7 @@ def gate_statistics(model: nn.Module) -> dict[str, Any]:
     every entry of g is < 0: open, with the branch's sign flipped], "num_dead", "num_negative",
     "num_blocks"}. ValueError naming a block without a gate value.
     """
-    gates = block_gates(model)
+    gates = _gated_branches(model, scalar=False)
     values = [gate_value(gate) for gate in gates.values()]
     means = [float(v.mean()) for v in values]
     magnitudes = [float(v.abs().mean()) for v in values]

@@ -1,6 +1,6 @@
 """Lesioning one block and physically removing blocks, on any model (the registry's or a user's own).
 
-Blocks are found by type wherever they sit (`analysis.blocks.find_blocks`) and named by their
+Blocks are found wherever they sit (`analysis.blocks.find_blocks`) and named by their
 qualified name or by their position from 0 (see analysis.blocks).
 
 * `lesion(model, block)` (highway paper section 4.2, figure 4): a context manager that closes the
@@ -29,11 +29,11 @@ from typing import Any, Callable, Iterator, Sequence, cast
 import torch
 from torch import nn
 
-from ..layers import ScalarGate, TransformGate
+from ..layers import ScalarGate
+from ..layers.blocks import BranchRef, ClosedGate, block_spec, close_branches, iter_blocks
 from ..models import create_model
-from ..layers.adapters import BranchRef, block_spec
-from .blocks import (no_blocks_error, block_kind, find_blocks, find_branches, gate_magnitude, gate_value,
-                     identity_shortcut, resolve_blocks, resolve_branches)
+from .blocks import (no_blocks_error, block_kind, find_branches, gate_magnitude, gate_value, identity_shortcut,
+                     resolve_blocks, resolve_branches)
 
 __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
            "removable_blocks", "unremovable_blocks", "STRATEGIES", "PRUNABLE_MODELS"]
@@ -45,67 +45,20 @@ PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_h
                    "mlp_layerscale")
 
 
-class ClosedGate(nn.Module):
-    """A gate that is shut: `forward` returns zeros shaped like its input (T(x) = 0 for a transform
-    gate, g·h = 0 for a scalar or vector gate) and `value()` returns g = 0 as a 0-d tensor (what
-    `AugmentedLayer` reads; it broadcasts wherever a vector g would).
-
-    Holds the gate it replaces as `closed` (not registered as a submodule, so state_dict keys and
-    parameters() are unchanged while it is in place)."""
-
-    def __init__(self, closed: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "closed", closed)
-        self.used = False  # set by forward() and value(): lesion checks that the block really read its gate
-
-    def value(self) -> torch.Tensor:
-        """g = 0: the closed gate's value, as a 0-d tensor."""
-        self.used = True
-        reference = next(iter(cast(nn.Module, self.closed).parameters()), None)
-        if reference is None:
-            return torch.zeros(())
-        return torch.zeros((), dtype=reference.dtype, device=reference.device)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        self.used = True
-        return torch.zeros_like(h)
+def _blocks(model: nn.Module) -> dict[str, nn.Module]:
+    return dict(iter_blocks(model))
 
 
-def _check_lesionable(model: nn.Module, ref: BranchRef) -> nn.Module:
+def _check_lesionable(model: nn.Module, ref: BranchRef) -> None:
     block = model.get_submodule(ref.block)
-    kind = block_kind(block)
-    if kind == "plain":
+    if block_kind(block) == "plain":
         raise ValueError(f"block {ref.name!r} is a {type(block).__name__} without a shortcut; only highway layers, "
                          f"residual blocks (gated or not, dense or convolutional), augmented layers and registered "
                          f"residual blocks have a shortcut to fall back on when lesioned")
-    if ref.end is None:
-        if isinstance(block.gate, ClosedGate) or (kind == "highway" and not isinstance(block.gate, TransformGate)):
-            raise ValueError(f"block {ref.name!r} is already lesioned (its gate is {type(block.gate).__name__})")
-    return block
-
-
-def _zero_output(_module: nn.Module, _args: tuple, out: Any) -> Any:
-    # A forward hook that returns a value replaces the module's output: the branch contributes 0.
-    if isinstance(out, tuple):
-        return (torch.zeros_like(out[0]), *out[1:])
-    return torch.zeros_like(out)
-
-
-class _Closed:
-    """What lesion put in place for one branch, and whether the last forward pass used it."""
-
-    def __init__(self, ref: BranchRef) -> None:
-        self.ref = ref
-        self.gate: ClosedGate | None = None
-        self.called = False
-
-    def used(self) -> bool:
-        return self.gate.used if self.gate is not None else self.called
-
-    def reset(self) -> None:
-        self.called = False
-        if self.gate is not None:
-            self.gate.used = False
+    if ref.spec.close == "gate":
+        slot = model.get_submodule(ref.block).get_submodule(ref.spec.gates[ref.key])
+        if isinstance(slot, ClosedGate):
+            raise ValueError(f"block {ref.name!r} is already lesioned (its gate is a ClosedGate)")
 
 
 @contextlib.contextmanager
@@ -115,72 +68,48 @@ def lesion(model: nn.Module, block: int | str) -> Iterator[nn.Module]:
 
     `block`: a branch's name ("encoder.layers.3.ff"), a block's qualified name ("blocks.3"; every
     branch of it) or a position in `find_branches(model)` from 0 (negative from the end); for the
-    toolkit's models these are the blocks of `find_blocks`. Highway layer: T(x) = 0, so
-    y = H(x)·0 + x·1 = x exactly (highway paper §4.2: "manually setting all the transform gates of
-    a layer to 0 forcing it to simply copy its inputs"). Gated residual block, scalar or vector gate:
-    g = 0, so u = 0·f_r(x) + shortcut(x), which is x for an identity shortcut (a CIFAR stage's first
-    block keeps its projection). A registered block (a transformer layer, a torchvision or timm
-    block): the module that ends the branch outputs zeros, through a forward hook (a post-norm layer
-    such as BERT's then gives LayerNorm(x), not x). Yields the model. On exit, also after an
-    exception, the original gate module is put back and the hooks removed; outputs before and after
-    are bit-identical because lesioning writes no tensor of the model. (Forward passes made inside
-    the `with` block in training mode update BatchNorm running statistics, as any forward pass
-    would: evaluate in eval mode.)
+    toolkit's models these are the blocks of `find_blocks`. Each branch is closed as its block's spec
+    says (`layers.blocks.close_branches`). Highway layer: T(x) = 0, so y = H(x)·0 + x·1 = x exactly
+    (highway paper §4.2: "manually setting all the transform gates of a layer to 0 forcing it to simply
+    copy its inputs"). Gated residual block, scalar or vector gate: g = 0, so u = 0·f_r(x) +
+    shortcut(x), which is x for an identity shortcut (a CIFAR stage's first block keeps its
+    projection). A registered block of another library (a transformer layer, a torchvision or timm
+    block): the module that ends the branch outputs zeros (a post-norm layer such as BERT's then gives
+    LayerNorm(x), not x). Yields the model. The closing swaps modules, so a model that torch.compile
+    compiled before the lesion sees it too (dynamo guards the module tree). On exit, also after an
+    exception, the original modules are put back; outputs before and after are bit-identical because
+    lesioning writes no tensor of the model. (Forward passes made inside the `with` block in training
+    mode update BatchNorm running statistics, as any forward pass would: evaluate in eval mode.)
 
-    A lesion never passes silently: every forward pass of `model` inside the `with` block checks
-    that each closed branch was actually used, and raises RuntimeError naming the branch when it was
-    not (a block whose forward never calls the `gate` attribute it carries, or a fused inference
-    path that skips the branch's modules), since the output would then be unchanged. IndexError /
-    ValueError naming the block when it does not exist, has no shortcut (a plain layer) or is
-    already lesioned.
+    A lesion never passes silently: every forward pass of `model` inside the `with` block checks that
+    each closed branch was actually used, and raises RuntimeError naming the branch when it was not (a
+    block whose forward never calls the `gate` attribute it carries, or a fused inference path that
+    skips the branch's modules), since the output would then be unchanged. IndexError / ValueError
+    naming the block when it does not exist, has no shortcut (a plain layer) or is already lesioned.
     """
     refs = resolve_branches(model, block)
-    closed = [_Closed(ref) for ref in refs]
-    for item in closed:
-        _check_lesionable(model, item.ref)
-    handles: list[Any] = []
-    swapped: list[tuple[nn.Module, nn.Module]] = []
+    for ref in refs:
+        _check_lesionable(model, ref)
+    with close_branches(model, [ref.name for ref in refs]) as standins:
+        def before(_module: nn.Module, _args: tuple) -> None:
+            for standin in standins:
+                standin.used = False
 
-    def called(item: _Closed) -> Callable[[nn.Module, tuple, Any], Any]:
-        def hook(module: nn.Module, args: tuple, out: Any) -> Any:
-            item.called = True
-            return _zero_output(module, args, out)
-        return hook
+        def after(_module: nn.Module, _args: tuple, _out: Any) -> None:
+            unused = [ref.name for ref, standin in zip(refs, standins) if not standin.used]
+            if unused:
+                what = "gate attribute" if refs[0].spec.close == "gate" else "last module"
+                raise RuntimeError(f"lesion of {unused[0]!r} changed nothing: the forward pass never used the "
+                                   f"branch's {what}, so the output equals the intact model's. Register the block "
+                                   f"type with register_block (naming the module that ends the branch) instead of "
+                                   f"giving it branch/shortcut/gate attributes its forward does not call")
 
-    def before(_module: nn.Module, _args: tuple) -> None:
-        for item in closed:
-            item.reset()
-
-    def after(_module: nn.Module, _args: tuple, _out: Any) -> None:
-        unused = [item.ref.name for item in closed if not item.used()]
-        if unused:
-            raise RuntimeError(f"lesion of {unused[0]!r} changed nothing: the forward pass never used the branch's "
-                               f"{'gate attribute' if closed[0].ref.end is None else 'last module'}, so the output "
-                               f"equals the intact model's. Register the block type with register_block (naming the "
-                               f"module that ends the branch) instead of giving it branch/shortcut/gate attributes "
-                               f"its forward does not call")
-
-    try:
-        for item in closed:
-            host = model.get_submodule(item.ref.block)
-            if item.ref.end is None:
-                original = cast(nn.Module, host.gate)
-                item.gate = ClosedGate(original)
-                host.gate = item.gate
-                swapped.append((host, original))
-            else:
-                spec = block_spec(host)
-                if spec is not None and spec.prepare is not None:
-                    spec.prepare(host)
-                handles.append(model.get_submodule(item.ref.end).register_forward_hook(called(item)))
-        handles.append(model.register_forward_pre_hook(before))
-        handles.append(model.register_forward_hook(after))
-        yield model
-    finally:
-        for handle in handles:
-            handle.remove()
-        for host, original in swapped:
-            host.gate = original
+        handles = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+        try:
+            yield model
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def layers_per_block(model: nn.Module) -> int:
@@ -188,7 +117,7 @@ def layers_per_block(model: nn.Module) -> int:
     / number of blocks (2 for the residual MLPs, whose blocks hold two Dot-BN-ReLU layers; 1 for
     plain, augmented and highway MLPs)."""
     config = getattr(model, "config", None)
-    blocks = find_blocks(model)
+    blocks = _blocks(model)
     if not isinstance(config, dict) or "depth" not in config:
         raise ValueError("this model carries no model.config with a 'depth'; build it with create_model")
     if not blocks:
@@ -207,7 +136,7 @@ def _registry_name(model: nn.Module) -> str | None:
     blocks = getattr(model, "blocks", None)
     if name not in PRUNABLE_MODELS or not isinstance(blocks, nn.ModuleList):
         return None
-    return cast(str, name) if list(find_blocks(model)) == [f"blocks.{i}" for i in range(len(blocks))] else None
+    return cast(str, name) if list(_blocks(model)) == [f"blocks.{i}" for i in range(len(blocks))] else None
 
 
 def check_prunable(model: nn.Module) -> str:
@@ -229,7 +158,7 @@ def check_prunable(model: nn.Module) -> str:
 
 def _check_shapes(model: nn.Module, names: Sequence[str], example_input: torch.Tensor | None) -> None:
     """ValueError naming the first block of `names` whose output may not have its input's shape."""
-    blocks = find_blocks(model)
+    blocks = _blocks(model)
     unsure = [name for name in names if not identity_shortcut(blocks[name])]
     if not unsure:
         return  # u = ... + x: an identity shortcut makes the output x's shape
@@ -289,7 +218,48 @@ def _remove_from_copy(model: nn.Module, names: Sequence[str]) -> nn.Module:
         else:
             for key in keys:
                 parent._modules[key] = nn.Identity()
+    _update_library_config(model, pruned, names)
     return pruned
+
+
+# Per-layer lists of a Hugging Face config, one entry per decoder layer (Qwen2/3, Gemma 2/3, Mistral's
+# sliding-window layouts in transformers 5): the removed layers' entries go with them.
+_PER_LAYER_CONFIG_LISTS = ("layer_types",)
+
+
+def _update_library_config(model: nn.Module, pruned: nn.Module, names: Sequence[str]) -> None:
+    """A Hugging Face model keeps describing itself after its layers are removed: the config's layer
+    count (num_hidden_layers, which GPT-2 maps to n_layer), its per-layer lists, and each kept layer's
+    `layer_idx` (what the attention cache is indexed by), so that save_pretrained / from_pretrained
+    rebuild the pruned model. Only the stack that holds num_hidden_layers layers is counted."""
+    config = getattr(pruned, "config", None)
+    if config is None or not callable(getattr(config, "to_dict", None)):
+        return
+    count = getattr(config, "num_hidden_layers", None)
+    if not isinstance(count, int):
+        return
+    removed_by_parent: dict[str, set[str]] = {}
+    for name in names:
+        parent_name, _, key = name.rpartition(".")
+        removed_by_parent.setdefault(parent_name, set()).add(key)
+    stacks = [(parent_name, keys) for parent_name, keys in removed_by_parent.items()
+              if isinstance(model.get_submodule(parent_name), nn.ModuleList)
+              and len(model.get_submodule(parent_name)) == count]
+    if len(stacks) != 1 or len(stacks) != len(removed_by_parent):
+        raise ValueError(f"prune: cannot tell which of the removed blocks {list(names)[:4]} count in the config's "
+                         f"num_hidden_layers={count}: the blocks must all come from the one layer list of that length")
+    parent_name, keys = stacks[0]
+    kept = [i for i in range(count) if str(i) not in keys]
+    config.num_hidden_layers = len(kept)
+    for attribute in _PER_LAYER_CONFIG_LISTS:
+        values = getattr(config, attribute, None)
+        if isinstance(values, (list, tuple)) and len(values) == count:
+            setattr(config, attribute, type(values)(values[i] for i in kept))
+    for new, layer in enumerate(cast(nn.ModuleList, pruned.get_submodule(parent_name))):
+        old = kept[new]
+        for module in layer.modules():
+            if getattr(module, "layer_idx", None) == old:
+                module.layer_idx = new
 
 
 def _prune_by_config(model: nn.Module, name: str, names: Sequence[str]) -> nn.Module:
@@ -345,11 +315,12 @@ def prune(model: nn.Module, blocks: Sequence[int | str], example_input: torch.Te
     performance").
     """
     # A meta-device model has shapes but no weights to carry over; without this the failed copy read as
-    # "blocks are not interchangeable" (issue 25, finding 16).
+    # "blocks are not interchangeable".
     if any(t.is_meta for t in model.state_dict().values()):
-        raise ValueError(f"model {type(model).__name__} ({getattr(model, 'config', {}).get('name')!r}) is on the meta "
-                         f"device (it has shapes but no weights); prune needs a model with its weights, e.g. from "
-                         f"load_model")
+        config = getattr(model, "config", None)
+        name = config.get("name") if isinstance(config, dict) else type(config).__name__ if config is not None else None
+        raise ValueError(f"model {type(model).__name__} ({name}) is on the meta device (it has shapes but no "
+                         f"weights); prune needs a model with its weights, e.g. from load_model")
     names = resolve_blocks(model, blocks)
     registry_name = _registry_name(model)
     if registry_name is None:
@@ -363,22 +334,30 @@ def _prune_checked(model: nn.Module, names: Sequence[str], registry_name: str | 
     return _remove_from_copy(model, names)
 
 
-def unremovable_blocks(model: nn.Module) -> dict[str, str]:
-    """The blocks whose removal would not keep the shapes, keyed by qualified name, each with the
-    reason: a projection or padding shortcut (a stride-2 or widening block: torchvision's and timm's
-    `downsample`, ConvNeXt's `shortcut`, the toolkit's ZeroPadShortcut) changes the feature map;
-    a plain layer has no shortcut, so only `prune(..., example_input=...)` can tell. Empty for the
-    registry's prunable MLPs (PRUNABLE_MODELS), whose blocks all keep the width."""
-    blocks = find_blocks(model)
+def unremovable_blocks(model: nn.Module, example_input: Any = None) -> dict[str, str]:
+    """The blocks whose removal would not keep the function's shapes or its shortcut, keyed by
+    qualified name, each with the reason: a projection or padding shortcut (a stride-2 or widening
+    block: torchvision's and timm's `downsample`, ConvNeXt's `shortcut`, the toolkit's
+    ZeroPadShortcut) changes the feature map; a plain layer, or a block whose shortcut this instance
+    does not have (timm's InvertedResidual without `has_skip`), has no shortcut, so only
+    `prune(..., example_input=...)` can tell. Empty for the registry's prunable MLPs
+    (PRUNABLE_MODELS), whose blocks all keep the width. With `example_input` every block's spec is
+    checked on it first (`layers.blocks.check_blocks`: ValueError naming the block and branch that
+    fail)."""
+    blocks = _blocks(model)
     if not blocks:
         raise no_blocks_error(model)
+    if example_input is not None:
+        from ..layers.blocks import check_blocks
+
+        check_blocks(model, example_input)
     if _registry_name(model) is not None:
         return {}
     reasons = {}
     for name, block in blocks.items():
         if block_kind(block) == "plain":
-            reasons[name] = (f"{type(block).__name__} has no shortcut; whether its output keeps its input's shape is "
-                             f"checked by prune(..., example_input=...)")
+            reasons[name] = (f"{type(block).__name__} has no shortcut (in this instance); whether its output keeps "
+                             f"its input's shape is checked by prune(..., example_input=...)")
         elif not identity_shortcut(block):
             spec = block_spec(block)
             where = spec.shortcut if spec is not None and spec.shortcut else "shortcut"
@@ -387,14 +366,14 @@ def unremovable_blocks(model: nn.Module) -> dict[str, str]:
     return reasons
 
 
-def removable_blocks(model: nn.Module) -> list[str]:
+def removable_blocks(model: nn.Module, example_input: Any = None) -> list[str]:
     """The qualified names of the blocks that can be removed with the shapes kept, in block order:
     every block with an identity shortcut (all blocks of the registry's prunable MLPs, the
     non-projection blocks of a CIFAR or torchvision ResNet, every layer of a transformer).
-    `unremovable_blocks` says why each other block is not. The orders of `removal_order` are drawn
-    from these."""
-    excluded = unremovable_blocks(model)
-    return [name for name in find_blocks(model) if name not in excluded]
+    `unremovable_blocks` says why each other block is not (and checks the specs on `example_input`
+    when given). The orders of `removal_order` are drawn from these."""
+    excluded = unremovable_blocks(model, example_input)
+    return [name for name in _blocks(model) if name not in excluded]
 
 
 def _block_key(model: nn.Module, name: str, refs: list[BranchRef]) -> tuple[float, float]:
@@ -427,7 +406,7 @@ def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | 
     block (ValueError naming the first branch without one, or with a NaN gate)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; accepted values: {list(STRATEGIES)}")
-    positions = {name: i for i, name in enumerate(find_blocks(model))}
+    positions = {name: i for i, name in enumerate(_blocks(model))}
     removable = [positions[name] for name in removable_blocks(model)]
     if strategy == "greedy":
         branches = list(find_branches(model).values())

@@ -42,12 +42,13 @@ from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config
                           read_runs, rebuild_from_runs, remake_report, run_status)
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
+from ..layers import cait_layerscale_init
 from ..train import RunConfig, load_model
 from ..report.tables import table_header
 from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
                                  gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
 
-__all__ = ["NAME", "DESCRIPTION", "FAMILIES", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
+__all__ = ["NAME", "DESCRIPTION", "FAMILIES", "family_kwargs", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
            "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
 
 NAME = "gate-family"
@@ -67,6 +68,16 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "gated-nf": ("mlp_gated_residual", {"norm": "none"}),
     "rezero-nf": ("mlp_rezero", {"norm": "none"}),
 }
+
+def family_kwargs(family: str, depth: int) -> dict[str, Any]:
+    """The model arguments of `family` at depth d: FAMILIES' own, and for LayerScale the study's ε, CaiT's
+    for d, the middle layers (ours, recorded since the study began; the toolkit's default counts the d/2
+    blocks): 0.1 at d = 2, 10; 1e-5 at d = 20; 1e-6 at d = 50, 100."""
+    model, kwargs = FAMILIES[family]
+    if model == "mlp_layerscale":
+        return {**kwargs, "k_init": cait_layerscale_init(depth)}
+    return dict(kwargs)
+
 
 # The gate of each family's blocks: "relu" (k ≤ 0 closes the gate: a dead gate), "identity" (α or λ
 # may turn negative: a negative gate, not a dead one), None (ungated).
@@ -127,7 +138,7 @@ def specs(config: Config) -> list[RunSpec]:
     out = []
     for depth in sorted(config.depths):
         for family in config.families:
-            model, kwargs = FAMILIES[family]
+            model, kwargs = FAMILIES[family][0], family_kwargs(family, depth)
             for seed in range(config.seeds):
                 out.append(RunSpec(run_name(family, depth, seed), RunConfig(
                     model=model, depth=depth, dataset=config.dataset, recipe=config.recipe, epochs=config.epochs,

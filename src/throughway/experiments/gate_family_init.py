@@ -49,7 +49,7 @@ from ..report.stats import format_mean_std, mean_std
 from ..study.shards import merge_option, shard_option
 from ..study.shortcut import whitened_data
 from ..report.tables import table_header
-from .gate_family import FAMILIES
+from .gate_family import FAMILIES, family_kwargs
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "distance_to_identity", "hessian_cell", "summarize", "table_markdown",
            "write_report", "run"]
@@ -236,7 +236,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                 position += 1
                 if key in cells or not study.in_shard(position):
                     continue
-                name, kwargs = FAMILIES[family]
+                name, kwargs = FAMILIES[family][0], family_kwargs(family, depth)
                 torch.manual_seed(seed)
                 net = create_model(name, depth=depth, width=config.width, **kwargs)
                 distance = distance_to_identity(net)

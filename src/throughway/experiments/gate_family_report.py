@@ -27,6 +27,7 @@ from torch import nn
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import removal_curve, removal_order
 from ..data import load_dataset
+from ..layers import find_branches
 from ..report.stats import (MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed,
                            paired_verdict)
 from ..train import load_model
@@ -100,13 +101,15 @@ def comparisons_markdown(summary: dict[str, Any]) -> str:
 # The gates at the end
 
 def block_gates(model: nn.Module) -> list[torch.Tensor]:
-    """The raw gate parameter of every block, in block order: k (gated), α (ReZero), λ (LayerScale,
-    a vector per channel); float64 copies. Raises ValueError for a block without a `gate.k`."""
+    """The raw gate parameter of every gated branch, in branch order (`layers.find_branches`): k (gated),
+    α (ReZero), λ (LayerScale, a vector per channel); float64 copies. ValueError naming the first branch
+    without a gate parameter."""
     out = []
-    for index, block in enumerate(cast(nn.ModuleList, getattr(model, "blocks", []))):
-        k = getattr(getattr(block, "gate", None), "k", None)
+    for name, ref in find_branches(model).items():
+        k = getattr(ref.gate, "k", None)
         if not isinstance(k, torch.Tensor):
-            raise ValueError(f"block {index} ({type(block).__name__}) has no gate parameter k")
+            raise ValueError(f"branch {name!r} ({type(model.get_submodule(ref.block)).__name__}) has no gate "
+                             f"parameter k")
         out.append(k.detach().double().reshape(-1).cpu())
     return out
 

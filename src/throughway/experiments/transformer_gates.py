@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .._io import atomic_write_text, read_json
-from ..analysis.gates import block_gates
+from ..layers import find_branches
 from ..models import create_model
 from ..analysis.blocks import gate_value
 from ..report.stats import SIGNIFICANCE, bonferroni, format_mean_std, mean_std
@@ -112,7 +112,7 @@ def _gate_record(model: torch.nn.Module, family: str) -> dict[str, Any]:
     """One net's gates at the end, per branch (two per layer): the mean (k or α; |λ| over channels for
     LayerScale), the dead branches (relu gate with k ≤ 0: an exact identity) and the negative ones
     (identity gate below 0 in every entry: a sign flip, not a closed branch)."""
-    gates = block_gates(model)
+    gates = {name: ref.gate for name, ref in find_branches(model).items() if ref.gate is not None}
     values = [gate_value(g) for g in gates.values()]
     raw = [float(torch.as_tensor(g.k).detach().double().mean()) if family != "layerscale"
            else float(gate_value(g).abs().mean()) for g in gates.values()]

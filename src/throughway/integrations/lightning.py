@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
                       "(or lightning>=2.2)") from exc
 
 from ..analysis.blocks import find_branches, gate_value
-from ..layers.adapters import gate_parameters
+from ..layers.blocks import gate_parameters
 
 __all__ = ["GateCallback", "gate_aware_groups"]
 

@@ -1,229 +1,53 @@
-"""The blocks of any residual network: a registry of block types that tells the analyses how each
-computes u = shortcut(x) + g·branch(x), and `add_gates`, the paper's gate put into any of them.
+"""The paper's gate put into any residual network, and taken out again: `add_gates`, `fold_gates`,
+`restore_gates`.
 
-The toolkit's own blocks (ResidualBlock, PreActBlock, AugmentedLayer, HighwayLayer, ...) follow the
-block contract of docs/design.md (attributes `branch`, `shortcut`, `gate`). Other libraries' blocks
-do not, so a `BlockSpec` describes them from the outside, as PEFT's target modules and timm's
-feature hooks do, without changing their code:
+`add_gates(model, kind)` gives every residual branch that `find_branches` lists (the toolkit's
+blocks and every registered library block) a gate: gated-residual-v2 §2's u = g(k)·f_r(x) + x on any
+residual network, ReZero's α or LayerScale's λ. It never renames what it finds (as PEFT's
+injection keeps the original weights under their own names): a branch whose block has an empty gate
+slot the forward already calls (the toolkit's `gate`, timm's `ls1`) gets the gate there; any other
+branch gets a forward hook on the module that ends it, and the gate itself lives under the block's
+`branch_gates` ("layers.3.branch_gates.ff.k"). So a pretrained checkpoint loads into a gated model
+(`load_state_dict(..., strict=False)` misses only the gates), and a gated model saved by its library
+(`save_pretrained`) comes back with `restore_gates` after `from_pretrained`. `fold_gates` multiplies
+each gate into the Linear or convolution that produces its branch and removes the gate, as PEFT's
+merge does. With kind="relu" and k = 1 the gated model computes the same function as before.
 
-* `branches`: where each residual branch ends, as the path (inside the block) of the module whose
-  output is added to the shortcut: a transformer layer has two ("attn", "ff"), a ResNet block one
-  (named ""). A path may list candidates, the first that names a module wins (timm's ResNet blocks
-  end in `drop_path`, else `se`, else `bn2`). The module may return a tuple (Hugging Face attention
-  modules return (output, weights)): the branch is its first element.
-* `gates`: the gate a branch already carries, if the architecture has one (timm's LayerScale
-  `ls1`, ConvNeXt's `gamma`): a module with `value()`, a module holding a `gamma` vector, or a
-  parameter.
-* `shortcut`: the attribute that holds a projection shortcut (torchvision's `downsample`), None
-  when the shortcut is always the identity. A block whose projection is set changes the shape and
-  cannot be removed.
-
-Blocks are named by qualified name, and branches by qualified name plus branch name
-("encoder.layers.3.ff"); a single-branch block's branch has the block's name.
-
-Built-in entries, matched by class (the class itself for torch's, the fully qualified class name
-for the other libraries', so that neither library is imported here): torch's
-`nn.TransformerEncoderLayer` and `nn.TransformerDecoderLayer` (both `norm_first` settings),
-Hugging Face transformers' `GPT2Block`, `LlamaDecoderLayer`, `BertLayer` and `ViTLayer`,
-torchvision's and timm's ResNet `BasicBlock` / `Bottleneck`, timm's ViT `Block` and ConvNeXt's
-`ConvNeXtBlock`. `register_block` adds another in a few lines.
-
-`add_gates(model, kind)` inserts a gate at the end of every residual branch it finds, by wrapping
-the branch's last module in a `GatedOutput` (gated-residual-v2 §2's u = g(k)·f_r(x) + x on any
-residual network; ReZero's α; LayerScale's λ). With kind="relu" and k = 1 the model computes the
-same function as before.
+The library block types the toolkit knows are registered in `layers.known_blocks`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence, cast
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import torch
 from torch import nn
 
-from .conv import PreActBlock, PreActUnit
-from .dense import PlainBlock, ResidualBlock
-from .gated import AugmentedLayer
+from . import known_blocks  # noqa: F401  (registers the library block types)
+from .blocks import (ADDED_GATES, BlockSpec, BranchRef, _gate_key, _qualified, _resolve, block_branches,
+                     block_spec, call_model, check_blocks, find_branches, has_shortcut, iter_blocks,
+                     registered_blocks)
 from .gates import ScalarGate, VectorGate, cait_layerscale_init
-from .highway import HighwayLayer
 
-__all__ = ["BlockSpec", "register_block", "block_spec", "registered_blocks", "NATIVE_BLOCK_TYPES", "GatedOutput",
-           "ParameterGate", "BranchRef", "iter_blocks", "block_branches", "gate_parameters", "add_gates",
-           "GATE_KINDS"]
+__all__ = ["GATE_KINDS", "GateHook", "add_gates", "fold_gates", "restore_gates", "gated_branch_targets",
+           "CONFIG_RECORD", "legacy_gate_keys", "check_gates_record"]
 
-# The package's own block types; a user's own block is found when it follows the block contract.
-NATIVE_BLOCK_TYPES: tuple[type[nn.Module], ...] = (HighwayLayer, AugmentedLayer, ResidualBlock, PreActBlock,
-                                                   PreActUnit, PlainBlock)
-
-End = str | tuple[str, ...]
+GATE_KINDS = ("relu", "rezero", "layerscale")
+# The attribute of a Hugging Face config under which add_gates records what it did, so that it travels
+# with save_pretrained into config.json and restore_gates can redo it after from_pretrained.
+CONFIG_RECORD = "throughway_gates"
 
 
-@dataclass(frozen=True)
-class BlockSpec:
-    """How one block type computes u = shortcut(x) + g·branch(x) (see the module docstring).
+class GateHook:
+    """A forward hook that multiplies the output of a branch's last module by the gate's g (the first
+    element of a tuple output, as Hugging Face attention modules return): a scalar g scales the whole
+    output, a vector g the channels along `channel_dim`. An object rather than a closure, so that a
+    deep copy of the model hooks its own copy of the gate."""
 
-    branches: branch name → path of the module whose output ends that branch (or candidate paths,
-    the first that names a module wins); "" names the only branch of a single-branch block.
-    gates: branch name → path of the gate the architecture already has (a module with `value()`, a
-    module with a `gamma` parameter such as timm's LayerScale, or a parameter such as ConvNeXt's
-    `gamma`); a path that holds None or nn.Identity means no gate.
-    optional: branches that may be absent (GPT-2's cross-attention): left out when no module ends them.
-    shortcut: the attribute holding a projection shortcut (None or nn.Identity there: identity).
-    channel_dim: the dimension of the branch output that holds the channels a vector gate scales
-    (1 for images (B, C, H, W), -1 for tokens (B, T, C)).
-    width: the number of channels of the branch output, for a vector gate; None infers it from the
-    block's last normalisation layer.
-    prepare: called on the block before a gate is inserted or a lesion hook placed (torch's
-    encoder layer turns off its fused inference path, which would skip both).
-    """
-
-    branches: Mapping[str, End]
-    gates: Mapping[str, str] = field(default_factory=dict)
-    optional: frozenset[str] = frozenset()
-    shortcut: str | None = None
-    channel_dim: int = 1
-    width: Callable[[nn.Module], int] | None = None
-    prepare: Callable[[nn.Module], None] | None = None
-
-
-_BY_TYPE: dict[type, BlockSpec] = {}
-_BY_NAME: dict[str, BlockSpec] = {}
-
-
-def _check_path(path: object, what: str) -> None:
-    if not isinstance(path, str) or not path or any(not part.isidentifier() and not part.isdigit()
-                                                    for part in path.split(".")):
-        raise ValueError(f"{what}={path!r}: expected a dotted attribute path inside the block, e.g. 'dropout1' or "
-                         f"'attention.output.dropout'")
-
-
-def register_block(module_type: type[nn.Module] | str, branches: Mapping[str, End] | End, *,
-                   gates: Mapping[str, str] | str | None = None, optional: Sequence[str] = (),
-                   shortcut: str | None = None, channel_dim: int = 1, width: Callable[[nn.Module], int] | None = None,
-                   prepare: Callable[[nn.Module], None] | None = None) -> BlockSpec:
-    """Tell the analyses how blocks of `module_type` compute u = shortcut(x) + g·branch(x).
-
-    `module_type`: the class, or its fully qualified name ("timm.models.resnet.BasicBlock") to
-    match a library's class without importing it. `branches`: the path of the module that ends the
-    only branch ("bn2"), or a mapping branch name → path ({"attn": "dropout1", "ff": "dropout2"});
-    a tuple of paths lists candidates. The other arguments are `BlockSpec`'s. A later registration of
-    the same type replaces the earlier one. Returns the spec. Example (a block whose forward is
-    `x + self.drop(self.mlp(x))`)::
-
-        register_block(MyBlock, "drop")
-        register_block("mylib.blocks.Layer", {"attn": "attn_out", "ff": "ff_out"}, channel_dim=-1)
-    """
-    if isinstance(branches, (str, tuple)):
-        branches = {"": branches}
-    if not isinstance(branches, Mapping) or not branches:
-        raise ValueError(f"branches={branches!r}: expected a path ('bn2') or a mapping branch name -> path")
-    for name, end in branches.items():
-        if not isinstance(name, str) or (name and not name.isidentifier()):
-            raise ValueError(f"branch name {name!r}: expected an identifier such as 'attn' or 'ff' ('' for the only "
-                             f"branch)")
-        for path in (end if isinstance(end, tuple) else (end,)):
-            _check_path(path, f"branches[{name!r}]")
-    if "" in branches and len(branches) > 1:
-        raise ValueError("branches: '' names the only branch of a block; name every branch of a multi-branch block")
-    gates = {"": gates} if isinstance(gates, str) else dict(gates or {})
-    for name, path in gates.items():
-        if name not in branches:
-            raise ValueError(f"gates names branch {name!r}; the branches are {sorted(branches)}")
-        _check_path(path, f"gates[{name!r}]")
-    if shortcut is not None:
-        _check_path(shortcut, "shortcut")
-    unknown = set(optional) - set(branches)
-    if unknown:
-        raise ValueError(f"optional names {sorted(unknown)}, which are not branches ({sorted(branches)})")
-    if channel_dim not in (1, -1):
-        raise ValueError(f"channel_dim={channel_dim!r}: accepted values 1 (images, (B, C, H, W)) or -1 (tokens, "
-                         f"(B, T, C))")
-    spec = BlockSpec(dict(branches), gates, frozenset(optional), shortcut, channel_dim, width, prepare)
-    if isinstance(module_type, str):
-        if "." not in module_type:
-            raise ValueError(f"module_type={module_type!r}: give the class or its fully qualified name, e.g. "
-                             f"'timm.models.resnet.BasicBlock'")
-        _BY_NAME[module_type] = spec
-    elif isinstance(module_type, type) and issubclass(module_type, nn.Module):
-        _BY_TYPE[module_type] = spec
-    else:
-        raise TypeError(f"module_type={module_type!r}: expected an nn.Module subclass or its qualified name")
-    return spec
-
-
-def block_spec(module: nn.Module) -> BlockSpec | None:
-    """The registered spec of `module`'s class or of its nearest registered base class, None when
-    there is none. Classes of other libraries match by fully qualified name."""
-    for cls in type(module).__mro__:
-        if cls in _BY_TYPE:
-            return _BY_TYPE[cls]
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        if name in _BY_NAME:
-            return _BY_NAME[name]
-    return None
-
-
-def registered_blocks() -> list[str]:
-    """The qualified names of every registered block class, sorted (for the docs and error messages)."""
-    return sorted([f"{t.__module__}.{t.__qualname__}" for t in _BY_TYPE] + list(_BY_NAME))
-
-
-def _follows_contract(module: nn.Module) -> bool:
-    gate = getattr(module, "gate", None)
-    return (isinstance(gate, nn.Module) and isinstance(getattr(module, "branch", None), nn.Module)
-            and hasattr(module, "shortcut"))
-
-
-def is_block(module: nn.Module) -> bool:
-    """True for a registered block type, a native block type and any module following the block contract."""
-    return block_spec(module) is not None or isinstance(module, NATIVE_BLOCK_TYPES) or _follows_contract(module)
-
-
-def iter_blocks(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """(qualified name, block) of every block of `model`, in module order; the search does not
-    descend into a block. ValueError naming both names when one block module is reachable under two
-    names (a shared block: lesioning or removing it at one use would change the other)."""
-    seen: dict[int, str] = {}
-    inside: str | None = None
-    for name, module in model.named_modules(remove_duplicate=False):
-        if inside is not None and (inside == "" or name.startswith(inside + ".")):
-            continue
-        inside = None
-        if is_block(module):
-            if id(module) in seen:
-                raise ValueError(f"block {name!r} is the same module as block {seen[id(module)]!r} (a shared block): "
-                                 f"the analyses need every block to appear once; give each use its own module")
-            seen[id(module)] = name
-            inside = name
-            yield name, module
-
-
-class ParameterGate:
-    """A gate that is a parameter of another library's module (timm's LayerScale `gamma`, ConvNeXt's
-    `gamma`), seen through the toolkit's gate interface: `value()` returns it and `k` is it."""
-
-    def __init__(self, parameter: torch.Tensor) -> None:
-        self.k = parameter
-
-    def value(self) -> torch.Tensor:
-        """g: the parameter itself (LayerScale's λ: u = x + diag(λ)·f(x))."""
-        return self.k
-
-    def parameters(self) -> Iterator[torch.Tensor]:
-        """The one parameter, as nn.Module.parameters() would give it."""
-        yield self.k
-
-
-class GatedOutput(nn.Module):
-    """A branch's last module followed by a gate: forward returns g·module(...) (the first element
-    scaled when the module returns a tuple, as Hugging Face attention modules do). A scalar g scales
-    the whole output, a vector g the channels along `channel_dim`. What `add_gates` inserts; the
-    wrapped module stays reachable as `module`, the gate as `gate`."""
-
-    def __init__(self, module: nn.Module, gate: nn.Module, channel_dim: int = 1) -> None:
-        super().__init__()
-        self.module = module
+    def __init__(self, gate: nn.Module, channel_dim: int) -> None:
         self.gate = gate
         self.channel_dim = channel_dim
 
@@ -235,103 +59,10 @@ class GatedOutput(nn.Module):
         shape[self.channel_dim] = -1
         return g.view(shape) * h
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.module(*args, **kwargs)
+    def __call__(self, _module: nn.Module, _args: tuple, out: Any) -> Any:
         if isinstance(out, tuple):
             return (self._scale(out[0]), *out[1:])
         return self._scale(out)
-
-
-@dataclass(frozen=True)
-class BranchRef:
-    """One residual branch of a block: `name` ("encoder.layers.3.ff", or the block's name for a
-    single-branch block), `block` (the block's qualified name), `end` (the qualified name of the
-    module whose output ends the branch; None for the toolkit's contract blocks, which are closed
-    through their `gate` attribute) and `gate` (an object with `value()`, or None when ungated)."""
-
-    name: str
-    block: str
-    end: str | None
-    gate: Any
-
-
-def _resolve(root: nn.Module, path: str) -> Any:
-    value: Any = root
-    for part in path.split("."):
-        value = getattr(value, part, None)  # a numbered child of a ModuleList is an attribute too
-        if value is None:
-            return None
-    return value
-
-
-def _end_path(block: nn.Module, end: End) -> str | None:
-    for path in (end if isinstance(end, tuple) else (end,)):
-        if isinstance(_resolve(block, path), nn.Module):
-            return path
-    return None
-
-
-def _as_gate(found: Any) -> Any:
-    if isinstance(found, nn.Identity) or found is None:
-        return None
-    if isinstance(found, nn.Module) and callable(getattr(found, "value", None)):
-        return found
-    if isinstance(found, nn.Module) and isinstance(getattr(found, "gamma", None), torch.Tensor):
-        return ParameterGate(cast(torch.Tensor, found.gamma))  # timm's LayerScale: x * gamma
-    if isinstance(found, torch.Tensor):
-        return ParameterGate(found)
-    return None
-
-
-def _contract_gate(block: nn.Module) -> Any:
-    gate = getattr(block, "gate", None)
-    return gate if isinstance(gate, nn.Module) and callable(getattr(gate, "value", None)) else None
-
-
-def block_branches(name: str, block: nn.Module) -> list[BranchRef]:
-    """The residual branches of one block (see `BranchRef`), in the spec's order. A contract block
-    (the toolkit's own) has one branch named like the block, closed through its `gate` attribute.
-    ValueError naming the block and the path when a required branch's module is missing."""
-    spec = block_spec(block)
-    if spec is None:
-        return [BranchRef(name, name, None, _contract_gate(block))]
-    refs = []
-    for branch, end in spec.branches.items():
-        path = _end_path(block, end)
-        full = f"{name}.{branch}" if branch and name else (branch or name)
-        if path is None:
-            if branch in spec.optional:
-                continue
-            raise ValueError(f"block {name!r} ({type(block).__name__}): no module at {end!r} ends branch "
-                             f"{branch or '(the only one)'!r}; the registered spec does not fit this block")
-        module = _resolve(block, path)
-        end_name = f"{name}.{path}" if name else path
-        gate: Any
-        if isinstance(module, GatedOutput):
-            gate = module.gate
-        else:
-            gate = _as_gate(_resolve(block, spec.gates[branch])) if branch in spec.gates else None
-        refs.append(BranchRef(full, name, end_name, gate))
-    return refs
-
-
-def gate_parameters(model: nn.Module) -> list[torch.Tensor]:
-    """Every gate parameter of `model`, found by type: the k of every ScalarGate and VectorGate
-    (the toolkit's, and those `add_gates` inserted) and the gates registered block specs name
-    (timm's LayerScale γ, ConvNeXt's γ). What `param_groups` keeps out of weight decay."""
-    found: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        if isinstance(module, (ScalarGate, VectorGate)):
-            for p in module.parameters():
-                found[id(p)] = p
-    for name, block in iter_blocks(model):
-        for ref in block_branches(name, block):
-            if isinstance(ref.gate, ParameterGate) and isinstance(ref.gate.k, nn.Parameter):
-                found[id(ref.gate.k)] = ref.gate.k
-    return list(found.values())
-
-
-GATE_KINDS = ("relu", "rezero", "layerscale")
 
 
 def _norm_width(block: nn.Module) -> int | None:
@@ -343,115 +74,402 @@ def _norm_width(block: nn.Module) -> int | None:
     return width
 
 
-def _new_gate(kind: str, k_init: float | None, block: nn.Module, spec: BlockSpec | None, depth: int,
-              where: str) -> nn.Module:
+def _new_gate(kind: str, k_init: float | None, block: nn.Module, spec: BlockSpec, depth: int, where: str) -> nn.Module:
     if kind == "relu":
         return ScalarGate(1.0 if k_init is None else k_init, "relu")
     if kind == "rezero":
         return ScalarGate(0.0 if k_init is None else k_init, "identity")
-    width = spec.width(block) if spec is not None and spec.width is not None else _norm_width(block)
+    width = spec.width(block) if spec.width is not None else _norm_width(block)
     if width is None:
         raise ValueError(f"add_gates(kind='layerscale'): cannot tell how many channels branch {where!r} outputs; "
                          f"register its block with width=... (register_block)")
-    return VectorGate(width, cait_layerscale_init(depth) if k_init is None else k_init, "identity")
+    return VectorGate(width, cait_layerscale_init(depth) if k_init is None else k_init, "identity", spec.channel_dim)
 
 
-def add_gates(model: nn.Module, kind: str = "relu", *, k_init: float | None = None,
-              depth: int | None = None) -> nn.Module:
-    """Insert a gate at the end of every residual branch of `model`, in place, and return the model.
-
-    kind: "relu" (gated-residual-v2: g(k) = ReLU(k), one scalar k per branch, k = 1 unless `k_init`
-    says otherwise, so that the model computes the same function as before), "rezero" (ReZero's
-    α, g the identity, α = 0 unless `k_init`), or "layerscale" (LayerScale's λ ∈ R^C, g the
-    identity, λ = CaiT's ε for `depth` unless `k_init`; `depth` defaults to the number of blocks, as
-    CaiT counts transformer layers). Registered blocks get a `GatedOutput` around their branch's
-    last module; the toolkit's ungated residual blocks get the gate in their `gate` attribute.
-    The model's `gates_added` attribute records what was done ({"kind", "k_init", "branches"}).
-
-    ValueError naming the accepted values for an unknown kind, naming the model when it has no
-    residual branch, and naming the branch when one already has a gate (the toolkit's gate, an
-    earlier add_gates, timm's LayerScale): gates are not stacked.
-    """
+def _check_arguments(kind: str, k_init: float | None, depth: int | None) -> None:
     if kind not in GATE_KINDS:
         raise ValueError(f"kind={kind!r}; accepted values: {list(GATE_KINDS)}")
     if k_init is not None and (isinstance(k_init, bool) or not isinstance(k_init, (int, float))):
         raise TypeError(f"k_init={k_init!r}: expected a number or None")
-    blocks = [(name, block) for name, block in iter_blocks(model)
-              if block_spec(block) is not None or getattr(block, "shortcut", None) is not None]
-    blocks = [(n, b) for n, b in blocks if not isinstance(b, HighwayLayer)]
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} has no residual branch to gate: no registered block type "
-                         f"({len(registered_blocks())} registered: throughway.layers.registered_blocks()) and no "
-                         f"residual block of the toolkit; register its block type with register_block")
-    depth = len(blocks) if depth is None else int(depth)
-    plan: list[tuple[str, nn.Module, BranchRef, BlockSpec | None]] = []
-    for name, block in blocks:
+    if k_init is not None and not math.isfinite(k_init):
+        raise ValueError(f"k_init={k_init!r}: expected a finite number (or None for the kind's default)")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"depth={depth!r}: expected a whole number >= 1 (the network's residual blocks, as CaiT "
+                         f"counts layers for LayerScale's ε), or None to count them")
+
+
+def _gateable(model: nn.Module) -> list[BranchRef]:
+    """The residual branches add_gates can gate: those of blocks with a shortcut whose spec is residual."""
+    out = []
+    for name, block in iter_blocks(model):
         spec = block_spec(block)
-        for ref in block_branches(name, block):
-            if ref.gate is not None or (spec is None and not isinstance(getattr(block, "gate", None), nn.Identity)):
-                raise ValueError(f"branch {ref.name!r} already has a gate ({type(ref.gate).__name__}); add_gates "
-                                 f"gates ungated residual branches only")
-            plan.append((name, block, ref, spec))
-    added = []
-    for _name, block, ref, spec in plan:
-        gate = _new_gate(kind, k_init, block, spec, depth, ref.name)
+        if spec is not None and spec.kind == "residual" and has_shortcut(block):
+            out.extend(block_branches(name, block))
+    return out
+
+
+def gated_branch_targets(refs: Sequence[BranchRef],
+                         targets: Sequence[str] | Callable[[BranchRef], bool] | None) -> list[BranchRef]:
+    """The branches of `refs` that `targets` selects (as PEFT's `target_modules`): None selects all; a
+    sequence of strings selects each branch whose name, block name or key ("ff", "attn") equals one of
+    them; a callable is asked of each `BranchRef`. ValueError naming a string that selects nothing,
+    with the accepted values."""
+    if targets is None:
+        return list(refs)
+    if callable(targets):
+        return [ref for ref in refs if targets(ref)]
+    if isinstance(targets, str) or not isinstance(targets, Sequence):
+        raise TypeError(f"targets={targets!r}: expected a list of branch names, block names or branch keys "
+                        f"(e.g. ['ff']), a callable BranchRef -> bool, or None")
+    chosen = []
+    for target in targets:
+        hits = [ref for ref in refs if target in (ref.name, ref.block, ref.key)]
+        if not hits:
+            keys = sorted({ref.key for ref in refs if ref.key})
+            shown = [ref.name for ref in refs][:4]
+            raise ValueError(f"targets: {target!r} names no residual branch; accepted values are branch names "
+                             f"({shown}...), block names, or branch keys {keys}")
+        chosen.extend(ref for ref in hits if ref not in chosen)
+    return [ref for ref in refs if ref in chosen]
+
+
+def _refresh_compiled() -> None:
+    # A model compiled before the hooks existed keeps running its old graph: dynamo does not guard on
+    # hooks (torch._dynamo.config.skip_nnmodule_hook_guards). Dropping dynamo's caches makes every compiled
+    # wrapper trace again, with the gates, at its next call.
+    import torch._dynamo
+
+    if torch._dynamo.utils.counters["stats"]["unique_graphs"]:
+        torch._dynamo.reset()
+
+
+def _gates_home(model: nn.Module, ref: BranchRef) -> nn.ModuleDict:
+    block = model.get_submodule(ref.block)
+    home = block._modules.get(ADDED_GATES)
+    if home is None:
+        if hasattr(block, ADDED_GATES):
+            raise ValueError(f"block {ref.block!r} ({type(block).__name__}) already has an attribute "
+                             f"{ADDED_GATES!r}, where add_gates keeps the gates it adds")
+        home = nn.ModuleDict()
+        block.add_module(ADDED_GATES, home)
+    return cast(nn.ModuleDict, home)
+
+
+def _slot(model: nn.Module, ref: BranchRef) -> tuple[nn.Module, str] | None:
+    """(parent, attribute) of the branch's empty gate slot, when its spec names one holding nn.Identity."""
+    path = ref.spec.gates.get(ref.key)
+    if path is None:
+        return None
+    block = model.get_submodule(ref.block)
+    if not isinstance(_resolve(block, path), nn.Identity):
+        return None
+    parent_path, _, attribute = path.rpartition(".")
+    return (block.get_submodule(parent_path) if parent_path else block), attribute
+
+
+def _hf_config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    return config if config is not None and callable(getattr(config, "to_dict", None)) else None
+
+
+def add_gates(model: nn.Module, kind: str = "relu", *, k_init: float | None = None, depth: int | None = None,
+              targets: Sequence[str] | Callable[[BranchRef], bool] | None = None,
+              example_input: Any = None) -> nn.Module:
+    """Give every residual branch of `model` (or those `targets` selects) a gate, in place; return the model.
+
+    kind: "relu" (gated-residual-v2: g(k) = ReLU(k), one scalar k per branch, k = 1 unless `k_init`
+    says otherwise, so that the model computes the same function as before), "rezero" (ReZero's
+    α, g the identity, α = 0 unless `k_init`), or "layerscale" (LayerScale's λ ∈ R^C, g the
+    identity, λ = CaiT's ε for `depth` unless `k_init`). `depth` defaults to the number of residual
+    blocks of the model, as CaiT counts transformer layers (one convention for every network: the
+    toolkit's mlp_layerscale counts its blocks the same way). `targets`: see `gated_branch_targets`.
+
+    Original parameter names never change: an empty gate slot the block's forward calls (an
+    nn.Identity at the spec's gate path) receives the gate; otherwise a `GateHook` on the branch's
+    last module applies it and the gate lives in the block's `branch_gates` ModuleDict. A model that
+    torch.compile compiled earlier traces again at its next call. With `example_input`, the blocks'
+    specs are checked on it first (`check_blocks`). The model's `gates_added` attribute records what
+    was done ({"kind", "k_init", "depth", "branches"}); a Hugging Face model's config records it too
+    (`CONFIG_RECORD`), so it travels with `save_pretrained`.
+
+    ValueError naming the argument and the accepted values for an unknown kind, a k_init that is not
+    finite or a depth that is not a whole number >= 1; naming the model when it has no residual
+    branch; naming the branch when one already has a gate (the toolkit's gate, an earlier add_gates,
+    timm's LayerScale): gates are not stacked.
+    """
+    _check_arguments(kind, k_init, depth)
+    gateable = _gateable(model)
+    if not gateable:
+        raise ValueError(f"{type(model).__name__} has no residual branch to gate: no registered block type "
+                         f"({len(registered_blocks())} registered: throughway.layers.registered_blocks()) with a "
+                         f"shortcut; register its block type with register_block")
+    chosen = gated_branch_targets(gateable, targets)
+    for ref in chosen:
+        if ref.gate is not None:
+            raise ValueError(f"branch {ref.name!r} already has a gate ({type(ref.gate).__name__}); add_gates gates "
+                             f"ungated residual branches only")
+    if example_input is not None:
+        check_blocks(model, example_input, sorted({ref.block for ref in chosen}, key=list(dict(iter_blocks(model))).index))
+    depth = len({ref.block for ref in gateable}) if depth is None else depth
+    hooked = False
+    for ref in chosen:
+        block = model.get_submodule(ref.block)
+        gate = _new_gate(kind, k_init, block, ref.spec, depth, ref.name)
         reference = next(iter(block.parameters()), None)
         if reference is not None:
             gate.to(device=reference.device, dtype=reference.dtype)
-        if spec is None:
-            block.gate = gate
-        else:
-            if spec.prepare is not None:
-                spec.prepare(block)
-            assert ref.end is not None
-            parent_name, _, key = ref.end.rpartition(".")
-            parent = model.get_submodule(parent_name)
-            parent._modules[key] = GatedOutput(parent._modules[key], gate, spec.channel_dim)  # type: ignore[arg-type]
-        added.append(ref.name)
-    record = {"kind": kind, "k_init": k_init, "branches": added}
+        if ref.spec.prepare is not None:
+            ref.spec.prepare(block)
+        slot = _slot(model, ref)
+        if slot is not None:
+            setattr(slot[0], slot[1], gate)
+            continue
+        _gates_home(model, ref)[_gate_key(ref.key)] = gate
+        model.get_submodule(ref.end).register_forward_hook(GateHook(gate, ref.spec.channel_dim))
+        hooked = True
+    if hooked:
+        _refresh_compiled()
+    record = {"kind": kind, "k_init": k_init, "depth": depth, "branches": [ref.name for ref in chosen]}
     object.__setattr__(model, "gates_added", record)
+    config = _hf_config(model)
+    if config is not None:
+        setattr(config, CONFIG_RECORD, record)
     return model
 
 
-# ---- built-in entries ---------------------------------------------------------------------------
+def _scale_weights(module: nn.Module, g: torch.Tensor, where: str) -> None:
+    """weight and bias of a Linear, a convolution or Hugging Face's Conv1D (weight (in, out)) times g."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"fold_gates: {where} ({type(module).__name__}) has no weight to fold the gate into")
+    bias = getattr(module, "bias", None)
+    g = g.to(dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        if g.dim() == 0:
+            weight.mul_(g)
+        elif type(module).__name__ == "Conv1D":  # transformers' Conv1D: y = x @ W + b, W of shape (in, out)
+            weight.mul_(g.view(1, -1))
+        elif isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.modules.batchnorm._NormBase)):
+            weight.mul_(g.view(-1, *([1] * (weight.dim() - 1))))  # output channels first; a BatchNorm's γ is (C,)
+        else:
+            raise ValueError(f"fold_gates: {where} is a {type(module).__name__}; a vector gate folds into a Linear, "
+                             f"a convolution, a BatchNorm or transformers' Conv1D")
+        if isinstance(bias, torch.Tensor):
+            bias.mul_(g)
 
-def _torch_encoder_prepare(layer: nn.Module) -> None:
-    # nn.TransformerEncoderLayer's fused inference path (eval mode, no grad) computes the layer in one
-    # kernel from its weights and never calls dropout1/dropout2, so an inserted gate would be skipped
-    # silently. The path requires activation_relu_or_gelu to be truthy; 0 turns it off (the layer's
-    # own forward is unchanged otherwise).
-    object.__setattr__(layer, "activation_relu_or_gelu", 0)
+
+def _remove_gate(model: nn.Module, ref: BranchRef) -> Callable[[], None]:
+    """Take an add_gates gate out of the model (its hook and its module, or the slot back to
+    nn.Identity); return the call that puts it back."""
+    block = model.get_submodule(ref.block)
+    gate = cast(nn.Module, ref.gate)
+    home = block._modules.get(ADDED_GATES)
+    if isinstance(home, nn.ModuleDict) and _gate_key(ref.key) in home:
+        end = model.get_submodule(ref.end)
+        for key, hook in list(end._forward_hooks.items()):
+            if isinstance(hook, GateHook) and hook.gate is gate:
+                del end._forward_hooks[key]
+        del home[_gate_key(ref.key)]
+        if not len(home):
+            del block._modules[ADDED_GATES]
+
+        def put_back() -> None:
+            _gates_home(model, ref)[_gate_key(ref.key)] = gate
+            end.register_forward_hook(GateHook(gate, ref.spec.channel_dim))
+        return put_back
+    path = ref.spec.gates[ref.key]
+    parent_path, _, attribute = path.rpartition(".")
+    parent = block.get_submodule(parent_path) if parent_path else block
+    setattr(parent, attribute, nn.Identity())
+    return lambda: setattr(parent, attribute, gate)
 
 
-def _linear2_width(layer: nn.Module) -> int:
-    return int(cast(nn.Linear, layer.linear2).out_features)
+def fold_gates(model: nn.Module, targets: Sequence[str] | Callable[[BranchRef], bool] | None = None, *,
+               example_input: Any = None) -> nn.Module:
+    """Multiply each gate `add_gates` inserted (or those `targets` selects among them) into the Linear or
+    convolution that produces its branch (the spec's `fold` path) and remove the gate, in place, as
+    PEFT's merge does; return the model. The function is unchanged up to float rounding: the branch
+    output g·(W h + b) becomes (g W) h + g b, and a relu gate's g = relu(k) is folded as its value.
+
+    With `example_input`, the outputs before and after are compared and, if they differ beyond float
+    rounding, the weights and the gates are put back and ValueError names the branches (the spec's
+    fold path is wrong). ValueError naming the branch when a targeted branch has no gate from add_gates
+    or its spec has no fold path (register_block(..., fold=...))."""
+    record = getattr(model, "gates_added", None)
+    added = set(record["branches"]) if isinstance(record, dict) else set()
+    branches = [ref for ref in find_branches(model).values() if ref.name in added and ref.gate is not None]
+    if not branches:
+        raise ValueError(f"{type(model).__name__} has no gates that add_gates inserted; fold_gates folds those")
+    chosen = gated_branch_targets(branches, targets)
+    for ref in chosen:
+        if ref.key not in ref.spec.fold:
+            raise ValueError(f"branch {ref.name!r}: its block's spec names no Linear or convolution to fold the gate "
+                             f"into; register the block with fold={{{ref.key!r}: 'path.to.last_linear'}}")
+    before = None
+    if example_input is not None:
+        with torch.no_grad():
+            before = _first_tensor(call_model(model, example_input))
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    undo: list[Callable[[], None]] = []
+    for ref in chosen:
+        where = _qualified(ref.block, ref.spec.fold[ref.key])
+        target = model.get_submodule(where)
+        for tensor in (getattr(target, "weight", None), getattr(target, "bias", None)):
+            if isinstance(tensor, torch.Tensor):
+                saved.append((tensor, tensor.detach().clone()))
+        g = cast(Callable[[], torch.Tensor], ref.gate.value)().detach()
+        _scale_weights(target, g, where)
+        undo.append(_remove_gate(model, ref))
+    if before is not None:
+        with torch.no_grad():
+            after = _first_tensor(call_model(model, example_input))
+        difference = float((after.double() - before.double()).abs().max())
+        if difference > 1e-4 * max(float(before.abs().max()), 1.0):
+            with torch.no_grad():
+                for tensor, copy in saved:
+                    tensor.copy_(copy)
+            for put_back in reversed(undo):
+                put_back()
+            raise ValueError(f"fold_gates: folding changed the output by up to {difference:.3g}; the fold paths of "
+                             f"{[ref.name for ref in chosen][:4]} do not produce their branches (weights and gates "
+                             f"put back)")
+    folded = {ref.name for ref in chosen}
+    remaining = [name for name in cast(dict, record)["branches"] if name not in folded]
+    if remaining:
+        object.__setattr__(model, "gates_added", {**cast(dict, record), "branches": remaining})
+    else:
+        model.__dict__.pop("gates_added", None)
+    config = _hf_config(model)
+    if config is not None:
+        if remaining:
+            setattr(config, CONFIG_RECORD, model.gates_added)
+        elif hasattr(config, CONFIG_RECORD):
+            delattr(config, CONFIG_RECORD)
+    _refresh_compiled()
+    return model
 
 
-register_block(nn.TransformerEncoderLayer, {"attn": "dropout1", "ff": "dropout2"}, channel_dim=-1,
-               width=_linear2_width, prepare=_torch_encoder_prepare)
-register_block(nn.TransformerDecoderLayer, {"attn": "dropout1", "cross": "dropout2", "ff": "dropout3"},
-               channel_dim=-1, width=_linear2_width)
-# Hugging Face transformers (attention modules return (output, weights): the branch is the first element)
-register_block("transformers.models.gpt2.modeling_gpt2.GPT2Block", {"attn": "attn", "cross": "crossattention",
-                                                                    "ff": "mlp"},
-               optional=("cross",), channel_dim=-1)
-register_block("transformers.models.llama.modeling_llama.LlamaDecoderLayer", {"attn": "self_attn", "ff": "mlp"},
-               channel_dim=-1)
-# BERT is post-norm: LayerNorm(x + dropout(dense(h))) inside its output modules; a closed branch gives LayerNorm(x)
-register_block("transformers.models.bert.modeling_bert.BertLayer",
-               {"attn": "attention.output.dropout", "cross": "crossattention.output.dropout", "ff": "output.dropout"},
-               optional=("cross",), channel_dim=-1)
-# transformers 5 ends the feed-forward branch in `mlp`; 4.x in `output.dropout` (ViTOutput adds the shortcut)
-register_block("transformers.models.vit.modeling_vit.ViTLayer", {"attn": "attention", "ff": ("mlp", "output.dropout")},
-               channel_dim=-1)
-# torchvision's ResNet blocks: out = bn2(conv2(...)); out += downsample(x) or x; relu
-register_block("torchvision.models.resnet.BasicBlock", "bn2", shortcut="downsample")
-register_block("torchvision.models.resnet.Bottleneck", "bn3", shortcut="downsample")
-# timm's ResNet blocks: the branch ends in drop_path, else se, else the last BatchNorm (None where absent)
-register_block("timm.models.resnet.BasicBlock", ("drop_path", "se", "bn2"), shortcut="downsample")
-register_block("timm.models.resnet.Bottleneck", ("drop_path", "se", "bn3"), shortcut="downsample")
-# timm's ViT block: x + drop_path1(ls1(attn(norm1(x)))); ls1/ls2 are LayerScale (gamma) or nn.Identity
-register_block("timm.models.vision_transformer.Block", {"attn": "drop_path1", "ff": "drop_path2"},
-               gates={"attn": "ls1", "ff": "ls2"}, channel_dim=-1)
-# timm's ConvNeXt block: drop_path(x * gamma) + shortcut(x); gamma is a parameter or None
-register_block("timm.models.convnext.ConvNeXtBlock", "drop_path", gates="gamma", shortcut="shortcut")
+def _first_tensor(out: Any) -> torch.Tensor:
+    for candidate in (out, getattr(out, "last_hidden_state", None), getattr(out, "logits", None)):
+        if isinstance(candidate, torch.Tensor):
+            return candidate
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the model returned {type(out).__name__}; fold_gates compares a tensor output (or one with "
+                    f".logits / .last_hidden_state)")
+
+
+def _read_tensors(source: str | Path | Mapping[str, torch.Tensor], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The tensors `keys` from a state dict, a .safetensors file or a save_pretrained directory (one file
+    or shards listed in model.safetensors.index.json). KeyError naming the file and the missing keys."""
+    if isinstance(source, Mapping):
+        missing = [k for k in keys if k not in source]
+        if missing:
+            raise KeyError(f"the state dict has no {missing[:4]}: it was not saved from a gated model")
+        return {k: source[k] for k in keys}
+    from safetensors import safe_open
+
+    path = Path(source)
+    files: dict[str, Path] = {}
+    if path.is_dir():
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index}: weight_map is not a mapping")
+            files = {k: path / str(weight_map[k]) for k in keys if k in weight_map}
+        elif (path / "model.safetensors").is_file():
+            files = {k: path / "model.safetensors" for k in keys}
+        else:
+            raise FileNotFoundError(f"{path} holds neither model.safetensors nor model.safetensors.index.json")
+    elif path.is_file():
+        files = {k: path for k in keys}
+    else:
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(set(files.values())):
+        if file.parent.resolve() != (path if path.is_dir() else path.parent).resolve():
+            raise ValueError(f"{file}: a shard outside {path} (the index names a path elsewhere)")
+        with safe_open(str(file), framework="pt") as handle:
+            available = set(handle.keys())
+            for key in [k for k, f in files.items() if f == file]:
+                if key in available:
+                    out[key] = handle.get_tensor(key)
+    missing = [k for k in keys if k not in out]
+    if missing:
+        raise KeyError(f"{path}: no tensors {missing[:4]}; it was not saved from a model gated by add_gates")
+    return out
+
+
+def restore_gates(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor],
+                  record: Mapping[str, Any] | None = None) -> nn.Module:
+    """Re-add the gates a saved gated model had and load their values, in place; return the model.
+
+    The one call after a library's own loading, e.g.::
+
+        model = AutoModelForCausalLM.from_pretrained(path)   # the gates' tensors are skipped as unexpected
+        restore_gates(model, path)                           # the same function as the model that was saved
+
+    `source`: the save_pretrained directory (model.safetensors or its shards), a .safetensors file, or a
+    state dict. `record`: what add_gates did ({"kind", "k_init", "depth", "branches"}); default: the one a
+    Hugging Face config carries (`CONFIG_RECORD`, written into config.json by save_pretrained) or the
+    model's `gates_added`. ValueError when there is no record; KeyError naming the file and the gate
+    tensors it lacks."""
+    if record is None:
+        config = _hf_config(model)
+        record = getattr(config, CONFIG_RECORD, None) if config is not None else None
+    if not isinstance(record, Mapping) or "kind" not in record or "branches" not in record:
+        raise ValueError(f"restore_gates: no record of the gates for {type(model).__name__}: pass record= (the "
+                         f"gates_added of the saved model) or load a config saved after add_gates "
+                         f"(config.{CONFIG_RECORD})")
+    names = list(record["branches"])
+    gated = {ref.name for ref in find_branches(model).values() if ref.gate is not None}
+    if not set(names) <= gated:
+        add_gates(model, str(record["kind"]), k_init=record.get("k_init"), depth=record.get("depth"), targets=names)
+    keys: dict[str, torch.Tensor] = {}
+    branches = find_branches(model)
+    for name in names:
+        ref = branches[name]
+        gate = ref.gate
+        for parameter_name, parameter in cast(nn.Module, gate).named_parameters():
+            keys[f"{ref.gate_path}.{parameter_name}"] = parameter
+    tensors = _read_tensors(source, list(keys))
+    with torch.no_grad():
+        for key, parameter in keys.items():
+            value = tensors[key]
+            if value.shape != parameter.shape:
+                raise ValueError(f"{key}: saved shape {tuple(value.shape)}, the gate's is {tuple(parameter.shape)}")
+            parameter.copy_(value)
+    return model
+
+
+def check_gates_record(record: Any, source: str) -> dict[str, Any]:
+    """A `gates_added` record read from a file (untrusted), checked: {"kind": one of GATE_KINDS,
+    "k_init": a finite number or None, "depth": a whole number >= 1 or None, "branches": a list of
+    branch names}. ValueError naming `source` and the field otherwise."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{source}: gates_added is not an object")
+    kind, k_init, depth, branches = (record.get("kind"), record.get("k_init"), record.get("depth"),
+                                     record.get("branches"))
+    if not isinstance(branches, list) or not all(isinstance(b, str) for b in branches):
+        raise ValueError(f"{source}: gates_added.branches is not a list of branch names")
+    try:
+        _check_arguments(cast(str, kind), k_init, depth)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: gates_added: {exc}") from None
+    return {"kind": kind, "k_init": k_init, "depth": depth, "branches": branches}
+
+
+def legacy_gate_keys(model: nn.Module) -> dict[str, str]:
+    """Old name → new name of the tensors of a model gated by add_gates, for files saved before the
+    gates kept the original names: the branch's last module was wrapped (its tensors under
+    "<end>.module.", the gate under "<end>.gate."); the gate now lives under the block's `branch_gates`."""
+    renames: dict[str, str] = {}
+    for ref in find_branches(model).values():
+        if ref.gate is None or ref.gate_path is None or f".{ADDED_GATES}." not in f".{ref.gate_path}.":
+            continue
+        for name, _ in cast(nn.Module, ref.gate).named_parameters():
+            renames[f"{ref.end}.gate.{name}"] = f"{ref.gate_path}.{name}"
+        for name in model.get_submodule(ref.end).state_dict():
+            renames[f"{ref.end}.module.{name}"] = f"{ref.end}.{name}"
+    return renames

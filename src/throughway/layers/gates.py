@@ -17,8 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["GATE_FUNCTIONS", "ScalarGate", "VectorGate", "TransformGate", "scalar_gates", "scalar_gate_values",
-           "cait_layerscale_init"]
+__all__ = ["GATE_FUNCTIONS", "ScalarGate", "VectorGate", "TransformGate", "cait_layerscale_init"]
 
 # g(k): the papers use ReLU; identity and sigmoid are offered for ablations.
 GATE_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -68,20 +67,24 @@ class VectorGate(nn.Module):
         features: C, the number of channels (one λ each).
         k_init: the initial value of every λ (CaiT's ε; `cait_layerscale_init` gives it by depth).
         function: g, one of GATE_FUNCTIONS; LayerScale's is "identity" (the default).
+        channel_dim: the dimension of h that holds the channels: 1 (the default: (B, C) and
+            (B, C, H, W) alike) or -1 (tokens, (B, T, C)).
 
     The interface is ScalarGate's, so that analyses treat both alike: the parameter is named `k`
-    (shape (C,); recipes exclude it from weight decay by name, as they do the scalar k),
-    `value()` returns g(k) as a (C,) tensor, and `forward(h)` scales channel c of h (dimension 1,
-    so (B, C) and (B, C, H, W) alike) by g(k_c).
+    (shape (C,)), `value()` returns g(k) as a (C,) tensor, and `forward(h)` scales channel c of h by
+    g(k_c).
     """
 
-    def __init__(self, features: int, k_init: float = 0.1, function: str = "identity") -> None:
+    def __init__(self, features: int, k_init: float = 0.1, function: str = "identity", channel_dim: int = 1) -> None:
         super().__init__()
         if function not in GATE_FUNCTIONS:
             raise ValueError(
                 f"gate function={function!r} is not known; accepted values: {sorted(GATE_FUNCTIONS)}"
             )
+        if channel_dim not in (1, -1):
+            raise ValueError(f"channel_dim={channel_dim!r}: accepted values 1 ((B, C, ...)) or -1 ((B, T, C))")
         self.function = function
+        self.channel_dim = channel_dim
         self.k = nn.Parameter(torch.full((int(features),), float(k_init)))
 
     def value(self) -> torch.Tensor:
@@ -90,6 +93,8 @@ class VectorGate(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         g = self.value()
+        if self.channel_dim == -1:
+            return g * h
         return g.view(1, -1, *([1] * (h.dim() - 2))) * h
 
     def extra_repr(self) -> str:
@@ -103,8 +108,9 @@ def cait_layerscale_init(depth: int) -> float:
     beyond (Touvron et al. 2021, "Going deeper with image transformers", §3: "we initialize λ to 0.1
     for depth up to 18, 10^-5 for depth 24 and 10^-6 for deeper networks").
 
-    CaiT's depth counts transformer layers. For our MLPs "depth" is the model's `depth` argument,
-    the gated residual paper's d (middle Dot-BN-ReLU layers, two per block) — our choice, not CaiT's.
+    CaiT's depth counts transformer layers, each one residual block; the toolkit counts residual
+    blocks in every network the same way (`add_gates`, mlp_layerscale: d/2 blocks of two Dot-BN-ReLU
+    layers). The gate-family study keeps its recorded choice, ε by d (its page says so).
     """
     if depth <= 18:
         return 0.1
@@ -140,13 +146,3 @@ class TransformGate(nn.Module):
 
     def extra_repr(self) -> str:
         return f"bias_init={self.bias_init}"
-
-
-def scalar_gates(model: nn.Module) -> list[ScalarGate]:
-    """Return the model's scalar gates in block order (every `ScalarGate` submodule, in module order)."""
-    return [m for m in model.modules() if isinstance(m, ScalarGate)]
-
-
-def scalar_gate_values(model: nn.Module) -> list[float]:
-    """Return k (not g(k)) of every scalar gate in block order, as Python floats."""
-    return [float(g.k.detach().cpu()) for g in scalar_gates(model)]

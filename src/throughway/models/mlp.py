@@ -228,10 +228,12 @@ def mlp_layerscale(
 ) -> MLP:
     """LayerScale net: depth/2 blocks u = diag(λ)·f_r(x) + x after the first layer `stem`, λ a vector
     of `width` values per block (a VectorGate), all initialised at `k_init`; None (the default) takes
-    CaiT's ε for `depth` (`cait_layerscale_init`: 0.1 up to 18, 1e-5 up to 24, 1e-6 beyond; "depth"
-    is our d, the middle layers). depth/2·width parameters more than mlp_residual. The resolved ε
-    is recorded in model.config["k_init"] (`resolved_arguments`), so the model rebuilds exactly."""
-    eps = cait_layerscale_init(depth) if k_init is None else float(k_init)
+    CaiT's ε for the net's depth/2 residual blocks (`cait_layerscale_init`: 0.1 up to 18, 1e-5 up to
+    24, 1e-6 beyond), counted as CaiT counts transformer layers and as `add_gates(..., "layerscale")`
+    counts the blocks of any network, so both ways of building this net start alike.
+    depth/2·width parameters more than mlp_residual. The resolved ε is recorded in
+    model.config["k_init"] (`resolved_arguments`), so the model rebuilds exactly."""
+    eps = cait_layerscale_init(depth // 2) if k_init is None else float(k_init)
     model = _residual(depth, width, in_features, num_classes, norm, activation, init, bn_momentum, bn_eps,
                       gated=True, k_init=eps, gate_function=gate_function, name="mlp_layerscale", stem=stem,
                       vector_gate=True)

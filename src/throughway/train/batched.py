@@ -401,11 +401,14 @@ class _StackEngine:
         return list(zip(losses, errors))
 
     def gate_values(self) -> list[list[float]]:
-        """Each member's k in block order; [] for members without gates (plain nets of a mixed stack)."""
-        names = self.stack.scalar_gate_names()
+        """Each member's gates in branch order, as `layers.branch_gate_values` gives a module's (k, or the
+        mean λ of a vector gate); [] for members without gates (plain nets of a mixed stack)."""
+        names = self.stack.gate_names()
         if not names:
             return [[] for _ in range(self.stack.n)]
-        values = torch.stack([self.stack.params[name].detach() for name in names], 1).tolist()
+        n = self.stack.n
+        values = torch.stack([self.stack.params[name].detach().double().reshape(n, -1).mean(1) for name in names],
+                             1).tolist()
         return [values[p] if self.stack.has_gates(p) else [] for p in range(self.stack.n)]
 
     def end_epoch(self) -> None:

@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, read_json_object, sha256_file
+from ..layers.adapters import add_gates, check_gates_record, legacy_gate_keys
 from ..models import create_model, with_legacy_config
 from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
@@ -245,18 +246,37 @@ def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
     metadata = {"format": MODEL_FORMAT, "class": f"{type(model).__module__}.{type(model).__qualname__}"}
     if isinstance(config, dict):  # the registry's config; another library's (a Hugging Face config) is not ours
         metadata["config"] = json.dumps(config)
+    gates = getattr(model, "gates_added", None)
+    if isinstance(gates, dict):  # add_gates after create_model: load_model adds them again before loading
+        metadata["gates_added"] = json.dumps(gates)
     return atomic_write_bytes(path, save(_contiguous(model.state_dict()), metadata=metadata))
 
 
-def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: str | os.PathLike[str]) -> dict[str, Any]:
+def _with_gates(model: torch.nn.Module, gates: dict[str, Any] | None) -> torch.nn.Module:
+    """The model with the gates a file's `gates_added` record says were added after create_model (none
+    when the factory itself gated it: vit_patch(gate=...))."""
+    if gates is not None and getattr(model, "gates_added", None) is None:
+        add_gates(model, gates["kind"], k_init=gates["k_init"], depth=gates["depth"], targets=gates["branches"])
+    return model
+
+
+def _legacy_renamed(shapes: dict[str, tuple[int, ...]], skeleton: torch.nn.Module) -> dict[str, str]:
+    """Renames of a file's keys saved before add_gates kept the original names; {} when none apply."""
+    renames = {old: new for old, new in legacy_gate_keys(skeleton).items() if old in shapes}
+    return renames if renames and all(new not in shapes for new in renames.values()) else {}
+
+
+def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: str | os.PathLike[str],
+                       gates: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check a model config ({"name": ..., **arguments}, read from file `source`) against the tensor
     `shapes` that should fill it, without allocating the model; return the config (legacy stem and layout added, `with_legacy_config`).
 
     The model is built on the meta device (no memory), after a cheap bound that keeps a file from
     making even that slow: every layer holds at least one tensor, so a `depth` above the file's
-    tensor count is refused at once. Refused too: more than MAX_MODEL_PARAMETERS parameters,
-    unknown model names or arguments, and any missing, extra or differently shaped tensor.
-    Raises ValueError naming `source`.
+    tensor count is refused at once; `gates` (the file's checked `gates_added` record) adds the gates
+    added after create_model. Refused too: more than MAX_MODEL_PARAMETERS parameters, unknown model
+    names or arguments, and any missing, extra or differently shaped tensor. Raises ValueError naming
+    `source`. `shapes` is renamed in place when the file names gates the way older files did.
     """
     if not (isinstance(config, dict) and isinstance(config.get("name"), str)):
         raise ValueError(f"{source}: metadata field 'config' is not an object with a model 'name'")
@@ -271,7 +291,7 @@ def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: 
             raise ValueError(f"{source}: config field {key!r} = {value} is beyond any model this toolkit builds")
     try:
         with torch.device("meta"):
-            skeleton = create_model(name, **config)
+            skeleton = _with_gates(create_model(name, **config), gates)
     except (KeyError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise ValueError(f"{source}: metadata field 'config' does not describe a model ({message})") from exc
@@ -280,6 +300,8 @@ def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: 
         raise ValueError(f"{source}: config describes {count:,} parameters; refused above "
                          f"{MAX_MODEL_PARAMETERS:,} (MAX_MODEL_PARAMETERS)")
     expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    for old, new in _legacy_renamed(shapes, skeleton).items():
+        shapes[new] = shapes.pop(old)
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected))
     wrong = sorted(k for k in set(expected) & set(shapes) if tuple(shapes[k]) != expected[k])
@@ -295,6 +317,9 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
                device: str | torch.device) -> torch.nn.Module:
     """Load the file's tensors into the caller's `model` after checking names and shapes against it."""
     target = getattr(model, "_orig_mod", model)
+    renames = _legacy_renamed(shapes, target)
+    for old, new in renames.items():
+        shapes[new] = shapes.pop(old)
     expected = {k: tuple(v.shape) for k, v in target.state_dict().items()}
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected))
@@ -308,6 +333,8 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
     state = _load_tensors(path)
     if compiled:
         state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
+    state_renames = _legacy_renamed({key: () for key in state}, target)
+    state = {state_renames.get(key, key): value for key, value in state.items()}
     # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
     tensors = target.state_dict()
     retyped = sorted(k for k, v in state.items() if k in tensors and v.dtype != tensors[k].dtype)
@@ -374,6 +401,12 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
     except RecursionError:  # issue 31, item 10
         raise ValueError(f"{path}: metadata field 'config' is JSON nested too deeply to read; the file was edited "
                          f"or damaged") from None
-    config = check_model_config(config, shapes, path)
+    gates = None
+    if "gates_added" in metadata:
+        try:
+            gates = check_gates_record(json.loads(metadata["gates_added"]), str(path))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: metadata field 'gates_added' is not valid JSON ({exc})") from exc
+    config = check_model_config(config, shapes, path, gates)
     name = config.pop("name")
-    return _load_into(path, create_model(name, **config), shapes, compiled, device)
+    return _load_into(path, _with_gates(create_model(name, **config), gates), shapes, compiled, device)

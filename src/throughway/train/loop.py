@@ -69,7 +69,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ..data import DataSplits, Split
-from ..layers import scalar_gate_values
+from ..layers import branch_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
 from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_channels_last, check_eval_batch_size,
@@ -744,8 +744,9 @@ class _ModuleEngine:
         return None if split is None else [_evaluate(self.state.model, split, self.eval_batch_size, self.loss_fn)]
 
     def gate_values(self) -> list[list[float]]:
-        """The model's scalar gates' k (scalar_gate_values)."""
-        return [scalar_gate_values(self.state.model)]
+        """The model's gates, one number per gated branch (layers.branch_gate_values: k, or a vector gate's
+        mean λ)."""
+        return [branch_gate_values(self.state.model)]
 
     def end_epoch(self) -> None:
         """Copy the weights a divergence in the next epoch goes back to."""

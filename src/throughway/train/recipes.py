@@ -32,17 +32,17 @@ import dataclasses
 import fnmatch
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from ..data.augment import AUGMENTATIONS as _AUGMENT_PADDING
-from ..layers.adapters import gate_parameters
+from ..layers.blocks import gate_parameters
 from ..data.augment import NORMALIZATIONS
 
-__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups",
-           "learning_rate_at"]
+__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups", "param_groups",
+           "no_weight_decay_names", "learning_rate_at"]
 
 OPTIMIZERS = ("nadam", "sgd", "adam")
 SCHEDULES = ("constant", "exponential", "multistep")
@@ -270,24 +270,41 @@ def get_recipe(name: str, **overrides: Any) -> Recipe:
     return recipe.replace(**overrides) if overrides else recipe
 
 
-def _is_gate_k(name: str) -> bool:
-    return name == "k" or name.endswith(".k")
-
-
 def _gate_ids(model: nn.Module) -> set[int]:
-    # Gates by type (ScalarGate / VectorGate, those add_gates inserted, the registered blocks' gates
-    # such as timm's LayerScale γ), plus any parameter named k (the toolkit's naming contract).
-    ids = {id(p) for p in gate_parameters(model)}
-    ids.update(id(p) for name, p in model.named_parameters() if _is_gate_k(name))
-    return ids
+    # The gates of every residual branch (layers.blocks.find_branches: the toolkit's k and λ, the gates
+    # add_gates inserted, timm's LayerScale γ, ConvNeXt's γ); one list for every rule that needs them.
+    return {id(p) for p in gate_parameters(model)}
 
 
-def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: bool = False) -> list[dict[str, Any]]:
+def no_weight_decay_names(model: nn.Module, no_weight_decay_list: Sequence[str] = ()) -> list[str]:
+    """The parameter-name patterns kept out of weight decay by the model itself: what `no_weight_decay()`
+    returns on the model and on any submodule that defines it (timm's ViT: cls_token, pos_embed; Swin's
+    relative position bias tables), each prefixed with the submodule's qualified name, plus
+    `no_weight_decay_list`. Shell-style wildcards match (fnmatch, as timm matches them)."""
+    if isinstance(no_weight_decay_list, str) or not isinstance(no_weight_decay_list, (list, tuple, set, frozenset)):
+        raise TypeError(f"no_weight_decay_list={no_weight_decay_list!r}: expected a list of parameter names or "
+                        f"patterns, e.g. ['pos_embed', '*.relative_position_bias_table']")
+    patterns = [str(p) for p in no_weight_decay_list]
+    for prefix, module in model.named_modules():
+        method = getattr(module, "no_weight_decay", None)
+        if callable(method):
+            names = method()
+            patterns.extend(f"{prefix}.{n}" if prefix else str(n) for n in names)
+    return patterns
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: bool = False,
+                 no_weight_decay_list: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Two parameter groups for any torch optimiser, without a recipe: {"params", "weight_decay",
-    "group": "decay"} for the weights (dim ≥ 2) and "no_decay" for biases, norms and every gate,
-    found by type (the toolkit's k and λ, the gates `add_gates` inserted, timm's LayerScale γ,
-    ConvNeXt's γ: `layers.adapters.gate_parameters`), so the paper's rule "no weight decay on k"
-    holds on any network (gate_decay=True decays the gates too: gated-residual-v2's "k decay").
+    "group": "decay"} for the weights (dim ≥ 2) and "no_decay" for biases, norms, every gate
+    (`layers.gate_parameters`: the toolkit's k and λ, the gates `add_gates` inserted, timm's LayerScale
+    γ, ConvNeXt's γ), so the paper's rule "no weight decay on k" holds on any network (gate_decay=True
+    decays the gates too: gated-residual-v2's "k decay"), and the parameters the model names in its own
+    `no_weight_decay()` or that `no_weight_decay_list` names (`no_weight_decay_names`: timm's rule).
     Never sets "lr": the optimiser's own lr applies, e.g.
     `torch.optim.SGD(param_groups(model, weight_decay=5e-4), lr=0.1, momentum=0.9)`. Empty groups
     are dropped; parameters that do not require grad are left out. ValueError for a negative or
@@ -296,13 +313,17 @@ def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: boo
             or weight_decay < 0:
         raise ValueError(f"weight_decay={weight_decay!r}: expected a finite number >= 0")
     gates = _gate_ids(model)
+    excluded = no_weight_decay_names(model, no_weight_decay_list)
     decay: list[torch.Tensor] = []
     no_decay: list[torch.Tensor] = []
-    for param in model.parameters():
+    for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        is_gate = id(param) in gates
-        (decay if (gate_decay if is_gate else param.dim() >= 2) else no_decay).append(param)
+        if id(param) in gates:
+            decayed = gate_decay
+        else:
+            decayed = param.dim() >= 2 and not _matches(name, excluded)
+        (decay if decayed else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": float(weight_decay), "group": "decay"},
               {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"}]
     return [g for g in groups if g["params"]]
@@ -323,20 +344,23 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     each (pattern, lr_mult, decay_mult) matches parameter names with shell-style wildcards
     (fnmatch), the first match wins, and a matched parameter gets learning rate lr·lr_mult and
     weight decay weight_decay·decay_mult. Unmatched parameters, and k always (the k_decay contract),
-    follow the rule above with lr_mult 1. Gates are found by type as in `param_groups`. Each group
+    follow the rule above with lr_mult 1. Gates, and the names the model lists in `no_weight_decay()`,
+    are found as in `param_groups`. Each group
     carries "lr_mult" (the training loop sets its lr to the schedule's lr × lr_mult),
     "weight_decay", and a "group" name: "decay", "no_decay", or "lr×a decay×b" for a rule's
     multipliers. No group sets "lr", so a torch optimiser built over these groups trains at the lr
     it is given (`build_optimizer` sets the recipe's)."""
     buckets: dict[tuple[float, float], list[nn.Parameter]] = {}
     gates = _gate_ids(model)
+    excluded = no_weight_decay_names(model)
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         if id(param) in gates:
             key = (1.0, 1.0 if recipe.k_decay else 0.0)
         else:
-            key = _rule_for(name, recipe.param_rules) or (1.0, 1.0 if param.dim() >= 2 else 0.0)
+            key = _rule_for(name, recipe.param_rules) or \
+                (1.0, 1.0 if param.dim() >= 2 and not _matches(name, excluded) else 0.0)
         buckets.setdefault(key, []).append(param)
     groups = []
     for (lr_mult, decay_mult), params in sorted(buckets.items(), key=lambda kv: (kv[0] != (1.0, 1.0), kv[0] != (1.0, 0.0), kv[0])):

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers import AugmentedLayer, HighwayLayer, PlainBlock, ResidualBlock, ScalarGate, TransformGate, VectorGate
+from ..layers.blocks import find_branches
 from ..layers.gates import GATE_FUNCTIONS
 from ..data import Split
 from ..models import create_model
@@ -253,8 +254,8 @@ class StackedModels:
         self.gate_mask = torch.tensor([f[1] for f in flags], device=self.device).view(-1, 1, 1)
 
     def has_gates(self, position: int) -> bool:
-        """Whether the model at `position` has scalar gates k of its own (records k, saves k)."""
-        return bool(self.scalar_gate_names()) and (not self.mixed or MIXABLE_MODELS[self.kinds[position]][1])
+        """Whether the model at `position` has gates of its own (records k, saves k)."""
+        return bool(self.gate_names()) and (not self.mixed or MIXABLE_MODELS[self.kinds[position]][1])
 
     @property
     def n(self) -> int:
@@ -331,9 +332,11 @@ class StackedModels:
         out.update({f"running.{k}": v.clone() for k, v in self.running.items()})
         return out
 
-    def scalar_gate_names(self) -> list[str]:
-        """Names of the scalar gates' k parameters, in block order (as `scalar_gate_values`)."""
-        return [f"{n}.k" for n, m in self.template.named_modules() if isinstance(m, ScalarGate)]
+    def gate_names(self) -> list[str]:
+        """Names of the gate parameters of the template's gated branches, in branch order
+        (`layers.blocks.find_branches`, the one list of gates: a scalar k or a LayerScale λ each)."""
+        return [f"{ref.gate_path}.k" for ref in find_branches(self.template).values()
+                if ref.gate is not None and isinstance(getattr(ref.gate, "k", None), torch.Tensor)]
 
     # -- forward --------------------------------------------------------------------------------
     # Activations are held feature-major, (N, C, B): each Linear is then one baddbmm W·h (+ b) whose
