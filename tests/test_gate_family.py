@@ -58,11 +58,16 @@ def test_rezero_starts_as_the_identity_and_records_its_gate():
 
 
 def test_layerscale_gate_is_a_vector_with_cait_eps_recorded():
-    model = create_model("mlp_layerscale", depth=20, width=8)
+    # CaiT's ε counts residual blocks, as CaiT counts layers: d = 20 has 10 blocks (0.1), d = 40 has 20 (1e-5)
+    assert create_model("mlp_layerscale", depth=20, width=8).config["k_init"] == 0.1
+    model = create_model("mlp_layerscale", depth=40, width=8)
     assert model.config["k_init"] == 1e-5 and model.config["gate_function"] == "identity"
     gate = model.blocks[0].gate
     assert isinstance(gate, VectorGate) and gate.value().shape == (8,)
     assert torch.equal(gate.value(), torch.full((8,), 1e-5))
+    # the gate-family study keeps its recorded protocol, ε by d
+    from throughway.experiments.gate_family import family_kwargs
+    assert family_kwargs("layerscale", 20)["k_init"] == 1e-5 and "k_init" not in family_kwargs("rezero", 20)
     # explicit ε wins over the depth rule
     assert create_model("mlp_layerscale", depth=20, width=8, k_init=0.3).config["k_init"] == 0.3
     # channel c of the branch is scaled by λ_c
@@ -145,7 +150,7 @@ def test_gate_family_quick_study(gate_family_quick):
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     assert by[("rezero", 2)]["per_seed"][0]["negative_gates"] is not None
     assert by[("gated", 2)]["per_seed"][0]["dead_gates"] is not None
-    assert by[("layerscale", 2)]["k_mean"]["n"] == 0  # vector gates are not scalar k's
+    assert by[("layerscale", 2)]["k_mean"]["n"] == 2  # fit records a LayerScale gate as its mean λ
     run = read_results(out / "runs" / "rezero-nf-d10-s1")
     assert run["config"]["model"] == "mlp_rezero" and run["config"]["model_kwargs"]["norm"] == "none"
     assert run["environment"]["batched"]["models"] == 2

@@ -93,7 +93,7 @@ def lesion(model: nn.Module, block: int | str) -> Iterator[nn.Module]:
     with close_branches(model, [ref.name for ref in refs]) as standins:
         def before(_module: nn.Module, _args: tuple) -> None:
             for standin in standins:
-                standin.used = False
+                object.__setattr__(standin, "used", False)
 
         def after(_module: nn.Module, _args: tuple, _out: Any) -> None:
             unused = [ref.name for ref, standin in zip(refs, standins) if not standin.used]
@@ -244,7 +244,7 @@ def _update_library_config(model: nn.Module, pruned: nn.Module, names: Sequence[
         removed_by_parent.setdefault(parent_name, set()).add(key)
     stacks = [(parent_name, keys) for parent_name, keys in removed_by_parent.items()
               if isinstance(model.get_submodule(parent_name), nn.ModuleList)
-              and len(model.get_submodule(parent_name)) == count]
+              and len(cast(nn.ModuleList, model.get_submodule(parent_name))) == count]
     if len(stacks) != 1 or len(stacks) != len(removed_by_parent):
         raise ValueError(f"prune: cannot tell which of the removed blocks {list(names)[:4]} count in the config's "
                          f"num_hidden_layers={count}: the blocks must all come from the one layer list of that length")
@@ -259,7 +259,7 @@ def _update_library_config(model: nn.Module, pruned: nn.Module, names: Sequence[
         old = kept[new]
         for module in layer.modules():
             if getattr(module, "layer_idx", None) == old:
-                module.layer_idx = new
+                object.__setattr__(module, "layer_idx", new)
 
 
 def _prune_by_config(model: nn.Module, name: str, names: Sequence[str]) -> nn.Module:
@@ -319,7 +319,7 @@ def prune(model: nn.Module, blocks: Sequence[int | str], example_input: torch.Te
     if any(t.is_meta for t in model.state_dict().values()):
         config = getattr(model, "config", None)
         name = config.get("name") if isinstance(config, dict) else type(config).__name__ if config is not None else None
-        raise ValueError(f"model {type(model).__name__} ({name}) is on the meta device (it has shapes but no "
+        raise ValueError(f"model {type(model).__name__} ({name!r}) is on the meta device (it has shapes but no "
                          f"weights); prune needs a model with its weights, e.g. from load_model")
     names = resolve_blocks(model, blocks)
     registry_name = _registry_name(model)

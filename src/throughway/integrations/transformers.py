@@ -3,7 +3,8 @@
     from throughway import add_gates
     from throughway.integrations.transformers import GateTrainerCallback
     add_gates(model, "relu")
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[GateTrainerCallback()])
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+    GateTrainerCallback().attach(trainer)   # first, so the reporting integrations log the gates too
 
 The Trainer puts every parameter that is not a bias or a LayerNorm weight into its weight-decayed
 group, gates included (gated-residual-v2 §3.2 trains k without weight decay). At the start of
@@ -11,7 +12,8 @@ training the callback moves each gate (`layers.gate_parameters`: the gates `add_
 timm's LayerScale γ, ...) from a decayed group into the Trainer's own undecayed group with the same
 settings, so the number of groups, and with it every learning-rate scheduler's per-group state, is
 unchanged. It logs each gate's value (g(k), α; the mean |λ| of a vector gate) under
-"gate/<branch name>" with the Trainer's own logs and keeps them in `history`.
+"gate/<branch name>" with the Trainer's own logs (`trainer.state.log_history`, and every reporting
+integration that runs after it: `attach` puts it first) and keeps them in `history`.
 
 To build the optimizer yourself instead: `Trainer(optimizers=(torch.optim.AdamW(
 throughway.train.param_groups(model, weight_decay=0.01), lr=...), None))`.
@@ -65,7 +67,7 @@ def move_gates_out_of_decay(optimizer: torch.optim.Optimizer, module: torch.nn.M
     return moved
 
 
-class GateTrainerCallback(TrainerCallback):  # type: ignore[misc]
+class GateTrainerCallback(TrainerCallback):
     """Keeps gates out of weight decay and logs them under a Hugging Face `Trainer` (see the module
     docstring). `decay_gates=True` leaves the groups as they are (gated-residual-v2's "k decay").
     `moved` is the number of gates moved at the start of training; `history` one dict per logging
@@ -78,6 +80,17 @@ class GateTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self.prefix = prefix
         self.moved = 0
         self.history: list[dict[str, float]] = []
+
+    def attach(self, trainer: Any) -> "GateTrainerCallback":
+        """Put this callback first among `trainer`'s callbacks (the Trainer appends a user's `callbacks=`
+        after its reporting integrations, which would then log before the gates are added); return it."""
+        handler = getattr(trainer, "callback_handler", None)
+        if handler is None or not isinstance(getattr(handler, "callbacks", None), list):
+            raise TypeError(f"trainer={type(trainer).__name__}: expected a transformers.Trainer")
+        if self in handler.callbacks:
+            handler.callbacks.remove(self)
+        handler.callbacks.insert(0, self)
+        return self
 
     def gate_values(self, model: torch.nn.Module) -> dict[str, float]:
         """{prefix + branch name: g} for every gated branch of `model` (the mean |λ| for a vector gate)."""
@@ -97,10 +110,13 @@ class GateTrainerCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        """Add every gate's value to the Trainer's logs (so its reporters see them) and to `history`."""
+        """Add every gate's value to the Trainer's logs (so the reporters after it see them), to the record the
+        Trainer keeps of this log (state.log_history, appended before the callbacks run) and to `history`."""
         if model is None:
             return
         values = self.gate_values(model)
         if logs is not None:
             logs.update(values)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(values)
         self.history.append({"step": float(state.global_step), **values})

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import known_blocks  # noqa: F401  (registers the library block types)
-from .blocks import (ADDED_GATES, BlockSpec, BranchRef, _gate_key, _qualified, _resolve, block_branches,
+from .blocks import (ADDED_GATES, BlockSpec, BranchRef, gate_key, qualified_name, resolve_path, block_branches,
                      block_spec, call_model, check_blocks, find_branches, has_shortcut, iter_blocks,
                      registered_blocks)
 from .gates import ScalarGate, VectorGate, cait_layerscale_init
@@ -121,7 +121,7 @@ def gated_branch_targets(refs: Sequence[BranchRef],
     if isinstance(targets, str) or not isinstance(targets, Sequence):
         raise TypeError(f"targets={targets!r}: expected a list of branch names, block names or branch keys "
                         f"(e.g. ['ff']), a callable BranchRef -> bool, or None")
-    chosen = []
+    chosen: list[BranchRef] = []
     for target in targets:
         hits = [ref for ref in refs if target in (ref.name, ref.block, ref.key)]
         if not hits:
@@ -161,7 +161,7 @@ def _slot(model: nn.Module, ref: BranchRef) -> tuple[nn.Module, str] | None:
     if path is None:
         return None
     block = model.get_submodule(ref.block)
-    if not isinstance(_resolve(block, path), nn.Identity):
+    if not isinstance(resolve_path(block, path), nn.Identity):
         return None
     parent_path, _, attribute = path.rpartition(".")
     return (block.get_submodule(parent_path) if parent_path else block), attribute
@@ -224,7 +224,7 @@ def add_gates(model: nn.Module, kind: str = "relu", *, k_init: float | None = No
         if slot is not None:
             setattr(slot[0], slot[1], gate)
             continue
-        _gates_home(model, ref)[_gate_key(ref.key)] = gate
+        _gates_home(model, ref)[gate_key(ref.key)] = gate
         model.get_submodule(ref.end).register_forward_hook(GateHook(gate, ref.spec.channel_dim))
         hooked = True
     if hooked:
@@ -264,17 +264,17 @@ def _remove_gate(model: nn.Module, ref: BranchRef) -> Callable[[], None]:
     block = model.get_submodule(ref.block)
     gate = cast(nn.Module, ref.gate)
     home = block._modules.get(ADDED_GATES)
-    if isinstance(home, nn.ModuleDict) and _gate_key(ref.key) in home:
+    if isinstance(home, nn.ModuleDict) and gate_key(ref.key) in home:
         end = model.get_submodule(ref.end)
         for key, hook in list(end._forward_hooks.items()):
             if isinstance(hook, GateHook) and hook.gate is gate:
                 del end._forward_hooks[key]
-        del home[_gate_key(ref.key)]
+        del home[gate_key(ref.key)]
         if not len(home):
             del block._modules[ADDED_GATES]
 
         def put_back() -> None:
-            _gates_home(model, ref)[_gate_key(ref.key)] = gate
+            _gates_home(model, ref)[gate_key(ref.key)] = gate
             end.register_forward_hook(GateHook(gate, ref.spec.channel_dim))
         return put_back
     path = ref.spec.gates[ref.key]
@@ -312,7 +312,7 @@ def fold_gates(model: nn.Module, targets: Sequence[str] | Callable[[BranchRef], 
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     undo: list[Callable[[], None]] = []
     for ref in chosen:
-        where = _qualified(ref.block, ref.spec.fold[ref.key])
+        where = qualified_name(ref.block, ref.spec.fold[ref.key])
         target = model.get_submodule(where)
         for tensor in (getattr(target, "weight", None), getattr(target, "bias", None)):
             if isinstance(tensor, torch.Tensor):
@@ -426,7 +426,7 @@ def restore_gates(model: nn.Module, source: str | Path | Mapping[str, torch.Tens
     gated = {ref.name for ref in find_branches(model).values() if ref.gate is not None}
     if not set(names) <= gated:
         add_gates(model, str(record["kind"]), k_init=record.get("k_init"), depth=record.get("depth"), targets=names)
-    keys: dict[str, torch.Tensor] = {}
+    keys: dict[str, nn.Parameter] = {}
     branches = find_branches(model)
     for name in names:
         ref = branches[name]
@@ -436,10 +436,10 @@ def restore_gates(model: nn.Module, source: str | Path | Mapping[str, torch.Tens
     tensors = _read_tensors(source, list(keys))
     with torch.no_grad():
         for key, parameter in keys.items():
-            value = tensors[key]
-            if value.shape != parameter.shape:
-                raise ValueError(f"{key}: saved shape {tuple(value.shape)}, the gate's is {tuple(parameter.shape)}")
-            parameter.copy_(value)
+            saved = tensors[key]
+            if saved.shape != parameter.shape:
+                raise ValueError(f"{key}: saved shape {tuple(saved.shape)}, the gate's is {tuple(parameter.shape)}")
+            parameter.copy_(saved)
     return model
 
 

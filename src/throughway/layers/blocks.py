@@ -339,7 +339,7 @@ def identity_shortcut(block: nn.Module) -> bool:
     spec = _spec(block)
     if spec.shortcut is None:
         return True
-    projection = _resolve(block, spec.shortcut)
+    projection = resolve_path(block, spec.shortcut)
     return projection is None or isinstance(projection, nn.Identity)
 
 
@@ -380,7 +380,8 @@ class BranchRef:
     spec: BlockSpec
 
 
-def _resolve(root: nn.Module, path: str) -> Any:
+def resolve_path(root: nn.Module, path: str) -> Any:
+    """The attribute at dotted `path` inside `root` (a module, a parameter, or None where a step is missing)."""
     value: Any = root
     for part in path.split("."):
         value = getattr(value, part, None)  # a numbered child of a ModuleList is an attribute too
@@ -391,7 +392,7 @@ def _resolve(root: nn.Module, path: str) -> Any:
 
 def _end_path(block: nn.Module, end: End) -> str | None:
     for path in (end if isinstance(end, tuple) else (end,)):
-        if isinstance(_resolve(block, path), nn.Module):
+        if isinstance(resolve_path(block, path), nn.Module):
             return path
     return None
 
@@ -415,11 +416,13 @@ def _as_gate(found: Any) -> Any:
 ADDED_GATES = "branch_gates"
 
 
-def _gate_key(key: str) -> str:
+def gate_key(key: str) -> str:
+    """The key of a branch's gate in its block's `branch_gates`: the branch's name, "main" for the only one."""
     return key or "main"
 
 
-def _qualified(block_name: str, path: str) -> str:
+def qualified_name(block_name: str, path: str) -> str:
+    """The qualified name of `path` inside the block named `block_name` ("" for the model itself)."""
     return f"{block_name}.{path}" if block_name else path
 
 
@@ -439,7 +442,7 @@ def block_branches(name: str, block: nn.Module) -> list[BranchRef]:
                 continue
             raise ValueError(f"block {name!r} ({type(block).__name__}): no module at {end!r} ends branch "
                              f"{key or '(the only one)'!r}; the registered spec does not fit this block")
-        module = _resolve(block, path)
+        module = resolve_path(block, path)
         if id(module) in ends:
             raise ValueError(f"block {name!r} ({type(block).__name__}): branches {ends[id(module)]!r} and "
                              f"{key!r} both end at module {path!r}; each branch must end at its own module (a "
@@ -448,15 +451,15 @@ def block_branches(name: str, block: nn.Module) -> list[BranchRef]:
         ends[id(module)] = key
         gate: Any = None
         gate_path: str | None = None
-        if isinstance(added, nn.ModuleDict) and _gate_key(key) in added:
-            gate = added[_gate_key(key)]
-            gate_path = _qualified(name, f"{ADDED_GATES}.{_gate_key(key)}")
+        if isinstance(added, nn.ModuleDict) and gate_key(key) in added:
+            gate = added[gate_key(key)]
+            gate_path = qualified_name(name, f"{ADDED_GATES}.{gate_key(key)}")
         elif key in spec.gates:
-            gate = _as_gate(_resolve(block, spec.gates[key]))
-            gate_path = _qualified(name, spec.gates[key]) if gate is not None else None
-            if isinstance(gate, ParameterGate) and not isinstance(_resolve(block, spec.gates[key]), torch.Tensor):
-                gate_path = _qualified(name, spec.gates[key] + ".gamma")
-        refs.append(BranchRef(full, name, key, _qualified(name, path), gate, gate_path, spec))
+            gate = _as_gate(resolve_path(block, spec.gates[key]))
+            gate_path = qualified_name(name, spec.gates[key]) if gate is not None else None
+            if isinstance(gate, ParameterGate) and not isinstance(resolve_path(block, spec.gates[key]), torch.Tensor):
+                gate_path = qualified_name(name, spec.gates[key] + ".gamma")
+        refs.append(BranchRef(full, name, key, qualified_name(name, path), gate, gate_path, spec))
     return refs
 
 
@@ -568,7 +571,7 @@ class _ScaledOutput(nn.Module):
 def _swap_target(model: nn.Module, ref: BranchRef) -> str:
     # close="gate": the gate slot; close="end": the branch's last module.
     if ref.spec.close == "gate":
-        return _qualified(ref.block, ref.spec.gates[ref.key])
+        return qualified_name(ref.block, ref.spec.gates[ref.key])
     return ref.end
 
 
