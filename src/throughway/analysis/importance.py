@@ -330,7 +330,8 @@ def _mean_over_vectors(model: nn.Module, pairs: Sequence[tuple[str, str]], batch
                 sums[i] += float(statistic(cos).sum())
                 counts[i] += a.shape[0]
     if 0 in counts:
-        raise ValueError(f"batches: they hold no position to compare (every attention_mask entry is 0; token={token!r})")
+        raise ValueError(f"batches: they hold no position to compare (every attention_mask entry is 0; "
+                         f"token={token!r})")
     return [total / count for total, count in zip(sums, counts)]
 
 
@@ -388,7 +389,7 @@ def _check_n(n: object, longest: int) -> None:
 def angular_distances(model: nn.Module, batches: Iterable[Batch], n: int | None = None, *,
                       token: str = "last") -> dict[int, dict[str, float]]:
     """Gromov et al.'s angular distance for every span of n consecutive removable blocks (Gromov et al.
-    2024, "The Unreasonable Ineffectiveness of the Deeper Layers", §3.2):
+    2024, "The Unreasonable Ineffectiveness of the Deeper Layers", their layer-pruning algorithm):
     d(x_l, x_l+n) = (1/π)·arccos(cos(x_l,t, x_l+n,t)), averaged over the calibration batches, where
     x_l is the input hidden state of block l (the span's first) and x_l+n the output of block
     l + n − 1 (its last), compared at one position t at a time. token="last" (the default) compares
@@ -421,9 +422,9 @@ def angular_distances(model: nn.Module, batches: Iterable[Batch], n: int | None 
 
 def angular_spans(model: nn.Module, batches: Iterable[Batch], n: int | None = None, *,
                   token: str = "last") -> dict[int, list[str]]:
-    """The n blocks Gromov et al. remove for each n (Gromov et al. 2024, §3.2): the start l* that
-    minimises the mean angular distance d(x_l, x_l+n) of `angular_distances` (ties: the shallowest
-    start), and the blocks l*, ..., l* + n − 1 as qualified names. {n: blocks} for every n from 1 to
+    """The n blocks Gromov et al. remove for each n (Gromov et al. 2024's layer-pruning algorithm): the
+    start l* that minimises the mean angular distance d(x_l, x_l+n) of `angular_distances` (ties: the
+    shallowest start), and the blocks l*, ..., l* + n − 1 as qualified names. {n: blocks} for every n from 1 to
     the longest run of consecutive removable blocks, or for the given `n` only.
 
     The spans are chosen afresh for each n, so they are not nested: the blocks removed at n = 2 need
@@ -512,9 +513,9 @@ def lesion_scores(model: nn.Module, batches: Iterable[Batch], loss_fn: LossFn) -
 def greedy_lesion_order(model: nn.Module, batches: Iterable[Batch], loss_fn: LossFn,
                         max_removed: int | None = None) -> list[str]:
     """SLEB's iterative block elimination (Song et al. 2024, "SLEB: Streamlining LLMs through Redundancy
-    Verification and Elimination of Transformer Blocks", Algorithm 1): with the blocks chosen so far
-    closed, close each remaining removable block in turn, measure the calibration loss, choose the
-    block whose closing gives the lowest loss (ties: the shallowest), and repeat. SLEB's metric is the
+    Verification and Elimination of Transformer Blocks"): with the blocks chosen so far closed, close
+    each remaining removable block in turn, measure the calibration loss, choose the block whose
+    closing gives the lowest loss (ties: the shallowest), and repeat. SLEB's metric is the
     language-modelling loss of calibration sequences; here it is the sample-weighted mean of
     `loss_fn(outputs, targets)` over `batches` ((inputs, targets) pairs, module docstring). Blocks are
     closed by `removal.lesion` (as in `lesion_scores`: removal for the toolkit's blocks and pre-norm
@@ -546,9 +547,9 @@ def greedy_lesion_order(model: nn.Module, batches: Iterable[Batch], loss_fn: Los
 
 def deepest_order(model: nn.Module) -> list[str]:
     """The removable blocks from the deepest to the shallowest, the final block never: Gromov et al.
-    2024's simpler pruning strategy (§3.2: remove layers beginning at the penultimate one, from deep to
-    shallow), after their observation that the final layer matters (their angular distance keeps it,
-    and removing it costs most). "The final block" is the last of `find_blocks(model)`; it is left
+    2024's simpler pruning heuristic (remove layers beginning at the penultimate one, from deep to
+    shallow), which keeps the final layer, after their observation that the final layer matters. "The
+    final block" is the last of `find_blocks(model)`; it is left
     out of the order, so a removal curve over this order stops at L − 1 blocks removed. Reads no data."""
     names = _removable(model)
     final = list(find_blocks(model))[-1]
@@ -659,7 +660,7 @@ def span_removal_curve(model: nn.Module, spans: Mapping[int, Sequence[int | str]
                                 f"number per model")
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"metric returned {type(value).__name__} {value!r:.60}; span_removal_curve needs one number "
-                            f"per model")
+            raise TypeError(f"metric returned {type(value).__name__} {value!r:.60}; span_removal_curve needs one "
+                            f"number per model")
         curve[n] = float(value)
     return curve
