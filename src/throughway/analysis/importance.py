@@ -326,6 +326,8 @@ def _mean_over_vectors(model: nn.Module, pairs: Sequence[tuple[str, str]], batch
                 if a.shape != b.shape:
                     raise ValueError(f"the input of block {first!r} has shape {tuple(a.shape)} and the output of "
                                      f"block {last!r} {tuple(b.shape)}: they cannot be compared")
+                if a.device.type == "mps":  # no float64 there
+                    a, b = a.cpu(), b.cpu()
                 cos = F.cosine_similarity(a.double(), b.double(), dim=1, eps=1e-12)
                 sums[i] += float(statistic(cos).sum())
                 counts[i] += a.shape[0]
