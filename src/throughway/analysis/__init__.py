@@ -12,8 +12,10 @@ The most used functions are importable from here, the context manager included:
 
 from .blocks import find_blocks, find_branches
 from .gates import gate_statistics, k_statistics, model_family
+from .importance import angular_spans, block_influence, importance_order, span_removal_curve
 from .removal import (check_prunable, lesion, prune, removable_blocks, removal_curve, removal_order,
                       unremovable_blocks)
 
-__all__ = ["check_prunable", "find_blocks", "find_branches", "gate_statistics", "k_statistics", "lesion",
-           "model_family", "prune", "removable_blocks", "removal_curve", "removal_order", "unremovable_blocks"]
+__all__ = ["angular_spans", "block_influence", "check_prunable", "find_blocks", "find_branches", "gate_statistics",
+           "importance_order", "k_statistics", "lesion", "model_family", "prune", "removable_blocks", "removal_curve",
+           "removal_order", "span_removal_curve", "unremovable_blocks"]
