@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from throughway import add_gates
 from throughway.analysis import removal_curve
-from throughway.analysis.gates import block_gates, block_scalar_gates
+from throughway.layers import find_branches
 from throughway.analysis.importance import (CRITERIA, angular_distances, angular_spans, block_influence, deepest_order,
                                             gate_order, greedy_lesion_order, importance_order, lesion_scores,
                                             random_order, span_removal_curve)
@@ -95,7 +95,7 @@ def _make_identity(model: nn.Module, kind: str, how: str, prefix: str) -> str:
         if how == "closed gate":
             if kind != "mlp":
                 add_gates(model, "relu")
-            for branch, gate in block_gates(model).items():
+            for branch, gate in {n: r.gate for n, r in find_branches(model).items()}.items():
                 if branch == name or branch.startswith(name + "."):
                     gate.k.fill_(-1.0)
         else:
@@ -132,7 +132,7 @@ def test_every_criterion_from_the_model_ranks_an_identity_block_least_important(
 def test_gate_order_is_the_greedy_removal_order_by_k():
     model, _ = _mlp()
     with torch.no_grad():
-        for gate, k in zip(block_scalar_gates(model), [0.9, -0.5, 0.2, 1.4]):
+        for gate, k in zip([r.gate for r in find_branches(model).values()], [0.9, -0.5, 0.2, 1.4]):
             gate.k.fill_(k)
     assert gate_order(model) == ["blocks.1", "blocks.2", "blocks.0", "blocks.3"]
     with pytest.raises(ValueError, match="no gate"):

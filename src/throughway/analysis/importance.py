@@ -81,6 +81,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers.adapters import block_spec
+from ..layers.blocks import iter_blocks
 from .blocks import find_blocks, no_blocks_error, resolve_blocks
 from .removal import lesion, prune, removable_blocks, removal_order
 
@@ -118,7 +119,7 @@ def _check_max_removed(max_removed: object) -> None:
 
 def _removable(model: nn.Module) -> list[str]:
     """`removable_blocks(model)`, with ValueError naming the model when it has none."""
-    if not find_blocks(model):
+    if not any(True for _ in iter_blocks(model)):
         raise no_blocks_error(model)
     names = removable_blocks(model)
     if not names:
