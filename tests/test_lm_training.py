@@ -228,6 +228,14 @@ def test_bad_model_output_and_arguments_are_refused_before_the_first_step(text):
         fit_lm(gpt(text), text, small_recipe(augment="crop-flip"), progress=False)
 
 
+def test_fit_lm_under_several_ranks_is_refused_not_trained_apart(text, monkeypatch):
+    from throughway.train import distributed
+
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (0, 2))
+    with pytest.raises(ValueError, match=r"not data-parallel"):
+        fit_lm(gpt(text), text, small_recipe(), progress=False)
+
+
 class Poison:
     """Makes a weight NaN after step `at`: the next step's loss is not finite."""
 

@@ -41,6 +41,7 @@ from torch.nn import functional as F
 
 from ..data.text import TextSplits, evaluation_blocks, random_blocks
 from ..layers import scalar_gate_values
+from . import distributed
 from .callbacks import ProgressPrinter
 from .checks import check_callbacks, check_eval_batch_size, modes_kept
 from .inputs import model_device
@@ -289,11 +290,16 @@ def fit_lm(model: nn.Module, data: TextSplits, recipe: Recipe | str, callbacks: 
     model's initialisation before building it). Callbacks, `progress`, `label` and `amp` (bf16 autocast
     of the forward pass), `compile_model` as for `fit`. Checked before the first step, each a
     TypeError / ValueError naming the argument: the model, data, recipe (images' augment and normalize
-    refused), context (at most the model's), splits of at least context + 1 tokens, callbacks, and the
-    model's logits on the first batch. The model leaves in the mode it came in.
+    refused), context (at most the model's), splits of at least context + 1 tokens, callbacks, the
+    model's vocabulary and its logits on the first batch. Not data-parallel: under torchrun with more
+    than one rank it refuses. The model leaves in the mode it came in.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: got {type(model).__name__}; accepted: a torch.nn.Module")
+    if distributed.rank_and_world()[1] > 1:
+        # Each process would train its own copy on its own blocks, with no gradient averaged: refused.
+        raise ValueError("fit_lm trains in one process; under torchrun (a process group of several ranks) it is not "
+                         "data-parallel: run it without torchrun")
     if not isinstance(data, TextSplits):
         raise TypeError(f"data: got {type(data).__name__}; accepted: TextSplits (load_dataset('shakespeare-char'))")
     if isinstance(recipe, str):
