@@ -123,9 +123,9 @@ def _check_text_rules(config: RunConfig, recipe: Recipe) -> None:
         if config.eval_blocks is not None and (isinstance(config.eval_blocks, bool)
                                                or not isinstance(config.eval_blocks, int) or config.eval_blocks < 1):
             raise ValueError(f"eval_blocks={config.eval_blocks!r}: accepted: an integer ≥ 1, or None (every block)")
-        for option in ("channels_last",):
-            if getattr(config, option):
-                raise ValueError(f"{option}=True with dataset={config.dataset!r}: applies to conv nets on images")
+        if config.channels_last:
+            raise ValueError(f"channels_last=True with dataset={config.dataset!r}: applies to conv nets on images; "
+                             f"accepted: False")
         return
     if language_model:
         raise ValueError(f"model={config.model!r} is a causal language model; accepted datasets: {sorted(TEXT_DATASETS)}")
