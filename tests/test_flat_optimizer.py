@@ -25,6 +25,7 @@ CASES = [
     ("mlp_highway", "highway-mnist", {"weight_decay": 1e-3}),                          # SGD + momentum
     ("mlp_plain", "highway-mnist", {"nesterov": True}),                                # SGD + Nesterov
     ("mlp_residual", "gresnet-mnist", {"optimizer": "adam"}),                          # Adam
+    ("mlp_residual", "gresnet-mnist", {"optimizer": "adamw", "weight_decay": 0.1}),    # AdamW, decoupled decay
 ]
 
 
@@ -35,6 +36,8 @@ def _torch_optimizer(model, recipe):
                                  momentum_decay=recipe.momentum_decay)
     if recipe.optimizer == "adam":
         return torch.optim.Adam(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
+    if recipe.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
     return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.nesterov)
 
 

@@ -20,8 +20,31 @@ SMALL_BY_MODEL = {
 }
 
 
+# Causal language models take token ids (8, 16) and return next-token logits (8, 16, vocab_size).
+LANGUAGE_MODELS = {"gpt": {"depth": 2, "width": 16, "heads": 2, "context": 16, "vocab_size": 10},
+                   "hf_gpt2": {"depth": 2, "width": 16, "heads": 2, "context": 16, "vocab_size": 10}}
+SMALL_BY_MODEL.update(LANGUAGE_MODELS)
+
+
+def _language_model_forward(name):
+    if name == "hf_gpt2":
+        pytest.importorskip("transformers")
+    model = create_model(name, **LANGUAGE_MODELS[name])
+    x = torch.randint(0, 10, (8, 16))
+    out = model(x)
+    assert out.shape == (8, 16, 10) and torch.isfinite(out).all()
+    out.logsumexp(dim=-1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing, f"parameters without a finite gradient: {missing}"
+    assert len(model.blocks) == 2
+    assert model.forward_head(model.forward_features(x)).shape == (8, 16, 10)
+
+
 @pytest.mark.parametrize("name", [m.name for m in list_models()])
 def test_forward_shapes_and_gradients(name):
+    if name in LANGUAGE_MODELS:
+        _language_model_forward(name)
+        return
     model = create_model(name, **SMALL_BY_MODEL.get(name, SMALL))
     x = torch.rand(8, 1, 28, 28)
     out = model(x)
@@ -36,6 +59,8 @@ def test_forward_shapes_and_gradients(name):
 
 @pytest.mark.parametrize("name", [m.name for m in list_models()])
 def test_blocks_expose_contract_names(name):
+    if name == "hf_gpt2":
+        pytest.importorskip("transformers")
     model = create_model(name, **SMALL_BY_MODEL.get(name, SMALL))
     for block in model.blocks:
         # the toolkit's blocks carry the contract's names; vit_patch's are torch's encoder layers, which the

@@ -749,6 +749,10 @@ SCRIPTS: dict[str, dict[str, list[str] | None] | None] = {
     "benchmarks/hessian_speed.py": {"--depth": ["2"], "--plain-depth": ["2"], "--skip-plain": [], "--threads": ["1"]},
     # runs one timed step of batch 2 of both loops on its random CIFAR-shaped data (about 3 s)
     "benchmarks/wrn_step_throughput.py": {"--steps": ["1"], "--batch": ["2"], "--threads": ["1"]},
+    # runs a 1-layer width-16 GPT on random tokens (no download), 2 rounds of 1 step, one size (about 3 s)
+    "benchmarks/lm_step.py": {"--synthetic": [], "--depth": ["1"], "--width": ["16"], "--heads": ["2"],
+                              "--context": ["8"], "--batch": ["2"], "--steps": ["1"], "--rounds": ["2"],
+                              "--sizes": ["1x32"], "--threads": ["1"]},
     # --help only: even its smallest options take about 7 s (its fixed matmul-ceiling measurements),
     # and the recorded --compile minutes
     "benchmarks/batched_throughput.py": None,

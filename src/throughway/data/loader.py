@@ -12,13 +12,20 @@ from __future__ import annotations
 import os
 import hashlib
 from dataclasses import dataclass, field
+from typing import Literal, overload
 
 import numpy as np
 import torch
 
+from . import shakespeare
 from .sources import ArraySplits, load_arrays
+from .text import TextSplits
 
-__all__ = ["Split", "DataSplits", "array_checksums", "load_dataset", "to_splits"]
+__all__ = ["Split", "DataSplits", "array_checksums", "load_dataset", "load_text_dataset", "to_splits", "TEXT_DATASETS"]
+
+# The character-level text data sets and the size of each one's vocabulary (UNKNOWN included), known
+# before the data is read so that a run's model is checked first (train.config).
+TEXT_DATASETS: dict[str, int] = {shakespeare.NAME: shakespeare.VOCAB_SIZE}
 
 
 @dataclass
@@ -97,8 +104,37 @@ def to_splits(arrays: ArraySplits, *, train_on_full: bool = False, device: str |
     )
 
 
+def load_text_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
+                      device: str | torch.device = "cpu", limit: int | None = None) -> TextSplits:
+    """Load the text data set `name` (one of TEXT_DATASETS: "shakespeare-char") as TextSplits (token ids)
+    on `device`; `limit` keeps the first `limit` characters of each split (data.text, data.shakespeare)."""
+    if name == shakespeare.NAME:
+        return shakespeare.load_shakespeare(data_dir, device=device, limit=limit)
+    raise ValueError(f"dataset={name!r} is not a text data set; accepted values: {sorted(TEXT_DATASETS)}")
+
+
+# A literal text data set's name is typed as TextSplits; a name known only at run time as DataSplits, the
+# image sets' type (the callers that may meet a text name check with isinstance, as train.run does).
+@overload
+def load_dataset(name: Literal["shakespeare-char"], data_dir: str | os.PathLike[str] | None = None, *,  # type: ignore[overload-overlap]
+                 train_on_full: bool = False, device: str | torch.device = "cpu",
+                 limit: int | None = None) -> TextSplits: ...
+
+
+@overload
 def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *, train_on_full: bool = False,
-                 device: str | torch.device = "cpu", limit: int | None = None) -> DataSplits:
-    """Load dataset `name` ("mnist", "fashion-mnist", "cifar10", "cifar100") as DataSplits on `device`,
-    pixels divided by 255 (see `to_splits`)."""
+                 device: str | torch.device = "cpu", limit: int | None = None) -> DataSplits: ...
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *, train_on_full: bool = False,
+                 device: str | torch.device = "cpu", limit: int | None = None) -> DataSplits | TextSplits:
+    """Load dataset `name` on `device`: an image data set ("mnist", "fashion-mnist", "cifar10", "cifar100")
+    as DataSplits, pixels divided by 255 (see `to_splits`); a text data set (TEXT_DATASETS:
+    "shakespeare-char") as TextSplits of token ids (`load_text_dataset`; `limit` then counts
+    characters, and `train_on_full` is refused: its splits are fixed sets of works)."""
+    if name in TEXT_DATASETS:
+        if train_on_full:
+            raise ValueError(f"train_on_full=True with dataset={name!r}: a text data set's splits are fixed sets of "
+                             f"whole works; accepted: False")
+        return load_text_dataset(name, data_dir, device=device, limit=limit)
     return to_splits(load_arrays(name, data_dir), train_on_full=train_on_full, device=device, limit=limit)

@@ -5,7 +5,7 @@ from typing import Any
 from .registry import ModelEntry, create_model, list_models, model_entry, register_model
 
 # Importing the families runs their @register_model decorators (registry.py imports none of them).
-from . import highway_conv, mlp, preact_resnet, shortcut, vit, wide_resnet  # noqa: E402,F401  isort: skip
+from . import gpt, highway_conv, mlp, preact_resnet, shortcut, vit, wide_resnet  # noqa: E402,F401  isort: skip
 from .base import MLP, ConvNet, StemBlocksHead  # noqa: E402
 from .highway_conv import LEGACY_MNIST_ARCH, with_legacy_layout  # noqa: E402
 from .mlp import LEGACY_STEM, MLP_FAMILIES, STEMS, with_legacy_stem  # noqa: E402

@@ -91,6 +91,11 @@ class ProgressPrinter:
         self._close_bar()
         val = f" val {record['val_error_pct']:.2f}%" if record.get("val_error_pct") is not None else ""
         test = f" test {record['test_error_pct']:.2f}%" if record.get("test_error_pct") is not None else ""
+        # A language model's record (train.lm) holds bits per character, which say more than its error.
+        if record.get("val_bpc") is not None:
+            val = f" val {record['val_bpc']:.4f} bpc"
+        if record.get("test_bpc") is not None:
+            test = f" test {record['test_bpc']:.4f} bpc"
         kinfo = f" k̄ {record['k_mean']:.3f}" if record.get("k_mean") is not None else ""
         stopped = f", stopped after step {record['stopped_at_step']}" if "stopped_at_step" in record else ""
         print(f"{self.prefix}epoch {record['epoch']:>3}/{state.recipe.epochs} loss {record['train_loss']:.4f}"

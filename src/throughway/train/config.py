@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import torch
 
-from ..data import DATASET_SHAPES, DataSplits
+from ..data import DATASET_SHAPES, TEXT_DATASETS, DataSplits, TextSplits
 from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from .checkpoint import MAX_MODEL_PARAMETERS
-from .recipes import Recipe, get_recipe
+from .recipes import STEP_SCHEDULES, Recipe, get_recipe
 
 __all__ = ["RunConfig", "RunExistsError", "MAX_DEPTH", "check_config", "resolve_recipe", "check_device",
            "model_kwargs_for", "build_model", "check_resumable"]
@@ -58,7 +58,11 @@ class RunConfig:
     channels_last: bool = False
     compile: bool = False
     # Images per evaluation forward (None: loop.DEFAULT_EVAL_BATCH); wide conv nets need fewer on a GPU.
+    # On a text data set: blocks per evaluation forward (None: lm.DEFAULT_LM_EVAL_BATCH).
     eval_batch_size: int | None = None
+    # Text data sets only: the evaluation blocks of each of val and test, evenly spaced over the split
+    # (None: every non-overlapping block; data.text.evaluation_blocks).
+    eval_blocks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a JSON-able dict (results.json's `config`)."""
@@ -72,8 +76,9 @@ def check_config(config: RunConfig) -> Recipe:
     Raises ValueError / KeyError / TypeError naming the field. A run checks its config once, here:
     `run_training` and `train_batched` call it first and pass the recipe on."""
     check_device(config.device)
-    if config.dataset not in DATASET_SHAPES:
-        raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: {sorted(DATASET_SHAPES)}")
+    if config.dataset not in DATASET_SHAPES and config.dataset not in TEXT_DATASETS:
+        raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: "
+                         f"{sorted(DATASET_SHAPES) + sorted(TEXT_DATASETS)}")
     if isinstance(config.depth, bool) or not isinstance(config.depth, int) or not 1 <= config.depth <= MAX_DEPTH:
         raise ValueError(f"depth={config.depth!r} (--depth): accepted: an integer from 1 to {MAX_DEPTH} (MAX_DEPTH)")
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not -2 ** 63 <= config.seed < 2 ** 64:
@@ -82,7 +87,8 @@ def check_config(config: RunConfig) -> Recipe:
         raise ValueError(f"limit={config.limit!r}: must be at least 2 (BatchNorm needs two samples)")
     _finite("model_kwargs", config.model_kwargs)
     recipe = resolve_recipe(config)
-    shape, classes = DATASET_SHAPES[config.dataset]
+    _check_text_rules(config, recipe)
+    shape, classes = DATASET_SHAPES[config.dataset] if config.dataset in DATASET_SHAPES else ((), TEXT_DATASETS[config.dataset])
     kwargs = model_kwargs_for(config, shape, classes)
     with torch.device("meta"):
         skeleton = create_model(config.model, **kwargs)
@@ -97,6 +103,39 @@ def check_config(config: RunConfig) -> Recipe:
                          f"(--depth, --width, --model-arg) has {count:,} parameters; accepted: at most "
                          f"{MAX_MODEL_PARAMETERS:,} (MAX_MODEL_PARAMETERS)")
     return recipe
+
+
+def _check_text_rules(config: RunConfig, recipe: Recipe) -> None:
+    """What differs between a text data set's run (train.lm: a causal language model, trained in steps) and
+    an image data set's: ValueError naming the field and the accepted values."""
+    language_model = "vocab_size" in model_entry(config.model).parameters()
+    if config.dataset in TEXT_DATASETS:
+        if not language_model:
+            raise ValueError(f"model={config.model!r} with dataset={config.dataset!r}: a text data set trains a causal "
+                             f"language model; accepted: a model that takes token ids (gpt, hf_gpt2)")
+        if config.train_on_full:
+            raise ValueError(f"train_on_full=True with dataset={config.dataset!r}: its splits are fixed sets of whole "
+                             f"works; accepted: False")
+        for option in ("augment", "normalize"):
+            if getattr(recipe, option) != "none":
+                raise ValueError(f"recipe {recipe.name!r}: {option}={getattr(recipe, option)!r} applies to images; "
+                                 f"accepted with dataset={config.dataset!r}: 'none'")
+        if config.eval_blocks is not None and (isinstance(config.eval_blocks, bool)
+                                               or not isinstance(config.eval_blocks, int) or config.eval_blocks < 1):
+            raise ValueError(f"eval_blocks={config.eval_blocks!r}: accepted: an integer ≥ 1, or None (every block)")
+        if config.channels_last:
+            raise ValueError(f"channels_last=True with dataset={config.dataset!r}: applies to conv nets on images; "
+                             f"accepted: False")
+        return
+    if language_model:
+        raise ValueError(f"model={config.model!r} is a causal language model; accepted datasets: {sorted(TEXT_DATASETS)}")
+    per_step = {"schedule": recipe.schedule in STEP_SCHEDULES, "grad_clip": recipe.grad_clip > 0,
+                "steps_per_epoch": recipe.steps_per_epoch is not None, "eval_blocks": config.eval_blocks is not None}
+    for option, given in per_step.items():
+        if given:
+            raise ValueError(f"recipe {recipe.name!r} / config: {option} is a setting of the language-model path "
+                             f"(train.lm, text data sets {sorted(TEXT_DATASETS)}); image data sets train per epoch "
+                             f"without it")
 
 
 def resolve_recipe(config: RunConfig) -> Recipe:
@@ -157,7 +196,8 @@ def _finite(where: str, values: dict[str, Any]) -> None:
 
 def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes: int) -> dict[str, Any]:
     """The create_model arguments of `config` for data of one-input shape `input_shape` (C, H, W) and
-    `num_classes` classes: the config's model_kwargs plus depth and what the data decides.
+    `num_classes` classes (a language model's `vocab_size`; its input shape is ()): the config's
+    model_kwargs plus depth and what the data decides.
 
     Raises ValueError when model_kwargs repeats `depth` or contradicts the data (num_classes,
     in_features, in_channels, image_size), naming both sides."""
@@ -168,6 +208,8 @@ def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes:
                          f"(--depth, not --model-arg depth=...)")
     kwargs["depth"] = config.depth
     from_data = {"num_classes": num_classes}
+    if "vocab_size" in accepted:  # a language model: the classes of next-token prediction are its vocabulary
+        from_data = {"vocab_size": num_classes}
     if "in_features" in accepted:
         from_data["in_features"] = int(math.prod(input_shape))
     # Conv nets take the image's channels and side from the data.
@@ -183,11 +225,13 @@ def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes:
     return kwargs
 
 
-def build_model(config: RunConfig, data: DataSplits) -> torch.nn.Module:
+def build_model(config: RunConfig, data: DataSplits | TextSplits) -> torch.nn.Module:
     """The model of `config`, initialised as every run does: torch.manual_seed(config.seed), then
-    create_model with the data's input size and classes, on config.device (shared with the batched trainer).
-    Raises ValueError when config.model_kwargs contradicts the data (see `model_kwargs_for`)."""
-    kwargs = model_kwargs_for(config, data.input_shape, data.num_classes)
+    create_model with the data's input size and classes (a text data set: its vocabulary size), on
+    config.device (shared with the batched trainer). Raises ValueError when config.model_kwargs
+    contradicts the data (see `model_kwargs_for`)."""
+    shape = () if isinstance(data, TextSplits) else data.input_shape
+    kwargs = model_kwargs_for(config, shape, data.num_classes)
     torch.manual_seed(config.seed)  # the initialisation is a function of the seed
     return create_model(config.model, **kwargs).to(config.device)
 

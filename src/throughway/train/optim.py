@@ -1,4 +1,4 @@
-"""The one update rule of every trainer: SGD (momentum, Nesterov), Adam and NAdam over rows of parameters.
+"""The one update rule of every trainer: SGD (momentum, Nesterov), Adam, AdamW and NAdam over rows of parameters.
 
 Every path of the toolkit updates its parameters through `update_rows`, written once here:
 
@@ -11,7 +11,8 @@ Every path of the toolkit updates its parameters through `update_rows`, written 
   SGD without momentum over the (R, P) rows of R shortcut networks.
 
 The arithmetic is torch.optim's single-tensor implementation's (torch 2.x: `SGD`, `Adam`, `NAdam`
-with L2 weight decay added to the gradient), so a row follows what torch's optimiser would do to
+with L2 weight decay added to the gradient; `AdamW` with decoupled weight decay, p ← p·(1 − lr·wd)
+before Adam's step, Loshchilov & Hutter 2019), so a row follows what torch's optimiser would do to
 that model alone, up to floating-point rounding (NAdam's two `addcdiv` passes are fused into one;
 tests/test_optim.py and tests/test_flat_optimizer.py state the tolerances). The state is kept
 under torch's names ("step", "mu_product", "momentum_buffer", "exp_avg", "exp_avg_sq"), so a
@@ -38,8 +39,9 @@ from .recipes import Recipe, parameter_groups
 __all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "update_rows", "closure_loss", "FlatOptimizer",
            "build_optimizer"]
 
-KINDS = ("sgd", "adam", "nadam")
-_TORCH_CLASSES: dict[type, str] = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.NAdam: "nadam"}
+KINDS = ("sgd", "adam", "nadam", "adamw")
+_TORCH_CLASSES: dict[type, str] = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.NAdam: "nadam",
+                                   torch.optim.AdamW: "adamw"}
 
 # State that torch's NAdam / Adam / SGD keep per tensor but that is the same for every tensor stepped
 # together (the step count, NAdam's product of momentum coefficients); every other entry is per element.
@@ -107,10 +109,11 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
                 momentum: torch.Tensor | None = None, weight_decay: float | torch.Tensor | None = None,
                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, momentum_decay: float = 4e-3,
                 nesterov: bool = False, kernels: Kernels = EAGER) -> None:
-    """One step of optimiser `kind` ("sgd", "adam", "nadam") on `p` in place, from gradient `g`.
+    """One step of optimiser `kind` ("sgd", "adam", "nadam", "adamw") on `p` in place, from gradient `g`.
 
     `p` and `g` are one row (P,) or rows (N, P); `lr` and `momentum` are 0-d tensors or (N, 1) per
-    row; `weight_decay` (L2, added to the gradient as torch's `weight_decay` does) is a float, a
+    row; `weight_decay` (L2, added to the gradient as torch's `weight_decay` does; for "adamw"
+    decoupled, p ← p·(1 − lr·weight_decay) before the Adam step, as torch.optim.AdamW) is a float, a
     tensor broadcastable to `p`, or None. `state` holds the optimiser's state under torch's names and
     is filled on the first step: "step" (a float32 0-d tensor), NAdam's "mu_product" (float32, as
     torch keeps it), SGD's "momentum_buffer" (when `momentum` is given), Adam's and NAdam's "exp_avg"
@@ -118,7 +121,11 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
     """
     if kind not in KINDS:
         raise ValueError(f"optimizer: {kind!r} not known; accepted values: {list(KINDS)}")
-    if isinstance(weight_decay, torch.Tensor):
+    if kind == "adamw":  # decoupled: the weights shrink, the gradient and Adam's moments are left alone
+        if isinstance(weight_decay, torch.Tensor) or weight_decay:
+            p.mul_(1 - lr * weight_decay)
+        kind = "adam"
+    elif isinstance(weight_decay, torch.Tensor):
         g = g.addcmul(p, weight_decay)
     elif weight_decay:
         g = g.add(p, alpha=weight_decay)
@@ -174,7 +181,8 @@ def _kind_of(optimizer: type[torch.optim.Optimizer] | str) -> str:
     if isinstance(optimizer, type) and optimizer in _TORCH_CLASSES:
         return _TORCH_CLASSES[optimizer]
     raise ValueError(f"optimizer: {optimizer!r} not supported; accepted: {list(KINDS)} or torch.optim.SGD, "
-                     f"torch.optim.Adam, torch.optim.NAdam (pass any other torch optimiser to fit(optimizer=...))")
+                     f"torch.optim.Adam, torch.optim.NAdam, torch.optim.AdamW (pass any other torch optimiser to "
+                     f"fit(optimizer=...))")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,11 +190,11 @@ def _kind_of(optimizer: type[torch.optim.Optimizer] | str) -> str:
 # ----------------------------------------------------------------------------------------------
 
 class FlatOptimizer(torch.optim.Optimizer):
-    """SGD, Adam or NAdam (`update_rows`) on one flat vector per parameter group; a `torch.optim.Optimizer`.
+    """SGD, Adam, AdamW or NAdam (`update_rows`) on one flat vector per parameter group; a `torch.optim.Optimizer`.
 
     Args:
-        optimizer: "sgd", "adam" or "nadam", or the torch class of the same rule (torch.optim.SGD,
-            torch.optim.Adam, torch.optim.NAdam).
+        optimizer: "sgd", "adam", "nadam" or "adamw", or the torch class of the same rule (torch.optim.SGD,
+            torch.optim.Adam, torch.optim.NAdam, torch.optim.AdamW).
         groups: parameter groups as torch.optim takes them (dicts with "params" and per-group
             options such as "lr", "weight_decay"); every group's parameters must share one dtype
             and device.
@@ -346,7 +354,7 @@ class FlatOptimizer(torch.optim.Optimizer):
 
 
 def build_optimizer(model: nn.Module, recipe: Recipe) -> FlatOptimizer:
-    """The recipe's optimiser (NAdam, Adam or SGD) over `parameter_groups(model, recipe)`, as a
+    """The recipe's optimiser (NAdam, Adam, AdamW or SGD) over `parameter_groups(model, recipe)`, as a
     `FlatOptimizer`: torch's update rule, without torch's per-tensor overhead, which dominated the
     step of the deep MLPs."""
     groups = [{**group, "lr": recipe.lr * group["lr_mult"]} for group in parameter_groups(model, recipe)]

@@ -21,9 +21,15 @@
   the default of `throughway train`); highway-conv-mnist-ours / highway-conv-cifar-ours: the toolkit's earlier recipes,
   our values where the paper states none.
 
+* nanogpt-char (nanoGPT, Karpathy 2022, config/train_shakespeare_char.py and train.py): the
+  character-level Shakespeare recipe of a small GPT, trained by the language-model path (train.lm):
+  AdamW (lr 1e-3, β 0.9 / 0.99, weight decay 0.1), linear warm-up over 100 steps and cosine decay
+  to 1e-4 per step (`learning_rate_at_step`), gradient clipping at norm 1.0, batch 64, 5,000 steps as
+  20 epochs of 250 steps (an epoch is the steps between two evaluations: `steps_per_epoch`).
+
 k (every parameter named `...k`, the scalar gates) is never weight-decayed unless the recipe sets
-`k_decay=True` (gated-residual-v2 §3.2, "k decay"). Biases and BatchNorm parameters (dim < 2) are
-not decayed either.
+`k_decay=True` (gated-residual-v2 §3.2, "k decay"). Biases and normalisation parameters (dim < 2)
+and embeddings (the weights of every nn.Embedding, minGPT's rule) are not decayed either.
 """
 
 from __future__ import annotations
@@ -41,11 +47,14 @@ from ..data.augment import AUGMENTATIONS as _AUGMENT_PADDING
 from ..layers.blocks import gate_parameters
 from ..data.augment import NORMALIZATIONS
 
-__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "get_recipe", "list_recipes", "parameter_groups", "param_groups",
-           "no_weight_decay_names", "learning_rate_at"]
+__all__ = ["Recipe", "RECIPES", "FULL_TRAINING_SET", "STEP_SCHEDULES", "get_recipe", "list_recipes",
+           "parameter_groups", "param_groups", "no_weight_decay_names", "learning_rate_at", "learning_rate_at_step",
+           "embedding_parameters"]
 
-OPTIMIZERS = ("nadam", "sgd", "adam")
-SCHEDULES = ("constant", "exponential", "multistep")
+OPTIMIZERS = ("nadam", "sgd", "adam", "adamw")
+SCHEDULES = ("constant", "exponential", "multistep", "warmup-cosine")
+# Schedules set per optimiser step (`learning_rate_at_step`), not per epoch: the language-model path's.
+STEP_SCHEDULES = ("warmup-cosine",)
 # Per-batch training augmentation ("crop-flip": pad 4, random crop, horizontal flip p = 0.5; "crop-flip-8":
 # pad 8) and the normalisation applied once to every split with training-split statistics (per-channel,
 # or GCN + mean image), or Caffe's pixels/256 scaling: data.augment defines them.
@@ -75,6 +84,13 @@ class Recipe:
     augment: str = "none"
     normalize: str = "none"
     param_rules: tuple[tuple[str, float, float], ...] = ()
+    # The language-model path (train.lm): linear warm-up steps and the floor of the cosine decay
+    # ("warmup-cosine"), the largest global gradient norm (0: no clipping), and the steps an epoch holds
+    # (None: one pass over the training data).
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    grad_clip: float = 0.0
+    steps_per_epoch: int | None = None
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -111,6 +127,18 @@ class Recipe:
             raise ValueError(f"normalize={self.normalize!r}; accepted values: {list(NORMALIZATIONS)}")
         if any(not 0.0 < m < 1.0 for m in self.milestones):
             raise ValueError(f"milestones={self.milestones!r}: fractions of the epochs, each in (0, 1)")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps!r}: must be a whole number ≥ 0")
+        if not (isinstance(self.min_lr, (int, float)) and math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr={self.min_lr!r}: the floor of the cosine decay; must be a number from 0 to lr "
+                             f"({self.lr})")
+        if not (isinstance(self.grad_clip, (int, float)) and math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+            raise ValueError(f"grad_clip={self.grad_clip!r}: the largest global gradient norm; must be a finite "
+                             f"number ≥ 0 (0: no clipping)")
+        if self.steps_per_epoch is not None and (isinstance(self.steps_per_epoch, bool)
+                                                 or not isinstance(self.steps_per_epoch, int) or self.steps_per_epoch < 1):
+            raise ValueError(f"steps_per_epoch={self.steps_per_epoch!r}: must be a whole number ≥ 1, or None (one "
+                             f"pass over the training data)")
         for rule in self.param_rules:
             if (not isinstance(rule, (tuple, list)) or len(rule) != 3 or not isinstance(rule[0], str)
                     or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in rule[1:])):
@@ -234,6 +262,19 @@ RECIPES: dict[str, Recipe] = {
                "after each of the two learning-rate drops",
                "model: highway_conv arch mnist-10 (the authors' net; width 32 in the file, 16 and 32 in Table 1)"),
     ),
+    "nanogpt-char": Recipe(
+        name="nanogpt-char", optimizer="adamw", lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1,
+        epochs=20, steps_per_epoch=250, batch_size=64, schedule="warmup-cosine", warmup_steps=100, min_lr=1e-4,
+        grad_clip=1.0,
+        source="nanoGPT (Karpathy 2022) config/train_shakespeare_char.py: batch 64, lr 1e-3, max_iters 5000, "
+               "min_lr 1e-4, beta2 0.99, warmup_iters 100, eval_interval 250; train.py: AdamW, weight decay 0.1, "
+               "beta1 0.9, grad_clip 1.0, get_lr (linear warm-up, cosine decay to min_lr)",
+        notes=("an epoch is 250 steps, nanoGPT's eval_interval: 20 epochs are its 5,000 iterations",
+               "weight decay skips embeddings, norms, biases and gates (minGPT's rule and the toolkit's k rule); "
+               "nanoGPT decays every tensor of dim ≥ 2, its embeddings included",
+               "the model's arguments are the model's (nanoGPT's baby GPT: gpt depth 6, width 384, heads 6, context "
+               "256, dropout 0.2)"),
+    ),
     "highway-conv-mnist-ours": Recipe(
         name="highway-conv-mnist-ours", optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.0,
         epochs=40, batch_size=128, schedule="multistep", milestones=(0.5, 0.75), milestone_factor=0.1,
@@ -276,6 +317,22 @@ def _gate_ids(model: nn.Module) -> set[int]:
     return {id(p) for p in gate_parameters(model)}
 
 
+def embedding_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """The weight of every nn.Embedding of `model` (token and position embeddings, Hugging Face's wte and
+    wpe, and a head tied to one of them): what the parameter groups keep out of weight decay."""
+    found: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            found[id(module.weight)] = module.weight
+    return list(found.values())
+
+
+def _undecayed_weights(model: nn.Module) -> set[int]:
+    # Tensors of dim ≥ 2 that are never decayed: embeddings (minGPT's rule; a lookup table is not a map
+    # whose norm weight decay should bound).
+    return {id(p) for p in embedding_parameters(model)}
+
+
 def no_weight_decay_names(model: nn.Module, no_weight_decay_list: Sequence[str] = ()) -> list[str]:
     """The parameter-name patterns kept out of weight decay by the model itself: what `no_weight_decay()`
     returns on the model and on any submodule that defines it (timm's ViT: cls_token, pos_embed; Swin's
@@ -300,11 +357,12 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: bool = False,
                  no_weight_decay_list: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Two parameter groups for any torch optimiser, without a recipe: {"params", "weight_decay",
-    "group": "decay"} for the weights (dim ≥ 2) and "no_decay" for biases, norms, every gate
-    (`layers.gate_parameters`: the toolkit's k and λ, the gates `add_gates` inserted, timm's LayerScale
-    γ, ConvNeXt's γ), so the paper's rule "no weight decay on k" holds on any network (gate_decay=True
-    decays the gates too: gated-residual-v2's "k decay"), and the parameters the model names in its own
-    `no_weight_decay()` or that `no_weight_decay_list` names (`no_weight_decay_names`: timm's rule).
+    "group": "decay"} for the weights (dim ≥ 2) and "no_decay" for biases, norms, embeddings (every
+    nn.Embedding's weight: `embedding_parameters`), every gate (`layers.gate_parameters`: the toolkit's
+    k and λ, the gates `add_gates` inserted, timm's LayerScale γ, ConvNeXt's γ), so the paper's rule
+    "no weight decay on k" holds on any network (gate_decay=True decays the gates too:
+    gated-residual-v2's "k decay"), and the parameters the model names in its own `no_weight_decay()`
+    or that `no_weight_decay_list` names (`no_weight_decay_names`: timm's rule).
     Never sets "lr": the optimiser's own lr applies, e.g.
     `torch.optim.SGD(param_groups(model, weight_decay=5e-4), lr=0.1, momentum=0.9)`. Empty groups
     are dropped; parameters that do not require grad are left out. ValueError for a negative or
@@ -312,7 +370,7 @@ def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: boo
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay) \
             or weight_decay < 0:
         raise ValueError(f"weight_decay={weight_decay!r}: expected a finite number >= 0")
-    gates = _gate_ids(model)
+    gates, embeddings = _gate_ids(model), _undecayed_weights(model)
     excluded = no_weight_decay_names(model, no_weight_decay_list)
     decay: list[torch.Tensor] = []
     no_decay: list[torch.Tensor] = []
@@ -322,7 +380,7 @@ def param_groups(model: nn.Module, weight_decay: float = 0.0, *, gate_decay: boo
         if id(param) in gates:
             decayed = gate_decay
         else:
-            decayed = param.dim() >= 2 and not _matches(name, excluded)
+            decayed = param.dim() >= 2 and id(param) not in embeddings and not _matches(name, excluded)
         (decay if decayed else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": float(weight_decay), "group": "decay"},
               {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"}]
@@ -337,8 +395,9 @@ def _rule_for(name: str, rules: tuple[tuple[str, float, float], ...]) -> tuple[f
 
 
 def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
-    """Split parameters into decayed (weights, dim ≥ 2) and undecayed (biases, norms, and k unless
-    `recipe.k_decay`). Groups that would be empty are dropped; order follows `named_parameters`.
+    """Split parameters into decayed (weights, dim ≥ 2) and undecayed (biases, norms, embeddings, and k
+    unless `recipe.k_decay`): `param_groups`' rule. Groups that would be empty are dropped; order
+    follows `named_parameters`.
 
     `recipe.param_rules` are Caffe's per-parameter `lr_mult` / `decay_mult` (caffe.proto ParamSpec):
     each (pattern, lr_mult, decay_mult) matches parameter names with shell-style wildcards
@@ -351,7 +410,7 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     multipliers. No group sets "lr", so a torch optimiser built over these groups trains at the lr
     it is given (`build_optimizer` sets the recipe's)."""
     buckets: dict[tuple[float, float], list[nn.Parameter]] = {}
-    gates = _gate_ids(model)
+    gates, embeddings = _gate_ids(model), _undecayed_weights(model)
     excluded = no_weight_decay_names(model)
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -359,8 +418,8 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
         if id(param) in gates:
             key = (1.0, 1.0 if recipe.k_decay else 0.0)
         else:
-            key = _rule_for(name, recipe.param_rules) or \
-                (1.0, 1.0 if param.dim() >= 2 and not _matches(name, excluded) else 0.0)
+            decayed = param.dim() >= 2 and id(param) not in embeddings and not _matches(name, excluded)
+            key = _rule_for(name, recipe.param_rules) or (1.0, 1.0 if decayed else 0.0)
         buckets.setdefault(key, []).append(param)
     groups = []
     for (lr_mult, decay_mult), params in sorted(buckets.items(), key=lambda kv: (kv[0] != (1.0, 1.0), kv[0] != (1.0, 0.0), kv[0])):
@@ -378,10 +437,38 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
 def learning_rate_at(recipe: Recipe, epoch: int) -> float:
     """The learning rate during 0-based `epoch`: constant, lr·decay^epoch, or multiplied by
     `milestone_factor` at each milestone (a fraction of the epochs). A pure function of the epoch,
-    so a resumed run follows the same schedule."""
+    so a resumed run follows the same schedule. ValueError for a schedule set per step
+    (STEP_SCHEDULES: `learning_rate_at_step`), which an epoch's one rate would misstate."""
+    if recipe.schedule in STEP_SCHEDULES:
+        raise ValueError(f"recipe {recipe.name!r}: schedule={recipe.schedule!r} sets the learning rate at every step; "
+                         f"train it through the language-model path (train.lm.fit_lm, or run_training on a text "
+                         f"data set), which sets it per step; accepted here: {[s for s in SCHEDULES if s not in STEP_SCHEDULES]}")
     if recipe.schedule == "constant":
         return recipe.lr
     if recipe.schedule == "exponential":
         return recipe.lr * recipe.lr_decay ** epoch
     passed = sum(1 for m in recipe.milestones if epoch >= round(m * recipe.epochs))
     return recipe.lr * recipe.milestone_factor ** passed
+
+
+def learning_rate_at_step(recipe: Recipe, step: int, total_steps: int) -> float:
+    """The learning rate of 0-based optimiser step `step` of `total_steps`.
+
+    "warmup-cosine" (nanoGPT's train.py `get_lr`): lr·(step + 1)/(warmup_steps + 1) for the first
+    `warmup_steps` steps, then cosine decay from lr to `min_lr` over the remaining steps,
+    min_lr + ½(1 + cos(π·(step − warmup_steps)/(total_steps − warmup_steps)))·(lr − min_lr), and
+    `min_lr` from `total_steps` on. Other schedules are per epoch: `learning_rate_at` of the epoch
+    that holds the step, with `recipe.steps_per_epoch` steps an epoch (ValueError without it). A
+    pure function of the step, so a resumed run follows the same schedule."""
+    if recipe.schedule not in STEP_SCHEDULES:
+        if recipe.steps_per_epoch is None:
+            raise ValueError(f"recipe {recipe.name!r}: schedule={recipe.schedule!r} is set per epoch; without "
+                             f"steps_per_epoch the epoch of step {step} is not known")
+        return learning_rate_at(recipe, step // recipe.steps_per_epoch)
+    warmup = recipe.warmup_steps
+    if step < warmup:
+        return recipe.lr * (step + 1) / (warmup + 1)
+    if step >= total_steps or total_steps <= warmup:
+        return recipe.min_lr
+    ratio = (step - warmup) / (total_steps - warmup)
+    return recipe.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (recipe.lr - recipe.min_lr)

@@ -17,6 +17,11 @@ directory holds:
 
 `resume=True` continues an interrupted run from its checkpoint and ends with the same numbers as an
 uninterrupted run on the CPU; a finished run is returned as it is.
+
+On a text data set (TEXT_DATASETS) the run trains a causal language model through `lm.fit_lm`, with
+the same files: an epoch is the recipe's `steps_per_epoch` steps, the block length is the model's
+`context`, `config.eval_blocks` bounds each evaluation, and the records and `final` add bits per
+character (`train_bpc`, `val_bpc`, `test_bpc`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import torch
 from safetensors.torch import load_file
 
 from .._io import atomic_write_json, environment_info, read_json_object
-from ..data import DataSplits, load_dataset
+from ..data import DataSplits, TextSplits, load_dataset
 from ..data.augment import normalize_splits, train_transform
 from ..models import create_model
 from . import distributed
@@ -40,6 +45,7 @@ from .callbacks import TensorBoardLogger, require_tensorboard, write_metrics_csv
 from .checkpoint import (check_model_config, has_checkpoint, load_checkpoint, load_model, read_checkpoint_meta,
                          save_checkpoint, save_model, verify_checkpoint_file)
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
+from .lm import DEFAULT_LM_EVAL_BATCH, fit_lm
 from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
 from .stacked import BatchedOptimizer
 from .recipes import Recipe
@@ -52,7 +58,7 @@ RESULTS_FORMAT = "throughway-results-1"
 
 
 def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: bool = False,
-                 progress: bool = True, data: DataSplits | None = None,
+                 progress: bool = True, data: DataSplits | TextSplits | None = None,
                  callbacks: Sequence[Any] = (), tensorboard: bool = False) -> dict[str, Any]:
     """Train one model as `config` says, writing results into `out_dir`; return the results dict.
 
@@ -81,11 +87,15 @@ def run_training(config: RunConfig, out_dir: str | os.PathLike[str], *, resume: 
                       main_process=main_process, tensorboard=tensorboard)
 
 
-def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, progress: bool, data: DataSplits | None,
-           callbacks: Sequence[Any], main_process: bool, tensorboard: bool = False) -> dict[str, Any]:
+def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, progress: bool,
+           data: DataSplits | TextSplits | None, callbacks: Sequence[Any], main_process: bool,
+           tensorboard: bool = False) -> dict[str, Any]:
     if data is None:
         data = load_dataset(config.dataset, config.data_dir, train_on_full=config.train_on_full,
                             device=config.device, limit=config.limit)
+    if isinstance(data, TextSplits):
+        return _train_text(config, recipe, out_dir, data, resume=resume, progress=progress, callbacks=callbacks,
+                           main_process=main_process, tensorboard=tensorboard)
     data = normalize_splits(data, recipe.normalize)  # training-split statistics, once, on the device
     transform = train_transform(recipe.augment)
     model = build_model(config, data)
@@ -97,6 +107,20 @@ def _train(config: RunConfig, recipe: Recipe, out_dir: Path, *, resume: bool, pr
     fit(model, data, recipe, [*logs, files, *callbacks], seed=config.seed, progress=progress, label=out_dir.name,
         train_transform=transform, amp=config.amp, channels_last=config.channels_last, compile_model=config.compile,
         eval_batch_size=config.eval_batch_size or DEFAULT_EVAL_BATCH)
+    return results
+
+
+def _train_text(config: RunConfig, recipe: Recipe, out_dir: Path, data: TextSplits, *, resume: bool, progress: bool,
+                callbacks: Sequence[Any], main_process: bool, tensorboard: bool) -> dict[str, Any]:
+    """`_train` on a text data set: the causal language model of `config` through `lm.fit_lm`."""
+    model = build_model(config, data)
+    results: dict[str, Any] = results_header(config, recipe, model, data)
+    distributed.barrier()
+    files = _RunFiles(out_dir, results, resume, write=main_process, progress=progress)
+    logs = [TensorBoardLogger(out_dir)] if tensorboard and main_process else []
+    fit_lm(model, data, recipe, [*logs, files, *callbacks],
+           eval_blocks=config.eval_blocks, seed=config.seed, progress=progress, label=out_dir.name, amp=config.amp,
+           compile_model=config.compile, eval_batch_size=config.eval_batch_size or DEFAULT_LM_EVAL_BATCH)
     return results
 
 
@@ -207,9 +231,12 @@ def read_results(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return results
 
 
-def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, data: DataSplits) -> dict[str, Any]:
+def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module,
+                   data: DataSplits | TextSplits) -> dict[str, Any]:
     """The results.json fields known before training (format, config, environment, launch, recipe, model, data).
-    The environment holds the data set's checksums (`DataSplits.checksums`) where the data has them."""
+    The environment holds the data set's checksums (`DataSplits.checksums`, `TextSplits.checksums`) where the
+    data has them. For a text data set the split sizes count characters, and `data` adds the vocabulary
+    size, the works of each split and the characters outside the training vocabulary."""
     environment = environment_info(config.device)
     if data.checksums:
         environment["data_sha256"] = dict(data.checksums)
@@ -221,9 +248,17 @@ def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module, da
         "recipe": recipe.to_dict(),
         "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
                   "config": getattr(model, "config", {})},
-        "data": {"dataset": data.name, "train": len(data.train), "val": len(data.val) if data.val else 0,
-                 "test": len(data.test)},
+        "data": _data_summary(data),
     }
+
+
+def _data_summary(data: DataSplits | TextSplits) -> dict[str, Any]:
+    if isinstance(data, TextSplits):
+        return {"dataset": data.name, "train": len(data.train), "val": len(data.val), "test": len(data.test),
+                "vocab_size": data.vocab_size, "works": {k: list(v) for k, v in data.works.items()},
+                "unknown": dict(data.unknown)}
+    return {"dataset": data.name, "train": len(data.train), "val": len(data.val) if data.val else 0,
+            "test": len(data.test)}
 
 
 def final_summary(history: History) -> dict[str, Any]:
@@ -237,6 +272,8 @@ def final_summary(history: History) -> dict[str, Any]:
         "train_loss": last["train_loss"] if last else None,
         "k_mean": last.get("k_mean") if last else None,
         "k": last.get("k") if last else None,
+        # a language model's (train.lm): the last epoch's bits per character
+        **{key: last[key] for key in ("train_bpc", "val_bpc", "test_bpc") if last and key in last},
     }
 
 
