@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..data.text import TextSplits, evaluation_blocks, random_blocks
-from ..layers import scalar_gate_values
+from ..layers import branch_gate_values, find_branches
 from . import distributed
 from .callbacks import ProgressPrinter
 from .checks import check_callbacks, check_eval_batch_size, modes_kept
@@ -154,6 +154,11 @@ class _LMEngine:
         self.per_step = state.recipe.schedule in STEP_SCHEDULES
         self.train_model: Any = state.model
         self.params = [p for p in state.model.parameters() if p.requires_grad]
+        # the gates the L1 pressure acts on (recipe.gate_penalty), from the one list of branches
+        self.gates = [ref.gate for ref in find_branches(state.model).values() if ref.gate is not None]
+        if state.recipe.gate_penalty and not self.gates:
+            raise ValueError(f"recipe {state.recipe.name!r}: gate_penalty={state.recipe.gate_penalty} presses on the "
+                             f"gates, but {type(state.model).__name__} has no gated branch (add_gates puts gates in)")
         self.snapshot: dict[str, torch.Tensor] = {}
         self.first_step = True
         # The epoch record's extra numbers; evaluate() adds val_bpc / test_bpc to it, which run_loop merges
@@ -206,7 +211,12 @@ class _LMEngine:
                 stats.diverged[0] = {"step": i, "loss": str(loss_value)}
                 break
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if recipe.gate_penalty:
+                # L1 on g (not on k): a relu gate at k ≤ 0 gets no gradient from it, so a closed gate stays closed
+                pressure = sum(gate.value().abs().mean() for gate in self.gates)
+                (loss + recipe.gate_penalty * pressure).backward()
+            else:
+                loss.backward()
             if recipe.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, recipe.grad_clip)
             optimizer.step()
@@ -239,8 +249,9 @@ class _LMEngine:
         return [(loss, error)]
 
     def gate_values(self) -> list[list[float]]:
-        """The model's scalar gates' k (scalar_gate_values)."""
-        return [scalar_gate_values(self.state.model)]
+        """The model's gates, one number per gated branch (layers.branch_gate_values: k, or a vector gate's
+        mean λ), as `fit` records them."""
+        return [branch_gate_values(self.state.model)]
 
     def end_epoch(self) -> None:
         """Copy the weights a divergence in the next epoch goes back to."""

@@ -91,6 +91,9 @@ class Recipe:
     min_lr: float = 0.0
     grad_clip: float = 0.0
     steps_per_epoch: int | None = None
+    # λ of an L1 pressure on the gates, λ·Σ_branches mean|g|, added to the training loss of the language-
+    # model path (ours: learned layer dropping; a relu gate it closes stays closed, its gradient is 0).
+    gate_penalty: float = 0.0
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -135,6 +138,10 @@ class Recipe:
         if not (isinstance(self.grad_clip, (int, float)) and math.isfinite(self.grad_clip) and self.grad_clip >= 0):
             raise ValueError(f"grad_clip={self.grad_clip!r}: the largest global gradient norm; must be a finite "
                              f"number ≥ 0 (0: no clipping)")
+        if not (isinstance(self.gate_penalty, (int, float)) and not isinstance(self.gate_penalty, bool)
+                and math.isfinite(self.gate_penalty) and self.gate_penalty >= 0):
+            raise ValueError(f"gate_penalty={self.gate_penalty!r}: the weight of the L1 pressure on the gates; must be "
+                             f"a finite number ≥ 0 (0: none)")
         if self.steps_per_epoch is not None and (isinstance(self.steps_per_epoch, bool)
                                                  or not isinstance(self.steps_per_epoch, int) or self.steps_per_epoch < 1):
             raise ValueError(f"steps_per_epoch={self.steps_per_epoch!r}: must be a whole number ≥ 1, or None (one "
