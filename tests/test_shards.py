@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from throughway.cli.parser import build_parser
 from throughway.experiments import EXPERIMENTS, get_experiment
 from throughway.study.stacking import group_specs
 from throughway.study.shards import resolve_shard, select_shard
+from conftest import MNIST_DEPTH_SMALL_ARGV
 
 ROOT = Path(__file__).resolve().parents[1]
 # A tiny mnist-depth: 2 depths, one stacked batch each (plain and gated nets, 2 seeds).
@@ -183,6 +185,64 @@ def test_a_rerun_shard_needs_resume_and_failures_reach_the_summary(tmp_path, fak
     assert main([*TINY, "--shard", "1/2", "--out", str(out)]) == 0  # the other shard, later: no --resume needed
     summary = json.loads((out / "results.json").read_text())
     assert all(r["state"] == "finished" for c in summary["cells"] for r in c["runs"])
+
+
+# -- --merge checks what it merges ----------------------------------------------------------------------
+
+SMALL = list(MNIST_DEPTH_SMALL_ARGV)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name != ".summary.lock"}
+
+
+@pytest.fixture
+def small_study(tmp_path, fake_mnist_root, mnist_depth_small) -> Path:
+    """A copy of the session's small mnist-depth study (conftest.mnist_depth_small)."""
+    return Path(shutil.copytree(mnist_depth_small, tmp_path / "study", symlinks=True))
+
+
+def test_merge_refuses_swapped_run_folders_naming_the_folder_and_the_fields(small_study, capsys):
+    runs = small_study / "runs"
+    (runs / "plain-d2-s0").rename(runs / "swap")
+    (runs / "gated-d2-s0").rename(runs / "plain-d2-s0")
+    (runs / "swap").rename(runs / "gated-d2-s0")
+    before = _files(small_study)
+    capsys.readouterr()
+    assert main([*SMALL, "--merge", "--out", str(small_study)]) == 2
+    err = capsys.readouterr().err
+    assert f"{runs / 'plain-d2-s0'}: holds a run of another config than the study's run plain-d2-s0" in err
+    assert "model: recorded 'mlp_gated_residual', the study's 'mlp_plain'" in err
+    assert _files(small_study) == before  # nothing written: no summary, table or figure of the wrong cells
+
+
+def test_merge_refuses_a_run_folder_copied_from_a_study_with_other_options(small_study, capsys):
+    # A run of a study with `--epochs 3 --limit 100` copied in under the same name (its results.json says so).
+    path = small_study / "runs" / "gated-d2-s1" / "results.json"
+    results = json.loads(path.read_text())
+    results["config"].update(epochs=3, limit=100)
+    path.write_text(json.dumps(results))
+    before = _files(small_study)
+    capsys.readouterr()
+    assert main([*SMALL, "--merge", "--out", str(small_study)]) == 2
+    err = capsys.readouterr().err
+    assert f"{small_study / 'runs' / 'gated-d2-s1'}: holds a run of another config" in err
+    assert "epochs: recorded 3, the study's 1; limit: recorded 100, the study's 200" in err
+    assert _files(small_study) == before
+
+
+@pytest.mark.parametrize("link", ["runs/gated-d2-s0", "runs/gated-d2-s0/results.json", "runs"])
+def test_merge_reads_no_run_through_a_link(small_study, tmp_path, capsys, link):
+    # The linked copy holds the same files: only the link is the fault, and it is named.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(small_study / link), str(elsewhere))
+    (small_study / link).symlink_to(elsewhere, target_is_directory=elsewhere.is_dir())
+    before = _files(small_study)
+    capsys.readouterr()
+    assert main([*SMALL, "--merge", "--out", str(small_study)]) == 2
+    assert f"{small_study / link} is a symbolic link" in capsys.readouterr().err
+    assert _files(small_study) == before
 
 
 # -- the SLURM array script ----------------------------------------------------------------------------

@@ -234,6 +234,9 @@ def check_residual_depths(depths: Sequence[int]) -> None:
         raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
 
 
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+
+
 def _stored_value_problem(value: Any, kind: Any, meta: dict[str, Any]) -> str | None:
     """Why one stored value (an element of a list field) is not one the command line could give, or None."""
     if kind is bool:
@@ -247,7 +250,7 @@ def _stored_value_problem(value: Any, kind: Any, meta: dict[str, Any]) -> str | 
     else:
         return None  # a type the options do not declare: its study checks it
     if not ok:
-        return f"accepted: {'a finite number' if kind is float else f'a {kind.__name__}'}"
+        return f"accepted: {_KIND_NAMES[kind]}"
     if meta["choices"] is not None and value not in meta["choices"]:
         return f"accepted values: {list(meta['choices'])}"
     if kind in (int, float) and not meta.get("count"):
