@@ -74,13 +74,17 @@ def test_every_study_of_many_runs_declares_shard_and_merge(capsys):
 # -- --shard auto ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("env, shard", [
-    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8"}, "3/8"),
+    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "1"}, "3/8"),
     ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "1",
       "SLURM_ARRAY_TASK_MAX": "8", "SLURM_ARRAY_TASK_STEP": "1"}, "3/8"),
     ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0",
       "SLURM_ARRAY_TASK_MAX": "3"}, "1/4"),  # --array=0-3: task 0 is shard 1
     ({"SGE_TASK_ID": "2", "SGE_TASK_FIRST": "1", "SGE_TASK_LAST": "5", "SGE_TASK_STEPSIZE": "1"}, "2/5"),
-    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6"}, "2/6"),
+    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6", "THROUGHWAY_SHARD_FIRST": "1"}, "2/6"),
+    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6", "THROUGHWAY_SHARD_FIRST": "0"}, "3/6"),
+    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6", "THROUGHWAY_SHARD_FIRST": "2"}, None),
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1",
+      "THROUGHWAY_SHARD_FIRST": "0"}, None),  # the two disagree
     ({}, None),  # not set: refused
     ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "1", "SLURM_ARRAY_TASK_MIN": "3",
       "SLURM_ARRAY_TASK_MAX": "3"}, None),  # a rerun of task 3 alone cannot tell N
@@ -99,6 +103,22 @@ def test_shard_auto_reads_the_array_variables(env, shard):
     assert resolve_shard("2/3", env) == "2/3"
 
 
+@pytest.mark.parametrize("env", [
+    {"PBS_ARRAY_INDEX": "{task}", "THROUGHWAY_SHARD_COUNT": "4"},  # qsub -J 0-3 (or 1-4)
+    {"SLURM_ARRAY_TASK_ID": "{task}", "SLURM_ARRAY_TASK_COUNT": "4"},  # no SLURM_ARRAY_TASK_MIN
+])
+def test_shard_auto_without_a_first_id_deals_no_shard_twice(env):
+    # Every task of the array must get its own shard; a task cannot tell 0..3 from 1..4 by its own id, so
+    # without the first id every task is refused, naming the variable to set, and with it the shards are 1..4.
+    for tasks in (range(0, 4), range(1, 5)):
+        for task in tasks:
+            with pytest.raises(ValueError, match="THROUGHWAY_SHARD_FIRST=0 for an array numbered 0..N-1"):
+                resolve_shard("auto", {k: v.format(task=task) for k, v in env.items()})
+        shards = [resolve_shard("auto", {**{k: v.format(task=task) for k, v in env.items()},
+                                         "THROUGHWAY_SHARD_FIRST": str(tasks[0])}) for task in tasks]
+        assert shards == ["1/4", "2/4", "3/4", "4/4"]
+
+
 def test_shard_auto_on_the_command_line(tmp_path, capsys, monkeypatch):
     for name in [k for k in os.environ if k.startswith(("SLURM_", "SGE_", "PBS_"))]:
         monkeypatch.delenv(name)
@@ -108,6 +128,7 @@ def test_shard_auto_on_the_command_line(tmp_path, capsys, monkeypatch):
     assert "none of SLURM_ARRAY_TASK_ID" in capsys.readouterr().err
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "3")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
     module = get_experiment("mnist-depth")
     args = build_parser().parse_args([*TINY, "--shard", "auto"])
     assert module.config_from_args(args).shard == "2/3"  # the config (and results.json) records i/N
