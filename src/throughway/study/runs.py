@@ -24,6 +24,8 @@ import torch
 
 from .._io import atomic_write_json, atomic_write_text, environment_info, json_safe, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
+from ..train.config import config_differences
+from .options import check_stored_config
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
 
@@ -257,8 +259,6 @@ def check_run_folders(runs_dir: str | os.PathLike[str], specs: Sequence[RunSpec]
     epochs, limit, recipe and its overrides, dataset, model arguments...), naming each differing field
     with both values. A run folder copied in from a study with other options, or two swapped folders,
     would otherwise give a table cell of another run. Runs not started yet (no results.json) pass."""
-    from ..train.config import config_differences
-
     runs_dir = Path(runs_dir)
     _refuse_link(runs_dir, "the study's runs folder")
     for spec in specs:
@@ -574,8 +574,6 @@ def rebuild_from_runs(out: str | os.PathLike[str], config_cls: type, summarize: 
     finished since), `summarize(config, out)` with the stored command,
     environment and errors kept, then `write_report(out)`. Returns the summary. For rendering a study
     that is still training elsewhere, run it on a copy of the folder."""
-    from .options import check_stored_config
-
     out = Path(out)
     check_study_links(out)
     previous = read_summary(out / RESULTS_FILE, "study")
