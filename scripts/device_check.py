@@ -31,6 +31,7 @@ exactly `OUTPUT_FILES`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -109,13 +110,91 @@ def _command(args: Sequence[str]) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
+# What decides what a window runs: its sources are compared with a commit's (`sources_digest`).
+SOURCE_PATHS = ("src", "scripts", "tests", "pyproject.toml")
+
+
+def _git(repo: Path, *args: str) -> bytes | None:
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _blob_id(data: bytes) -> str:
+    """git's object id of a file holding `data` (what `git hash-object` prints)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def working_sources(repo: Path) -> dict[str, str] | None:
+    """{path: git blob id} of the files under SOURCE_PATHS as they are on disk: those git tracks and the
+    untracked ones it does not ignore (None without git)."""
+    listed = _git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SOURCE_PATHS)
+    if listed is None:
+        return None
+    files = {}
+    for name in sorted(set(filter(None, listed.decode().split("\0")))):
+        path = repo / name
+        if path.is_symlink():
+            files[name] = _blob_id(os.readlink(path).encode())
+        elif path.is_file():  # a tracked file deleted on disk is not part of what ran
+            files[name] = _blob_id(path.read_bytes())
+    return files
+
+
+def committed_sources(repo: Path, commit: str) -> dict[str, str] | None:
+    """{path: git blob id} of the files under SOURCE_PATHS in `commit` (None when git cannot read it)."""
+    listed = _git(repo, "ls-tree", "-r", "-z", commit, "--", *SOURCE_PATHS)
+    if listed is None:
+        return None
+    files = {}
+    for entry in filter(None, listed.decode().split("\0")):
+        meta, name = entry.split("\t", 1)
+        files[name] = meta.split()[2]
+    return files
+
+
+def sources_digest(files: dict[str, str]) -> str:
+    """One SHA-256 over every (path, blob id) of `files`: equal for a working tree and a commit exactly when
+    their sources hold the same files with the same contents (file modes aside, which a copy may lose)."""
+    return hashlib.sha256("".join(f"{name} {blob}\n" for name, blob in sorted(files.items())).encode()).hexdigest()
+
+
+def source_record(repo: Path = REPOSITORY) -> dict[str, Any]:
+    """What ran, as far as this checkout can tell: its HEAD (`git_revision`), the digest of its sources as
+    they are on disk (`sources_sha256`) and whether they differ from HEAD's (`git_dirty`; None without
+    git). A checkout whose .git is stale or whose files were edited is dirty: the commit that ran is then
+    the one whose sources have that digest (`commits_of`, run where the history is: `which-commit`)."""
+    head = _git(repo, "rev-parse", "HEAD")
+    revision = head.decode().strip() if head else None
+    working = working_sources(repo)
+    digest = sources_digest(working) if working is not None else None
+    committed = committed_sources(repo, revision) if revision else None
+    dirty = None if digest is None or committed is None else digest != sources_digest(committed)
+    return {"git_revision": revision, "git_dirty": dirty, "sources_sha256": digest}
+
+
+def commits_of(digest: str, repo: Path = REPOSITORY, limit: int = 2000) -> list[str]:
+    """The commits among the last `limit` (every branch, newest first) whose sources have `digest`: the
+    commit that ran, and any later one that changed nothing under SOURCE_PATHS (a results commit)."""
+    listed = _git(repo, "rev-list", f"--max-count={limit}", "--all")
+    found = []
+    for commit in (listed or b"").decode().split():
+        files = committed_sources(repo, commit)
+        if files is not None and sources_digest(files) == digest:
+            found.append(commit)
+    return found
+
+
 def device_info() -> dict[str, Any]:
-    """The machine a window ran on: GPU model, driver, torch, CUDA, cuDNN, Python, the git revision."""
+    """The machine a window ran on: GPU model, driver, torch, CUDA, cuDNN, Python, and what ran
+    (`source_record`: the git revision, whether the tree was dirty, the sources' digest)."""
     info: dict[str, Any] = {
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "cuda_available": torch.cuda.is_available(),
-        "git_revision": _command(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"]),
+        **source_record(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if torch.cuda.is_available():
@@ -506,13 +585,25 @@ def _read(out: Path, name: str) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _revision_text(device: dict[str, Any]) -> str:
+    """What ran, in words: the commit, or the HEAD whose tree was changed and the digest that names the files."""
+    revision = device.get("git_revision")
+    if device.get("git_dirty") is False:
+        return f"git {revision} (clean)"
+    if device.get("git_dirty"):
+        return (f"git HEAD {revision}, but the sources differed from it (dirty; sources sha256 "
+                f"{device.get('sources_sha256')}: `python scripts/device_check.py which-commit --out OUT` names "
+                f"the commit they are)")
+    return f"git {revision} (whether the tree was dirty was not recorded)"
+
+
 def summary(out: Path) -> str:
     """summary.md: the window's device and each part's headline, or why it is missing."""
     lines = ["# Device check", ""]
     device = _read(out, "device.json")
     if device:
         lines.append(f"Device: {device.get('gpu', 'no GPU')} (driver {device.get('driver')}), torch {device['torch']}, "
-                     f"CUDA {device['cuda']}, git {device.get('git_revision')}.")
+                     f"CUDA {device['cuda']}, {_revision_text(device)}.")
     else:
         lines.append("Device: device.json missing.")
     lines.append("")
@@ -619,6 +710,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=int, default=HIGHWAY_EPOCHS)
     s.add_argument("--limit", type=int, default=None)
     part("summary", "write summary.md from the parts' files")
+    part("which-commit", "print the commits whose sources OUT/device.json's sources_sha256 names, newest first "
+                         "(run it where the history is, not on the device)")
     return p
 
 
@@ -631,7 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part == "_run":
         return highway_run(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.part != "which-commit":  # it only reads OUT
+        out.mkdir(parents=True, exist_ok=True)
     if args.part == "device":
         _write_json(out / "device.json", device_info())
     elif args.part == "protocol":
@@ -648,6 +742,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"highway shard {report['shard']}: {report['outcome']}", flush=True)
     elif args.part == "summary":
         print(summary(out), end="")
+    elif args.part == "which-commit":
+        digest = (_read(out, "device.json") or {}).get("sources_sha256")
+        commits = commits_of(digest) if digest else []
+        if not commits:
+            print(f"which-commit: no commit of the last 2000 has the sources {out / 'device.json'} records "
+                  f"({digest or 'no sources_sha256'})", file=sys.stderr)
+            return 2
+        print("\n".join(commits))  # the oldest is the one that introduced these sources
     return 0
 
 

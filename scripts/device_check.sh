@@ -11,9 +11,14 @@
 # --compile-protocol: the protocol's step compiled by torch.compile inside the captured graph, one block
 #   compiled and reused by every block (`compile="blocks"`: compilation about constant in depth).
 # --dry-run: every part with tiny sizes on the CPU in seconds (tests/test_device_check.py), no GPU tests.
+#
+# A relative OUT is relative to the folder the script is started from (resolved before the script
+# changes to the repository's root). An OUT that already holds a window's outputs is refused (exit 2):
+# a second window would overwrite the first one's log, summary and run archive.
 set -u
-cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder the outputs go to}"
+case $OUT in /*) ;; *) OUT="$PWD/$OUT" ;; esac
+cd "$(dirname "$0")/.."
 BUDGET_S=480
 DATA_DIR=${THROUGHWAY_DATA:-.throughway-data}
 DRY=""
@@ -30,6 +35,14 @@ for arg in "$@"; do
   esac
 done
 case $BUDGET_S in ''|*[!0-9]*) echo "device_check.sh: --budget-s=$BUDGET_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
+# A window's outputs (device_check.py's OUTPUT_FILES; tests/test_device_check.py checks the two lists agree).
+OUTPUT_FILES="device.json device_check.log protocol.json wrn.json highway_shard.json highway_runs.tar.gz summary.md"
+for name in $OUTPUT_FILES; do
+  if [ -e "$OUT/$name" ] || [ -L "$OUT/$name" ]; then
+    echo "device_check.sh: OUT=$OUT already holds $name, a window's output; refused, nothing was changed: give an empty or new folder" >&2
+    exit 2
+  fi
+done
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT"

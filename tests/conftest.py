@@ -146,3 +146,25 @@ def gate_family_quick(tmp_path_factory) -> tuple[Path, str]:
 
     root = built_once(tmp_path_factory, "gate-family-quick", build)
     return root / "quick", (root / "printed.txt").read_text()
+
+
+# A small mnist-depth study on the fake MNIST: one stacked batch, plain and gated nets of d = 2, two seeds,
+# one epoch (about 2 s), made once per session (`built_once`) for the tests of what --merge and `report` check
+# in a study folder; a test that changes files works on a copy (`shutil.copytree`).
+MNIST_DEPTH_SMALL_ARGV = ("reproduce", "mnist-depth", "--quick", "--depths", "2", "--archs", "plain", "gated",
+                          "--epochs", "1", "--limit", "200", "--width", "8", "--jobs", "1", "--quiet")
+
+
+@pytest.fixture(scope="session")
+def mnist_depth_small(tmp_path_factory) -> Path:
+    """The folder of the session's small mnist-depth study (read only: copy it to change it)."""
+    from throughway.cli import main
+
+    def build(root: Path) -> None:
+        save_cache(root / "data" / "mnist", make_arrays(), "test fixture")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("THROUGHWAY_DATA", str(root / "data"))
+            code = main([*MNIST_DEPTH_SMALL_ARGV, "--out", str(root / "study")])
+        assert code == 0, f"throughway {' '.join(MNIST_DEPTH_SMALL_ARGV)} exited {code}"
+
+    return built_once(tmp_path_factory, "mnist-depth-small", build) / "study"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,22 @@ def test_analyze_gates_of_a_convolutional_run_and_prune_refusal(tmp_path, capsys
     assert (tmp_path / "preact" / "analysis" / "gates.txt").read_text().strip() == text.strip()
     assert main(["analyze", "prune", run]) == 2
     assert "cannot be pruned" in capsys.readouterr().err
+
+
+def test_analyze_writes_nothing_through_a_linked_run_folder_or_out(tmp_path, capsys):
+    run = Path(_conv_run(tmp_path, "preact", gated=True))
+    link = tmp_path / "link"
+    link.symlink_to(run, target_is_directory=True)
+    assert main(["analyze", "gates", str(link)]) == 2
+    assert f"{link}: is a symbolic link" in capsys.readouterr().err
+    assert not (run / "analysis").exists()  # the link's target got no analysis/
+    out_link = tmp_path / "out-link"
+    (tmp_path / "elsewhere").mkdir()
+    out_link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    for argv in (["analyze", "gates", str(run), "--out", str(out_link)], ["analyze", "redraw", str(out_link)]):
+        assert main(argv) == 2
+        assert f"{out_link}: is a symbolic link" in capsys.readouterr().err
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    # Reading a run through a link is fine when the analysis goes to a real folder.
+    assert main(["analyze", "gates", str(link), "--out", str(tmp_path / "real")]) == 0
+    assert (tmp_path / "real" / "gates.json").is_file()

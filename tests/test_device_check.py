@@ -254,3 +254,58 @@ def test_a_window_stopped_in_its_protocol_renders_the_depths_its_log_kept(tmp_pa
     assert "stopped at its limit after d = 2, d = 10 (compiled): no projection" in windows and "skipped: no MNIST" in windows
     protocol = _gpu_protocol(tmp_path)
     assert "| 10 | 0.244 / 17.3 |" in protocol and "(compiled, stopped)" in protocol
+
+
+# -- where the outputs go, and what ran ----------------------------------------------------------------
+
+def _script(cwd: Path, out: str, *args: str) -> subprocess.CompletedProcess:
+    """device_check.sh with every part a no-op (PYTHON=true): where it writes, what it refuses, in milliseconds."""
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], cwd=cwd, capture_output=True, text=True,
+                          env={"OUT": out, "PYTHON": "true", "PATH": "/usr/bin:/bin"}, timeout=60)
+
+
+def test_a_relative_out_is_the_callers_and_a_used_out_is_refused(tmp_path):
+    _script(tmp_path, "window")  # (exit 1: the no-op parts wrote no summary.md to print)
+    log = tmp_path / "window" / "device_check.log"
+    assert "== done after" in log.read_text() and not (REPOSITORY / "window").exists()  # not in the checkout
+    (tmp_path / "window" / "summary.md").write_text("window a\n")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "window").iterdir()}
+    again = _script(tmp_path, str(tmp_path / "window"))
+    assert again.returncode == 2 and "already holds device_check.log" in again.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "window").iterdir()} == before  # the first window kept
+
+
+def test_the_shell_script_refuses_every_output_file_device_check_writes():
+    line = next(li for li in SCRIPT.read_text().splitlines() if li.startswith("OUTPUT_FILES="))
+    assert line.split("=", 1)[1].strip('"').split() == list(dc.OUTPUT_FILES)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_device_json_records_the_commit_that_ran_and_whether_the_tree_was_dirty(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "a.py").write_text("x = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "first")
+    first = _git(repo, "rev-parse", "HEAD")
+    record = dc.source_record(repo)
+    assert record["git_revision"] == first and record["git_dirty"] is False
+    assert dc.commits_of(record["sources_sha256"], repo) == [first]
+    # The files of a later commit in a checkout whose HEAD says the first (a stale .git, as in window
+    # h200-2026-11-26-b): dirty, and the digest names the later commit.
+    (repo / "src" / "a.py").write_text("x = 2\n")
+    (repo / "src" / "new.py").write_text("y = 1\n")  # untracked, not ignored: it ran too
+    stale = dc.source_record(repo)
+    assert stale["git_revision"] == first and stale["git_dirty"] is True
+    assert dc.commits_of(stale["sources_sha256"], repo) == []  # not committed yet
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "second")
+    assert dc.commits_of(stale["sources_sha256"], repo) == [_git(repo, "rev-parse", "HEAD")]
+    text = dc._revision_text({**stale})
+    assert f"git HEAD {first}, but the sources differed from it (dirty" in text and stale["sources_sha256"] in text
+    assert dc._revision_text({"git_revision": first, "git_dirty": False}) == f"git {first} (clean)"

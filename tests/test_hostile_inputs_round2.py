@@ -427,7 +427,8 @@ def test_14_a_damaged_run_of_a_study_is_named_with_its_field(tmp_path, base, cap
     out = _study_with_run(tmp_path, base, change)
     run = out / "runs" / "gated-d2-s0"
     before = _tree(run)
-    code, err = _run(capsys, STUDY + ["--depths", "2", "--out", str(out), "--resume"])
+    # --epochs 2: the run copied in is the study's gated-d2-s0 but for its damage (its config is checked first)
+    code, err = _run(capsys, STUDY + ["--depths", "2", "--epochs", "2", "--out", str(out), "--resume"])
     assert code == 2
     assert f"{run / 'results.json'}: {named}" in err
     assert _tree(run) == before

@@ -98,7 +98,7 @@ def test_1_evaluate_takes_integer_labels_of_any_width_too():
 @pytest.mark.parametrize("labels, error, named", [
     (lambda y: torch.where(y == 0, 5, y), ValueError, "data: label 5 is out of range for a model with 3 outputs"),
     (lambda y: torch.where(y == 0, -1, y), ValueError, "data: label -1 is out of range"),
-    (lambda y: y.float(), TypeError, "data: the labels are torch.float32; accepted: integer class indices"),
+    (lambda y: y.float(), TypeError, "data: the labels are torch.float32 of shape (64,); accepted: integer class indices"),
     (lambda y: y[:, None], ValueError, "data: the labels have shape (64, 1)"),
 ])
 def test_1_bad_labels_are_refused_naming_data_before_any_step(labels, error, named):

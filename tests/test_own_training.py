@@ -170,3 +170,54 @@ def test_evaluate_takes_a_pair_of_tensors_as_fit_does():
     assert evaluate(model, (x, y)) == evaluate(model, Split(x, y))
     with pytest.raises(TypeError, match="split"):
         evaluate(model, "data.csv")  # type: ignore[arg-type]
+
+
+# -- what fit refuses or accepts at its first step ---------------------------------------------------------
+
+def test_a_model_on_the_meta_device_is_refused_naming_the_device_before_any_step():
+    with torch.device("meta"):
+        model = _model()
+    for data in (_data(), torch.utils.data.TensorDataset(*_data())):
+        with pytest.raises(ValueError, match=r"model: its parameter '0.weight' is on the meta device.*to_empty"):
+            fit(model, data, RECIPE, progress=False)
+    partly = _model()
+    partly.register_buffer("scale", torch.ones(3, device="meta"))  # one meta tensor is enough to fail
+    with pytest.raises(ValueError, match="model: its buffer 'scale' is on the meta device"):
+        fit(partly, _data(), RECIPE, progress=False)
+
+
+def test_a_loss_not_computed_from_the_parameters_is_refused_naming_loss_fn_before_any_step():
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="loss_fn: returned a loss from which none of the model's 4 trainable"):
+        fit(model, _data(), RECIPE, progress=False, loss_fn=lambda outputs, y: torch.tensor(1.0, requires_grad=True))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # no step was taken
+    # A loss that reaches only some parameters trains those: it is not refused.
+    frozen = _model()
+    frozen[0].requires_grad_(False)
+    fit(frozen, _data(), RECIPE, progress=False)
+
+
+def test_soft_labels_train_with_the_default_loss_and_count_errors_by_their_argmax():
+    x, y = _data()
+    soft = torch.nn.functional.one_hot(y, 3).float() * 0.8 + 0.2 / 3  # label smoothing: probabilities, (N, 3)
+    hard = fit(_model(), (x, y), RECIPE, progress=False, test_data=(x, y))
+    smooth = fit(_model(), (x, soft), RECIPE, progress=False, test_data=(x, soft))
+    loss = torch.nn.functional.cross_entropy
+    assert smooth.epochs[-1]["train_loss"] != hard.epochs[-1]["train_loss"]  # the soft targets were used
+    # the error counts rows whose argmax differs from the target's argmax: the hard labels here
+    model = _model()
+    fit(model, (x, soft), RECIPE, progress=False)
+    from throughway.train import evaluate
+
+    assert evaluate(model, (x, soft))[1] == pytest.approx(evaluate(model, (x, y))[1])
+    with torch.no_grad():
+        assert evaluate(model, (x, soft))[0] == pytest.approx(float(loss(model(x), soft)), rel=1e-5)
+    assert smooth.epochs[-1]["test_error_pct"] is not None and smooth.epochs[-1]["train_error_pct"] is not None
+    # each data form takes them; they must be finite and of the outputs' shape
+    fit(_model(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, soft), batch_size=16), RECIPE,
+        progress=False)
+    with pytest.raises(ValueError, match="data: the soft labels .* hold NaN"):
+        fit(_model(), (x, torch.where(soft > 0.5, float("nan"), soft)), RECIPE, progress=False)
+    with pytest.raises(TypeError, match=r"data: the labels are torch.float32 of shape \(64, 2\)"):
+        fit(_model(), (x, soft[:, :2]), RECIPE, progress=False)

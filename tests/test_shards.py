@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from throughway.cli.parser import build_parser
 from throughway.experiments import EXPERIMENTS, get_experiment
 from throughway.study.stacking import group_specs
 from throughway.study.shards import resolve_shard, select_shard
+from conftest import MNIST_DEPTH_SMALL_ARGV
 
 ROOT = Path(__file__).resolve().parents[1]
 # A tiny mnist-depth: 2 depths, one stacked batch each (plain and gated nets, 2 seeds).
@@ -72,13 +74,17 @@ def test_every_study_of_many_runs_declares_shard_and_merge(capsys):
 # -- --shard auto ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("env, shard", [
-    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8"}, "3/8"),
+    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "1"}, "3/8"),
     ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "1",
       "SLURM_ARRAY_TASK_MAX": "8", "SLURM_ARRAY_TASK_STEP": "1"}, "3/8"),
     ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0",
       "SLURM_ARRAY_TASK_MAX": "3"}, "1/4"),  # --array=0-3: task 0 is shard 1
     ({"SGE_TASK_ID": "2", "SGE_TASK_FIRST": "1", "SGE_TASK_LAST": "5", "SGE_TASK_STEPSIZE": "1"}, "2/5"),
-    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6"}, "2/6"),
+    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6", "THROUGHWAY_SHARD_FIRST": "1"}, "2/6"),
+    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6", "THROUGHWAY_SHARD_FIRST": "0"}, "3/6"),
+    ({"PBS_ARRAY_INDEX": "2", "THROUGHWAY_SHARD_COUNT": "6", "THROUGHWAY_SHARD_FIRST": "2"}, None),
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1",
+      "THROUGHWAY_SHARD_FIRST": "0"}, None),  # the two disagree
     ({}, None),  # not set: refused
     ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "1", "SLURM_ARRAY_TASK_MIN": "3",
       "SLURM_ARRAY_TASK_MAX": "3"}, None),  # a rerun of task 3 alone cannot tell N
@@ -97,6 +103,22 @@ def test_shard_auto_reads_the_array_variables(env, shard):
     assert resolve_shard("2/3", env) == "2/3"
 
 
+@pytest.mark.parametrize("env", [
+    {"PBS_ARRAY_INDEX": "{task}", "THROUGHWAY_SHARD_COUNT": "4"},  # qsub -J 0-3 (or 1-4)
+    {"SLURM_ARRAY_TASK_ID": "{task}", "SLURM_ARRAY_TASK_COUNT": "4"},  # no SLURM_ARRAY_TASK_MIN
+])
+def test_shard_auto_without_a_first_id_deals_no_shard_twice(env):
+    # Every task of the array must get its own shard; a task cannot tell 0..3 from 1..4 by its own id, so
+    # without the first id every task is refused, naming the variable to set, and with it the shards are 1..4.
+    for tasks in (range(0, 4), range(1, 5)):
+        for task in tasks:
+            with pytest.raises(ValueError, match="THROUGHWAY_SHARD_FIRST=0 for an array numbered 0..N-1"):
+                resolve_shard("auto", {k: v.format(task=task) for k, v in env.items()})
+        shards = [resolve_shard("auto", {**{k: v.format(task=task) for k, v in env.items()},
+                                         "THROUGHWAY_SHARD_FIRST": str(tasks[0])}) for task in tasks]
+        assert shards == ["1/4", "2/4", "3/4", "4/4"]
+
+
 def test_shard_auto_on_the_command_line(tmp_path, capsys, monkeypatch):
     for name in [k for k in os.environ if k.startswith(("SLURM_", "SGE_", "PBS_"))]:
         monkeypatch.delenv(name)
@@ -106,6 +128,7 @@ def test_shard_auto_on_the_command_line(tmp_path, capsys, monkeypatch):
     assert "none of SLURM_ARRAY_TASK_ID" in capsys.readouterr().err
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "3")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
     module = get_experiment("mnist-depth")
     args = build_parser().parse_args([*TINY, "--shard", "auto"])
     assert module.config_from_args(args).shard == "2/3"  # the config (and results.json) records i/N
@@ -183,6 +206,64 @@ def test_a_rerun_shard_needs_resume_and_failures_reach_the_summary(tmp_path, fak
     assert main([*TINY, "--shard", "1/2", "--out", str(out)]) == 0  # the other shard, later: no --resume needed
     summary = json.loads((out / "results.json").read_text())
     assert all(r["state"] == "finished" for c in summary["cells"] for r in c["runs"])
+
+
+# -- --merge checks what it merges ----------------------------------------------------------------------
+
+SMALL = list(MNIST_DEPTH_SMALL_ARGV)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name != ".summary.lock"}
+
+
+@pytest.fixture
+def small_study(tmp_path, fake_mnist_root, mnist_depth_small) -> Path:
+    """A copy of the session's small mnist-depth study (conftest.mnist_depth_small)."""
+    return Path(shutil.copytree(mnist_depth_small, tmp_path / "study", symlinks=True))
+
+
+def test_merge_refuses_swapped_run_folders_naming_the_folder_and_the_fields(small_study, capsys):
+    runs = small_study / "runs"
+    (runs / "plain-d2-s0").rename(runs / "swap")
+    (runs / "gated-d2-s0").rename(runs / "plain-d2-s0")
+    (runs / "swap").rename(runs / "gated-d2-s0")
+    before = _files(small_study)
+    capsys.readouterr()
+    assert main([*SMALL, "--merge", "--out", str(small_study)]) == 2
+    err = capsys.readouterr().err
+    assert f"{runs / 'plain-d2-s0'}: holds a run of another config than the study's run plain-d2-s0" in err
+    assert "model: recorded 'mlp_gated_residual', the study's 'mlp_plain'" in err
+    assert _files(small_study) == before  # nothing written: no summary, table or figure of the wrong cells
+
+
+def test_merge_refuses_a_run_folder_copied_from_a_study_with_other_options(small_study, capsys):
+    # A run of a study with `--epochs 3 --limit 100` copied in under the same name (its results.json says so).
+    path = small_study / "runs" / "gated-d2-s1" / "results.json"
+    results = json.loads(path.read_text())
+    results["config"].update(epochs=3, limit=100)
+    path.write_text(json.dumps(results))
+    before = _files(small_study)
+    capsys.readouterr()
+    assert main([*SMALL, "--merge", "--out", str(small_study)]) == 2
+    err = capsys.readouterr().err
+    assert f"{small_study / 'runs' / 'gated-d2-s1'}: holds a run of another config" in err
+    assert "epochs: recorded 3, the study's 1; limit: recorded 100, the study's 200" in err
+    assert _files(small_study) == before
+
+
+@pytest.mark.parametrize("link", ["runs/gated-d2-s0", "runs/gated-d2-s0/results.json", "runs"])
+def test_merge_reads_no_run_through_a_link(small_study, tmp_path, capsys, link):
+    # The linked copy holds the same files: only the link is the fault, and it is named.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(small_study / link), str(elsewhere))
+    (small_study / link).symlink_to(elsewhere, target_is_directory=elsewhere.is_dir())
+    before = _files(small_study)
+    capsys.readouterr()
+    assert main([*SMALL, "--merge", "--out", str(small_study)]) == 2
+    assert f"{small_study / link} is a symbolic link" in capsys.readouterr().err
+    assert _files(small_study) == before
 
 
 # -- the SLURM array script ----------------------------------------------------------------------------

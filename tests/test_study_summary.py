@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+import time
+from pathlib import Path
 
-from throughway.study.runs import StudySummary
+import pytest
+
+from throughway.cli import main
+from throughway.study.options import MAX_SEEDS
+from throughway.study.runs import StudySummary, rebuild_from_runs
 
 
 def test_study_summary_records_errors_throttles_and_forces(tmp_path):
@@ -106,3 +113,73 @@ def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path):
 
     final = refresh.around(train, merge=False)
     assert reports == [1] and final["errors"] == {}
+
+
+# -- what `report` (and a rebuild from the runs) checks before it reads a run -------------------------------
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+@pytest.fixture
+def small_study(tmp_path, mnist_depth_small):
+    """A copy of the session's small mnist-depth study (conftest.mnist_depth_small)."""
+    return Path(shutil.copytree(mnist_depth_small, tmp_path / "study", symlinks=True))
+
+
+def test_report_refuses_a_run_folder_holding_another_run(small_study, capsys):
+    runs = small_study / "runs"
+    (runs / "gated-d2-s1").rename(runs / "swap")
+    (runs / "plain-d2-s1").rename(runs / "gated-d2-s1")
+    (runs / "swap").rename(runs / "plain-d2-s1")
+    before = _files(small_study)
+    assert main(["report", str(small_study)]) == 2
+    err = capsys.readouterr().err
+    assert f"{runs / 'plain-d2-s1'}: holds a run of another config than the study's run plain-d2-s1" in err
+    assert "model: recorded 'mlp_gated_residual', the study's 'mlp_plain'" in err
+    assert _files(small_study) == before  # no table, findings or best_epoch.md from the swapped runs
+
+
+def test_report_checks_a_summarys_config_against_the_option_bounds_before_reading_a_run(small_study, capsys):
+    path = small_study / "results.json"
+    summary = json.loads(path.read_text())
+    summary["config"]["seeds"] = 10 ** 7  # hand-edited: walking its run names took minutes
+    path.write_text(json.dumps(summary))
+    began = time.monotonic()
+    assert main(["report", str(small_study)]) == 2
+    assert time.monotonic() - began < 5
+    assert f"{path}: field 'config.seeds' is 10000000; accepted: at most {MAX_SEEDS}" in capsys.readouterr().err
+    for field, value, accepted in [("archs", ["plain", "plain"], "accepted: distinct values"),
+                                   ("archs", ["nope"], "accepted values: ["), ("depths", "2", "accepted: a list"),
+                                   ("epochs", 0, "accepted: at least 1"), ("seeds", True, "accepted: an integer")]:
+        path.write_text(json.dumps({**summary, "config": {**summary["config"], "seeds": 2, field: value}}))
+        assert main(["report", str(small_study)]) == 2
+        assert f"field 'config.{field}'" in (err := capsys.readouterr().err) and accepted in err, err
+
+
+@pytest.mark.parametrize("link", [".", "results.json", "runs", "runs/gated-d2-s0"])
+def test_report_reads_and_writes_nothing_through_a_link(small_study, tmp_path, capsys, link):
+    elsewhere = tmp_path / "elsewhere"
+    target = small_study / link if link != "." else small_study
+    shutil.move(str(target), str(elsewhere))
+    target.symlink_to(elsewhere, target_is_directory=elsewhere.is_dir())
+    before = _files(elsewhere)
+    assert main(["report", str(small_study)]) == 2
+    assert f"{target} is a symbolic link" in capsys.readouterr().err
+    assert _files(elsewhere) == before
+
+
+def test_a_rebuild_from_the_runs_checks_the_config_and_the_run_folders(small_study):
+    from throughway.experiments import mnist_depth
+
+    def rebuild():
+        return rebuild_from_runs(small_study, mnist_depth.Config, mnist_depth.summarize, mnist_depth.write_report,
+                                 specs=mnist_depth.specs)
+
+    assert rebuild()["config"]["seeds"] == 2  # the study as it stands
+    path = small_study / "runs" / "gated-d2-s0" / "results.json"
+    results = json.loads(path.read_text())
+    path.write_text(json.dumps({**results, "config": {**results["config"], "seed": 7}}))
+    with pytest.raises(ValueError, match=r"gated-d2-s0: holds a run of another config .*\(seed: recorded 7, the study.s 0\)"):
+        rebuild()

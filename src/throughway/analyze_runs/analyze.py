@@ -34,7 +34,7 @@ from ..report.analysis_plots import (plot_class_differences, plot_highway_maps, 
                                      plot_removal_curves)
 from ..train import evaluate
 from .run_files import (GATES_FILE, HIGHWAY_FILE, LESION_FILE, PAPER_TABLE_EPOCHS, PRUNE_FILE, run_blocks,
-                            block_names_of, run_config, finish_text, analysis_header, load_run_data, analysis_dir, paper_caveat,
+                            block_names_of, run_config, finish_text, analysis_header, load_run_data, analysis_dir, refuse_linked_output, paper_caveat,
                             paper_setting_differences, require_family, load_run)
 from .prune import analyze_prune
 from ..study.papers import PAPER_MEAN_K
@@ -61,6 +61,7 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     (gated-residual-v2 Table 2, figure 5 left) or convolutional (figure 7); writes gates.json,
     gates.txt and gates_k_by_block.png. Returns (result, text with the paper's numbers beside ours)."""
     run_dir = Path(run_dir)
+    out_dir = analysis_dir(run_dir, out)  # checked before the run is read
     results, model = load_run(run_dir, device, checkpoint)
     family = require_family(model, run_dir, ("gated", "augmented"), "gates")
     stats = k_statistics(model)
@@ -77,7 +78,6 @@ def analyze_gates(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
                         "figure": "figure 7" if projections else "figure 5 left",
                         "source": "gated-residual-v2 Table 2 (mean k of the MNIST nets by d), figure 5 left "
                                   "(k by block, MNIST d = 100), figure 7 (k by block, Wide Gated ResNet on CIFAR)"}}
-    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / GATES_FILE, result)
     figure = plot_k_by_block(result, out_dir / "gates_k_by_block.png")
     paper = result["paper"]["k_mean"]
@@ -115,6 +115,7 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
     `sample`, or one drawn from `seed`), class mean minus overall mean for `classes`, and the mean
     change per layer. Writes highway.json, highway.txt, highway_gate_maps.png and highway_class_routing.png."""
     run_dir = Path(run_dir)
+    out_dir = analysis_dir(run_dir, out)  # checked before the run is read
     results, model = load_run(run_dir, device, checkpoint)
     family = require_family(model, run_dir, ("highway",), "highway")
     data = load_run_data(results, device, data_dir)
@@ -159,7 +160,6 @@ def analyze_highway(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]
         },
         "paper": {"claims": PAPER_HIGHWAY_CLAIMS, "source": "highway paper §4, figures 2 and 3"},
     }
-    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / HIGHWAY_FILE, result)
     maps = plot_highway_maps(result, out_dir / "highway_gate_maps.png")
     routing = plot_class_differences(result, out_dir / "highway_class_routing.png")
@@ -197,6 +197,7 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     if split not in ("train", "val", "test"):
         raise ValueError(f"split={split!r}; accepted values: ['train', 'val', 'test']")
     run_dir = Path(run_dir)
+    out_dir = analysis_dir(run_dir, out)  # checked before the run is read
     results, model = load_run(run_dir, device, checkpoint)
     family = require_family(model, run_dir, ("highway", "gated", "residual", "augmented"), "lesion")
     data = load_run_data(results, device, data_dir)
@@ -242,7 +243,6 @@ def analyze_lesion(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
               "unlesioned_error_pct": base, "lesioned_error_pct": errors, "increase_pct_points": increase,
               "summary": summary,
               "paper": {"claim": PAPER_HIGHWAY_CLAIMS["lesion"], "source": "highway paper §4.2, figure 4"}}
-    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / LESION_FILE, result)
     figure = plot_lesion(result, out_dir / "lesion_error_by_layer.png")
     unit = "highway layer" if family == "highway" else "block"
@@ -274,8 +274,10 @@ def redraw(out: str | os.PathLike[str], compare: Sequence[str | os.PathLike[str]
 
     The prune figure keeps the curves it was drawn with (`analyze prune --compare`, stored in
     prune.json); `compare` names prune.json files (or folders holding one) to draw instead of them.
-    Returns the figures written; raises FileNotFoundError when the folder holds none of the files."""
+    Returns the figures written; raises FileNotFoundError when the folder holds none of the files, and
+    ValueError naming it when the folder is a symbolic link (nothing is read back or written through one)."""
     out = Path(out)
+    refuse_linked_output(out, "the analysis folder")
     written: list[Path] = []
     if (out / GATES_FILE).is_file():
         written.append(plot_k_by_block(read_json(out / GATES_FILE), out / "gates_k_by_block.png"))

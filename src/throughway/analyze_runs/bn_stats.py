@@ -22,7 +22,7 @@ from ..analysis.batchnorm import reestimate_bn_statistics
 from ..data import DataSplits
 from ..report.stats import mean_std, paired_t_test
 from ..train import evaluate
-from .run_files import finish_text, load_run_data, load_run
+from .run_files import finish_text, load_run_data, load_run, refuse_linked_output
 from ..study.papers import PAPER_TEST_ERROR
 from ..study.runs import command_line
 
@@ -51,6 +51,7 @@ def analyze_bn_stats(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.P
     """
     if not run_dirs:
         raise ValueError("analyze bn-stats: give at least one run directory")
+    refuse_linked_output(Path(out), "--out")  # before any run is read
     resolved = [Path(d).resolve() for d in run_dirs]
     if len(set(resolved)) != len(resolved):
         raise ValueError("analyze bn-stats: a run directory is listed twice; list each run once")

@@ -75,6 +75,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     if orders < 1:
         raise ValueError(f"orders={orders}: must be ≥ 1")
     run_dir = Path(run_dir)
+    out_dir = analysis_dir(run_dir, out)  # checked before the run is read
     compared = []
     for path in compare:
         path = Path(path)
@@ -151,7 +152,6 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     # the compared curves travel inside prune.json, so `analyze redraw` draws them without --compare
     result["compare"] = [_curves_only(other) for other in compared]
 
-    out_dir = analysis_dir(run_dir, out)
     atomic_write_json(out_dir / PRUNE_FILE, result)
     figure = plot_removal_curves([result, *compared], out_dir / "prune_accuracy.png")
 

@@ -41,15 +41,24 @@ def run_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 
-def analysis_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
-    """`out`, or RUN_DIR/analysis; the default folder inside the run is never a symbolic link, which
-    would make the analysis overwrite files wherever it points (issue 25, finding 2)."""
-    if out is not None:
-        return Path(out)
-    folder = run_dir / "analysis"
+def refuse_linked_output(folder: Path, what: str) -> None:
+    """ValueError naming `folder` when it is a symbolic link: an analysis written there would land wherever
+    it points (the toolkit never writes, reads back or deletes through a link)."""
     if folder.is_symlink():
-        raise ValueError(f"{folder}: is a symbolic link (to {os.readlink(folder)}); refused, nothing was written: "
-                         f"replace it by a real folder, or give --out")
+        raise ValueError(f"{folder}: is a symbolic link (to {os.readlink(folder)}; {what}); refused, nothing was "
+                         f"written: give the real folder, or another --out")
+
+
+def analysis_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
+    """`out`, or RUN_DIR/analysis, checked before anything is read: neither `out` nor the default folder
+    inside the run is a symbolic link, nor is the run folder itself when the analysis goes inside it, since
+    the analysis would then overwrite files wherever the link points (issue 25, finding 2). Creates nothing."""
+    if out is not None:
+        refuse_linked_output(Path(out), "--out")
+        return Path(out)
+    refuse_linked_output(run_dir, "the run folder, which the analysis would be written into")
+    folder = run_dir / "analysis"
+    refuse_linked_output(folder, "the run's analysis folder")
     return folder
 
 

@@ -205,10 +205,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """Remake a study's table and figures from DIR/results.json. Before anything is read or written: no
+    link is followed (DIR, its summary, its runs folder, a run folder: `study.runs.check_study_links`),
+    the summary's config is checked against the study's option bounds (`study.options.check_stored_config`:
+    a hand-edited `seeds` of 10**7 is refused at once), and each run folder under DIR/runs must hold the run
+    its name stands for in that config (`study.runs.check_run_folders`)."""
     from .._io import read_json_object
     from ..experiments import get_experiment
+    from ..study.runs import check_study_links
 
     path = Path(args.dir) / "results.json"
+    check_study_links(args.dir)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found; `report` needs an experiment's output folder")
     summary = read_json_object(path, "an experiment's summary")
@@ -220,6 +227,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                              f"(k per block; or prune, lesion, highway)")
         raise ValueError(f"{path}: not an experiment summary (no 'experiment' field); is it a single run?")
     module = get_experiment(name)
+    _check_study_summary(module, summary, path)
     try:
         text = module.write_report(args.dir)
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
@@ -231,6 +239,28 @@ def cmd_report(args: argparse.Namespace) -> int:
                          f"edited or damaged; rerun the study with --resume to rewrite it") from exc
     print(text)
     return 0
+
+
+def _check_study_summary(module: Any, summary: dict[str, Any], path: Path) -> None:
+    """A study summary's config within the study's option bounds, and each of its run folders (`path`'s
+    folder's runs/) holding the run its name stands for (see `cmd_report`)."""
+    from ..study.options import check_stored_config
+    from ..study.runs import check_run_folders, config_from_json
+
+    config_cls = getattr(module, "Config", None)
+    if config_cls is None or "config" not in summary:
+        return
+    check_stored_config(config_cls, summary["config"], path)
+    runs = path.parent / "runs"
+    if not hasattr(module, "specs") or not runs.is_dir():
+        return
+    try:
+        config = config_from_json(config_cls, summary["config"])
+        specs = module.specs(config)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: field 'config' does not describe a {module.NAME} study ({_what(exc)}); the file "
+                         f"was edited or damaged") from exc
+    check_run_folders(runs, specs)
 
 
 def _what(exc: BaseException) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 from ..data.sources import missing_cifar_files
 from ..train import RESULTS_FILE, RunConfig
 from ..study.options import config_from_args as study_config_from_args
-from ..study.options import option
+from ..study.options import option, MAX_SEEDS
 from ..study.runs import RunSpec, StudySummary, read_runs, remake_report, run_many
 from ..report.stats import format_mean_std, mean_std
 from ..study.shards import is_sharded, merge_option, shard_option
@@ -81,7 +81,7 @@ class Config:
     archs: tuple[str, ...] = option(("resnet-5", "wrn-4-10"), "models", quick=("resnet-5",), choices=tuple(ARCHITECTURES))
     variants: tuple[str, ...] = option(("original", "gated", "gated-k-decay"), "variants", choices=tuple(VARIANTS))
     epochs: int | None = option(None, "epochs per run (None: the recipe's 200)", quick=2, minimum=1)
-    seeds: int = option(1, "seeds per configuration", minimum=1)
+    seeds: int = option(1, "seeds per configuration", minimum=1, maximum=MAX_SEEDS)
     limit: int | None = option(None, "keep only the first N images of each split (smoke tests)", quick=1000,
                                  minimum=1)
     device: str = "cpu"
@@ -215,7 +215,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if summary_path.is_file() and not resume and not (is_sharded(config.shard) or config.merge):
         raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out))
+    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
+                                     runs=specs(config))
 
     return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
                                                    progress=progress, on_done=on_done, shard=config.shard),

@@ -36,7 +36,7 @@ from typing import Any
 from .._io import read_json
 from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
 from ..study.options import config_from_args as study_config_from_args
-from ..study.options import check_known, check_residual_depths
+from ..study.options import check_known, check_residual_depths, MAX_SEEDS
 from ..study.options import option, quick_config
 from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean,
                           read_runs, rebuild_from_runs, remake_report, run_status)
@@ -95,7 +95,7 @@ class Config:
     families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
     epochs: int = option(100, "epochs per run (gated-residual-v2: 100)", quick=2, minimum=1)
     seeds: int = option(5, "seeds per cell: mean ± std, best seed, paired tests of gated against each family",
-                        quick=2, minimum=1)
+                        quick=2, minimum=1, maximum=MAX_SEEDS)
     recipe: str = option("gresnet-mnist", "training recipe (gated-residual-v2: NAdam, lr 0.002, batch 128)", cli=False)
     train_on_full: bool = option(False, "train on all 60,000 images (default: 50,000, 10,000 held out for the "
                                         "validation error)")
@@ -267,7 +267,7 @@ def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
     curves of gated runs finished since (removal.json), then table.md and the figures. For rendering a
     study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
     rewrites results.json."""
-    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal)
+    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal, specs=specs)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
@@ -286,7 +286,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
 
     # A stack's runs end together: the summary (with its removal curves) and figures are rewritten at most
     # every study.runs.REFRESH_INTERVAL_S as stacks end, and always at the end.
-    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out))
+    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out),
+                                     runs=specs(config))
     # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
     # change the trainer).
     return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,

@@ -41,7 +41,7 @@ from ..analysis.hessian import SingularHessianWarning, exact_hessian, spectrum_s
 from ..analysis.spectrum import condition_number
 from ..layers import VectorGate
 from ..models import create_model
-from ..study.options import option
+from ..study.options import option, MAX_SEEDS
 from ..study.options import check_known, check_residual_depths
 from ..study.resumable import ResumableStudy
 from ..study.runs import remake_report
@@ -66,7 +66,7 @@ class Config:
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (even)", quick=(2, 6),
                                      minimum=0)
     families: tuple[str, ...] = option(tuple(FAMILIES), "families", choices=tuple(FAMILIES))
-    seeds: int = option(3, "initialisations per family and depth", quick=2, minimum=1)
+    seeds: int = option(3, "initialisations per family and depth", quick=2, minimum=1, maximum=MAX_SEEDS)
     width: int = option(50, "units per layer of the nets whose distance to identity is measured (the study's)",
                         minimum=1)
     hessian_width: int = option(4, "units per layer of the Hessian proxies (exact Hessian: keep P ≲ 4,000)",

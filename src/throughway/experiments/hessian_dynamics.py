@@ -27,7 +27,7 @@ import torch
 from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
 from ..report.tables import table_head
-from ..study.options import option
+from ..study.options import option, MAX_SEEDS
 from ..study.runs import read_summary, remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..train import TrainState
@@ -54,7 +54,8 @@ class Config:
     depth: int = option(16, "network depth L (paper: 16)", quick=4, minimum=1)
     networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "networks",
                                        choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
-    seeds: tuple[int, ...] = option((0, 1, 2), "initialisation seeds, as a count", quick=(0,), count=True)
+    seeds: tuple[int, ...] = option((0, 1, 2), "initialisation seeds, as a count", quick=(0,), count=True,
+                                      maximum=MAX_SEEDS)
     epochs: int = option(1000, "full-batch GD epochs", quick=20, minimum=1)
     lr: float = option(0.01, "learning rate", minimum=0)
     hessian_points: int = option(30, "number of log-spaced epochs with an exact Hessian", quick=3, minimum=1)

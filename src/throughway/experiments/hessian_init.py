@@ -28,7 +28,7 @@ import torch
 from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
 from ..models import create_model
-from ..study.options import option
+from ..study.options import option, MAX_SEEDS
 from ..study.runs import config_from_json, read_summary, remake_report
 from ..report.stats import format_mean_std, mean_std
 from ..study.shortcut import network_kwargs, whitened_data
@@ -55,7 +55,7 @@ class Config:
     networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "network kinds",
                                        choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
     runs: int = option(10, "initialisations (seeds) per point (paper: 10)", quick=2, minimum=1, flag="--seeds",
-                       aliases=("--runs",))
+                       aliases=("--runs",), maximum=MAX_SEEDS)
     zero_scale: float = option(1e-4, "the small multiple of Xavier of the zero init", minimum=0)
     theorem2_depths: tuple[int, ...] = option((6, 12, 24, 48), "depths of the Theorem 2 check (multiples of 6; "
                                                                "none to skip it)", quick=(6,), minimum=1, empty_ok=True)

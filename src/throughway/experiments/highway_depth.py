@@ -73,7 +73,7 @@ from typing import Any
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
 from ..study.stacking import add_estimate_options, project_batches, projection_markdown, run_batched
-from ..study.options import option, quick_config
+from ..study.options import option, quick_config, MAX_SEEDS
 from ..study.stacking import group_specs
 from ..study.runs import (RunSpec, StudySummary, check_run_results, check_same_settings, json_config,
                           read_summary, remake_report)
@@ -126,7 +126,8 @@ class Config:
     layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
                                      quick=(10, 20), flag="--depths", aliases=("--layers",))
     archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
-    trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4)
+    trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4,
+                        maximum=MAX_SEEDS)
     epochs: int = option(FIGURE1_EPOCHS, "epochs per trial (ours, an unchecked recollection of figure 1's x-axis; "
                                          "the text does not state it)", quick=2)
     search_seed: int = option(0, "seed of the random search")
@@ -314,7 +315,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
     refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
-                                     min_interval_s=60)
+                                     min_interval_s=60, runs=specs(config))
 
     if not config.merge:
         mine = specs(config, config.shard)

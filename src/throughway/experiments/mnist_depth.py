@@ -23,7 +23,7 @@ from typing import Any
 from .._io import atomic_write_text, environment_info
 from ..models import STEMS
 from ..train import RESULTS_FILE, RunConfig
-from ..study.options import option, quick_config
+from ..study.options import option, quick_config, MAX_SEEDS
 from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
@@ -70,7 +70,7 @@ class Config:
     epochs: int = option(100, "epochs per run (paper: 100)", quick=2, minimum=1)
     # 2 seeds under --quick: the fewest that give a spread and a paired test.
     seeds: int = option(5, "seeds per configuration: mean ± std, best, and the paired gated − residual test",
-                        quick=2, minimum=1)
+                        quick=2, minimum=1, maximum=MAX_SEEDS)
     recipe: str = option("gresnet-mnist", "training recipe (paper: Nadam, lr 0.002, batch 128)", cli=False)
     stem: str = option("linear", "first layer of the plain/residual/gated nets: linear (a single Dot, the paper's) "
                                  "or dense (Dot-BN-ReLU, the stem ablation)", choices=STEMS)
@@ -242,7 +242,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
     # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out))
+    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
+                                     runs=specs(config))
     # The nets of one depth (every architecture and seed) train together as one batched computation
     # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
     # number of seeds, so that a one-seed study trains through the same code as a five-seed one.

@@ -27,7 +27,7 @@ import torch
 
 from .._io import read_json
 from ..study.options import config_from_args as study_config_from_args
-from ..study.options import option
+from ..study.options import option, MAX_SEEDS
 from ..study.runs import remake_report
 from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whitened_data
 from ..train import History
@@ -64,7 +64,7 @@ class Config:
     lr_exponents: tuple[float, ...] = option((-4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5, 0.0),
                                              "learning rates as powers of 10", quick=(-2.0, -1.0))
     epochs: int = option(1000, "full-batch GD epochs (paper: 1000)", quick=20, minimum=1)
-    seeds: int = option(1, "initialisations per point (final losses averaged)", minimum=1)
+    seeds: int = option(1, "initialisations per point (final losses averaged)", minimum=1, maximum=MAX_SEEDS)
     subset: int | None = option(None, "ReLU networks: train on the first N whitened images", quick=1000, minimum=1,
                                  flag="--limit", aliases=("--subset",))
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)

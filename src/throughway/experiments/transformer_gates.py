@@ -41,7 +41,7 @@ from ..layers import find_branches
 from ..models import create_model
 from ..analysis.blocks import gate_value
 from ..report.stats import SIGNIFICANCE, bonferroni, format_mean_std, mean_std
-from ..study.options import add_options, check_known, option, quick_config
+from ..study.options import add_options, check_known, option, quick_config, MAX_SEEDS
 from ..study.options import config_from_args as study_config_from_args
 from ..study.shards import merge_option, shard_option
 from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, read_runs, rebuild_from_runs,
@@ -73,7 +73,7 @@ class Config:
     families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
     epochs: int = option(6, "epochs per run", quick=1, minimum=1)
     seeds: int = option(5, "seeds per cell: mean ± std and paired tests of gated against each family", quick=1,
-                        minimum=1)
+                        minimum=1, maximum=MAX_SEEDS)
     width: int = option(32, "channels per token", quick=8, minimum=1)
     limit: int | None = option(10000, "keep only the first N images of each split (train, validation, test)",
                                quick=64, minimum=2)
@@ -349,7 +349,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         _update_removal(config, out)
         return summarize(config, out)
 
-    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out), min_interval_s=30.0)
+    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out), min_interval_s=30.0,
+                                     runs=specs(config))
     return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
                                                    progress=progress, on_done=on_done, shard=config.shard),
                           merge=config.merge)
@@ -413,4 +414,4 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Rebuild `out`/results.json and the report from the run folders as they stand, without training."""
-    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal)
+    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal, specs=specs)

@@ -36,23 +36,30 @@ import typing
 from typing import Any, Iterable, Sequence, TypeVar, Union
 
 __all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK", "DeprecatedAlias",
-           "check_known", "check_residual_depths"]
+           "check_known", "check_residual_depths", "check_stored_config", "MAX_SEEDS", "MAX_VALUES"]
 
 T = TypeVar("T")
 NO_QUICK: Any = object()  # the field keeps its default under --quick
 _META = "throughway.option"
+# The most seeds (or random-search trials) per cell a study accepts: the papers use 5 to 10, and a
+# thousand runs per cell would take days; a study's run names are walked per seed, so a summary
+# edited to name 10**7 seeds must be refused before anything reads its runs.
+MAX_SEEDS = 1_000
+# The most values a study's list option holds (depths, architectures, seeds named one by one).
+MAX_VALUES = 1_000
 
 
 def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[Any] | None = None,
            cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False,
            negatable: bool = True, aliases: Sequence[str] = (), count: bool = False,
-           convert: Any = None) -> Any:
+           convert: Any = None, maximum: float | None = None) -> Any:
     """A dataclass field that is also a command-line option.
 
     `default` is the paper's value (tuples for sequences: the dataclass is frozen); `help` is the
     option's help text; `quick` the value under --quick; `choices` the accepted values (for a tuple
     field, of each element); `cli=False` keeps the field off the command line; `flag` overrides the
-    option name (default `--field-name`); `minimum` refuses smaller numbers (exit 2 via argparse);
+    option name (default `--field-name`); `minimum` refuses smaller numbers and `maximum` larger ones
+    (exit 2 via argparse; for a `count` field, `maximum` bounds the count);
     `empty_ok` lets a tuple field be given with no values (e.g. to skip a part of a study);
     `negatable=False` makes a bool field a plain switch (`--merge`, no `--no-merge`) that sets True;
     `aliases` are older spellings of the flag, still accepted but hidden from --help and warned
@@ -60,10 +67,13 @@ def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[
     line (`--seeds 3`), as every study's `--seeds` is, while the config keeps the tuple (several
     values, `--seeds 0 1 2`, still name the seeds, as recorded commands do); `convert(text)` reads a
     str field's value from the command line instead of the type (a ValueError there is exit 2 naming
-    the option: `--shard auto` becomes i/N so, study.shards).
+    the option: `--shard auto` becomes i/N so, study.shards). A tuple field holds at most `MAX_VALUES`
+    values. The same bounds are checked on a config read back from a study's summary
+    (`check_stored_config`).
     """
     metadata = {_META: {"help": help, "quick": quick, "choices": tuple(choices) if choices is not None else None,
-                        "cli": cli, "flag": flag, "minimum": minimum, "empty_ok": empty_ok, "negatable": negatable,
+                        "cli": cli, "flag": flag, "minimum": minimum, "maximum": maximum, "empty_ok": empty_ok,
+                        "negatable": negatable,
                         "aliases": tuple(aliases), "count": count,
                         "convert": convert}}
     return dataclasses.field(default=default, metadata=metadata)
@@ -101,7 +111,7 @@ def _base_type(annotation: Any) -> tuple[Any, bool, bool]:
     return annotation, False, optional
 
 
-def _converter(kind: Any, name: str, minimum: float | None, custom: Any = None) -> Any:
+def _converter(kind: Any, name: str, minimum: float | None, custom: Any = None, maximum: float | None = None) -> Any:
     def convert(text: str) -> Any:
         if custom is not None:
             try:
@@ -116,6 +126,8 @@ def _converter(kind: Any, name: str, minimum: float | None, custom: Any = None) 
             raise argparse.ArgumentTypeError(f"--{name}: {text!r} is not a finite number")
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"--{name}: {text} is below the smallest accepted value {minimum:g}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"--{name}: {text} is above the largest accepted value {maximum:g}")
         return value
     return convert
 
@@ -145,7 +157,8 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
             settings_metavar: dict[str, Any] = {"metavar": "N"}
         else:
             settings_metavar = {}
-        settings = {"type": _converter(kind, flag.lstrip("-"), 0 if count else meta["minimum"], meta.get("convert")),
+        settings = {"type": _converter(kind, flag.lstrip("-"), 0 if count else meta["minimum"], meta.get("convert"),
+                                       None if count else meta.get("maximum")),
                     "nargs": ("*" if meta.get("empty_ok") else "+") if is_tuple else None,
                     "choices": meta["choices"], "default": None}
         parser.add_argument(flag, dest=f.name, help=text, **settings, **settings_metavar)
@@ -183,19 +196,24 @@ def config_from_args(config_cls: type[T], args: argparse.Namespace, base: T | No
     for f, meta in option_fields(config_cls):
         given = getattr(args, f.name, None) if meta["cli"] else None
         if given is not None and meta.get("count") and len(given) == 1:
+            flag = meta["flag"] or "--" + f.name.replace("_", "-")
             if given[0] < 1:
-                flag = meta["flag"] or "--" + f.name.replace("_", "-")
                 raise ValueError(f"{flag} {given[0]}: a count must be ≥ 1 (or give several values: the seeds)")
+            if meta.get("maximum") is not None and given[0] > meta["maximum"]:
+                raise ValueError(f"{flag} {given[0]}: accepted: a count up to {meta['maximum']:g}")
             values[f.name] = tuple(range(given[0]))
         elif given is not None:
             if isinstance(given, list):
                 # A study's lists are sets of values (depths, seeds, networks): a repeated value would
                 # train a run twice or count it twice in a row (issue 25, finding 8).
                 repeated = sorted({str(v) for v in given if given.count(v) > 1})
+                flag = meta["flag"] or "--" + f.name.replace("_", "-")
                 if repeated:
-                    flag = meta["flag"] or "--" + f.name.replace("_", "-")
                     raise ValueError(f"{flag} {' '.join(map(str, given))}: lists {', '.join(repeated)} more than once; "
                                      f"accepted: distinct values")
+                limit = meta["maximum"] if meta.get("count") and meta.get("maximum") is not None else MAX_VALUES
+                if len(given) > limit:
+                    raise ValueError(f"{flag}: {len(given)} values; accepted: at most {limit:g}")
             values[f.name] = tuple(given) if isinstance(given, list) else given
     return dataclasses.replace(base, **{**values, **changes})  # type: ignore[type-var]
 
@@ -214,3 +232,74 @@ def check_residual_depths(depths: Sequence[int]) -> None:
     bad = [d for d in depths if d < 0 or d % 2]
     if bad:
         raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
+
+
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+
+
+def _stored_value_problem(value: Any, kind: Any, meta: dict[str, Any]) -> str | None:
+    """Why one stored value (an element of a list field) is not one the command line could give, or None."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif kind is str:
+        ok = isinstance(value, str)
+    else:
+        return None  # a type the options do not declare: its study checks it
+    if not ok:
+        return f"accepted: {_KIND_NAMES[kind]}"
+    if meta["choices"] is not None and value not in meta["choices"]:
+        return f"accepted values: {list(meta['choices'])}"
+    if kind in (int, float) and not meta.get("count"):
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            return f"accepted: at least {meta['minimum']:g}"
+        if meta.get("maximum") is not None and value > meta["maximum"]:
+            return f"accepted: at most {meta['maximum']:g}"
+    return None
+
+
+def check_stored_config(config_cls: type, stored: Any, source: Any) -> None:
+    """Check a study's config read back from a file (`source`, its summary's 'config') against the bounds
+    its options declare, before anything uses it to name or read runs: each `option(...)` field present
+    has the declared type (a list for a tuple field, null only for an optional one), its choices,
+    `minimum` and `maximum` (a `count` field's maximum bounds how many values it holds), distinct list
+    values and at most `MAX_VALUES` of them. ValueError naming `source`, the field 'config.<name>' and
+    what is accepted: a hand-edited `seeds` of 10**7 is refused at once instead of walking run names
+    for minutes."""
+    if not isinstance(stored, dict):
+        raise ValueError(f"{source}: field 'config' holds {type(stored).__name__}; accepted: an object")
+    hints = typing.get_type_hints(config_cls)
+    for f, meta in option_fields(config_cls):
+        if f.name not in stored:
+            continue
+        value = stored[f.name]
+        kind, is_tuple, optional = _base_type(hints[f.name])
+        where = f"{source}: field 'config.{f.name}' is {str(value)[:60]}"
+        if value is None:
+            if optional:
+                continue
+            raise ValueError(f"{where}; accepted: a value (the field is not optional); the file was edited or damaged")
+        values = value if is_tuple else [value]
+        if is_tuple:
+            if not isinstance(value, list):
+                raise ValueError(f"{where}; accepted: a list; the file was edited or damaged")
+            limit = meta["maximum"] if meta.get("count") and meta.get("maximum") is not None else MAX_VALUES
+            if len(value) > limit:
+                raise ValueError(f"{source}: field 'config.{f.name}' holds {len(value)} values; accepted: at most "
+                                 f"{limit:g}; the file was edited or damaged")
+            if len({_json_key(v) for v in value}) != len(value):
+                raise ValueError(f"{where}; accepted: distinct values; the file was edited or damaged")
+        for element in values:
+            problem = _stored_value_problem(element, kind, meta)
+            if problem:
+                raise ValueError(f"{where}; {problem}; the file was edited or damaged")
+
+
+def _json_key(value: Any) -> str:
+    """A JSON value as a hashable key (lists and objects included), for telling repeated values apart."""
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)

@@ -22,12 +22,15 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, overloa
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, environment_info, json_safe, read_json, read_json_object
+from .._io import atomic_write_json, atomic_write_text, environment_info, json_safe, read_json_object
 from ..train import RESULTS_FILE, RunConfig, read_results, run_training
+from ..train.config import config_differences
+from .options import check_stored_config
 from .shards import (check_shard_fresh, is_sharded, select_shard, shard_environment, shard_states, study_lock,
                      summary_lock, write_shard_state)
 
 __all__ = ["RunSpec", "run_many", "study_lock", "invoked_with", "damaged_finished_runs", "check_study_folder", "prepare_data", "check_specs", "command_line", "remake_report",
+           "check_run_folders", "check_study_links",
            "StudySummary", "rebuild_from_runs", "stored_study", "check_same_settings", "read_runs", "read_summary", "summary_finished",
            "check_run_results", "json_config", "config_from_json", "run_status", "last_epochs_mean", "LAST_EPOCHS",
            "FINDINGS_FILE", "THREADS_ENV", "set_threads", "worker_threads"]
@@ -231,6 +234,49 @@ def read_runs(runs_dir: str | os.PathLike[str], names: Iterable[str]) -> Iterato
         yield name, check_run_results(read_results(path.parent), path) if path.is_file() else None
 
 
+def _refuse_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise ValueError(f"{what}: {path} is a symbolic link (to {os.readlink(path)}); refused, nothing was read or "
+                         f"written: the toolkit never writes, reads back or deletes through a link; replace it by "
+                         f"a real folder or file (a copy)")
+
+
+def check_study_links(out: str | os.PathLike[str]) -> None:
+    """ValueError naming the link when the study folder `out`, its summary (results.json) or its runs folder
+    is a symbolic link: a summary, a table or a figure written there would land wherever it points, and a
+    summary read through it would be another folder's (docs/reliability.md)."""
+    out = Path(out)
+    _refuse_link(out, "the study folder")
+    _refuse_link(out / RESULTS_FILE, "the study's summary")
+    _refuse_link(out / "runs", "the study's runs folder")
+
+
+def check_run_folders(runs_dir: str | os.PathLike[str], specs: Sequence[RunSpec]) -> None:
+    """Check, before a summary reads any run, that each run folder `runs_dir`/<name> of `specs` holds the
+    run its name stands for: ValueError naming the folder when it (or its results.json) is a symbolic
+    link, or when the run config its results.json records differs from the spec's config in any field
+    but those a resumed run may change (`train.config.config_differences`: model, depth, seed,
+    epochs, limit, recipe and its overrides, dataset, model arguments...), naming each differing field
+    with both values. A run folder copied in from a study with other options, or two swapped folders,
+    would otherwise give a table cell of another run. Runs not started yet (no results.json) pass."""
+    runs_dir = Path(runs_dir)
+    _refuse_link(runs_dir, "the study's runs folder")
+    for spec in specs:
+        folder = runs_dir / spec.name
+        _refuse_link(folder, f"run folder {spec.name}")
+        path = folder / RESULTS_FILE
+        _refuse_link(path, f"the results of run {spec.name}")
+        if not path.is_file():
+            continue
+        differing = config_differences(read_results(folder), spec.config, path)
+        if differing:
+            details = "; ".join(f"{k}: recorded {old!r}, the study's {new!r}" for k, (old, new) in differing.items())
+            raise ValueError(f"{folder}: holds a run of another config than the study's run {spec.name} ({details}); "
+                             f"refused, nothing was written: a run folder copied from another study or renamed? "
+                             f"Move it away (it is then trained again with --resume), or merge only folders of "
+                             f"this study's runs")
+
+
 # What a study's summary reads of each history record (`train.History`): a number or null each.
 _RECORD_FIELDS = ("train_loss", "test_error_pct")
 
@@ -363,12 +409,18 @@ class StudySummary:
     shards running at the same time into one folder write it in turn, each from every run on disk;
     a shard 'i/N' (N > 1) first records its finished runs and failures in its state.json, and the
     summary's 'errors' holds every shard's failures (less the runs this process has since finished)
-    and 'shards' each shard's state."""
+    and 'shards' each shard's state.
+
+    Before each summary is made, the study folder and its runs are checked as untrusted input
+    (`check_study_links`; `check_run_folders` over `runs`, the study's RunSpecs, in `path`'s folder's
+    runs/): a linked folder, or a run folder holding another run than its name stands for (copied in
+    from a study with other options, swapped), is a ValueError naming it, and nothing is written."""
 
     def __init__(self, path: str | os.PathLike[str], summarize: Callable[[], dict[str, Any]],
                  write_report: Callable[[], Any], environment: dict[str, Any], *,
-                 min_interval_s: float = 0.0, shard: str | None = None) -> None:
+                 min_interval_s: float = 0.0, shard: str | None = None, runs: Sequence[RunSpec] = ()) -> None:
         self.shard = shard
+        self.runs = tuple(runs)
         self.done: list[str] = []
         self.path = Path(path)
         self.summarize = summarize
@@ -401,6 +453,8 @@ class StudySummary:
             return None
         began = time.monotonic()
         out = self.path.parent
+        check_study_links(out)
+        check_run_folders(out / "runs", self.runs)
         with summary_lock(out):
             if is_sharded(self.shard):
                 assert self.shard is not None
@@ -425,11 +479,14 @@ class StudySummary:
 
     @classmethod
     def for_study(cls, out: str | os.PathLike[str], config: Any, summarize: Callable[[], dict[str, Any]],
-                  write_report: Callable[[], Any], *, min_interval_s: float = REFRESH_INTERVAL_S) -> "StudySummary":
+                  write_report: Callable[[], Any], *, min_interval_s: float = REFRESH_INTERVAL_S,
+                  runs: Sequence[RunSpec] = ()) -> "StudySummary":
         """The running summary of a study in `out` (its results.json), for a study `config` with `device` and
-        `shard` fields: the environment of that device, that shard, rewritten at most every `min_interval_s`."""
+        `shard` fields: the environment of that device, that shard, rewritten at most every `min_interval_s`;
+        `runs` (the study's RunSpecs, all shards') are the run folders under `out`/runs checked before each
+        summary (`check_run_folders`)."""
         return cls(Path(out) / RESULTS_FILE, summarize, write_report, environment_info(config.device),
-                   min_interval_s=min_interval_s, shard=config.shard)
+                   min_interval_s=min_interval_s, shard=config.shard, runs=runs)
 
     def around(self, train: Callable[[Callable[[str, str | None], Any]], Any], *, merge: bool) -> dict[str, Any]:
         """A study's training with its summary kept current, the shard opt-in of every study's `run`: with
@@ -508,15 +565,22 @@ def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: boo
 
 def rebuild_from_runs(out: str | os.PathLike[str], config_cls: type, summarize: Callable[[Any, Path], dict[str, Any]],
                       write_report: Callable[[Path], Any],
-                      before: Callable[[Any, Path], Any] | None = None) -> dict[str, Any]:
+                      before: Callable[[Any, Path], Any] | None = None,
+                      specs: Callable[[Any], Sequence[RunSpec]] | None = None) -> dict[str, Any]:
     """Rebuild a study's `out`/results.json from its run folders as they stand, without training: the
-    config that results.json records (the fields `config_cls` knows, lists as tuples), `before(config,
-    out)` (e.g. removal curves of runs finished since), `summarize(config, out)` with the stored command,
+    config that results.json records (the fields `config_cls` knows, lists as tuples; checked against the
+    options' bounds first, `options.check_stored_config`), the run folders checked against `specs(config)`
+    (`check_run_folders`; no link is followed), `before(config, out)` (e.g. removal curves of runs
+    finished since), `summarize(config, out)` with the stored command,
     environment and errors kept, then `write_report(out)`. Returns the summary. For rendering a study
     that is still training elsewhere, run it on a copy of the folder."""
     out = Path(out)
-    previous = read_json(out / RESULTS_FILE)
+    check_study_links(out)
+    previous = read_summary(out / RESULTS_FILE, "study")
+    check_stored_config(config_cls, previous.get("config"), out / RESULTS_FILE)
     config = config_from_json(config_cls, previous["config"])
+    if specs is not None:
+        check_run_folders(out / "runs", specs(config))
     if before is not None:
         before(config, out)
     summary = summarize(config, out)

@@ -28,9 +28,13 @@ Shards of one study run at the same time into one shared folder (a cluster's sha
 `--shard auto` reads the shard from a job array's environment (`SCHEDULERS`): SLURM
 (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT, SLURM_ARRAY_TASK_MIN/MAX/STEP), Sun/Univa/Son of Grid
 Engine (SGE_TASK_ID, SGE_TASK_FIRST, SGE_TASK_LAST, SGE_TASK_STEPSIZE) and PBS Pro (PBS_ARRAY_INDEX,
-which carries no count: N comes from THROUGHWAY_SHARD_COUNT). An array must number its tasks
-contiguously from 0 or 1 (`--array=1-8` or `0-7`); anything else is refused with exit status 2,
-because a partial array (`--array=3`, a rerun) cannot tell N: rerun a shard with `--shard 3/8`.
+which carries no count and no first id: N comes from THROUGHWAY_SHARD_COUNT, the first id from
+THROUGHWAY_SHARD_FIRST). An array must number its tasks contiguously from 0 or 1 (`--array=1-8` or
+`0-7`), and every task must know which: where the scheduler's first-id variable is not set, a task
+is refused unless THROUGHWAY_SHARD_FIRST says 0 or 1 (guessing from the task's own id would give
+tasks 0 and 1 of a 0-based array the same shard and leave shard N untrained). Anything else is
+refused with exit status 2, because a partial array (`--array=3`, a rerun) cannot tell N: rerun a
+shard with `--shard 3/8`.
 """
 
 from __future__ import annotations
@@ -49,13 +53,15 @@ from .options import option
 
 __all__ = ["parse_shard", "resolve_shard", "shard_option", "merge_option", "select_shard", "study_lock",
            "summary_lock", "shard_folder", "write_shard_state", "shard_states", "shard_environment", "check_shard_fresh",
-           "SCHEDULERS", "SHARD_COUNT_ENV", "SHARDS_FOLDER"]
+           "SCHEDULERS", "SHARD_COUNT_ENV", "SHARD_FIRST_ENV", "SHARDS_FOLDER"]
 
 T = TypeVar("T")
 SHARDS_FOLDER = "shards"
 SUMMARY_LOCK = ".summary.lock"
 # N for schedulers whose array variables carry no count (PBS Pro), or to override the count.
 SHARD_COUNT_ENV = "THROUGHWAY_SHARD_COUNT"
+# The array's first task id, 0 or 1, for schedulers whose array variables do not say it (PBS Pro).
+SHARD_FIRST_ENV = "THROUGHWAY_SHARD_FIRST"
 
 # scheduler -> (task id, first id, last id, step, count): the environment variables `--shard auto` reads.
 SCHEDULERS: dict[str, tuple[str, str | None, str | None, str | None, str | None]] = {
@@ -89,8 +95,10 @@ def _integer(env: Mapping[str, str], name: str | None) -> int | None:
 
 def resolve_shard(text: str, env: Mapping[str, str] | None = None) -> str:
     """`text` as 'i/N': itself when it is one (checked), else, for 'auto', the shard of this job array
-    task read from `env` (default os.environ; see SCHEDULERS). ValueError naming the variables when
-    none is set or they do not describe one contiguous array numbered from 0 or 1."""
+    task read from `env` (default os.environ; see SCHEDULERS): shard task id − first id + 1 of N, the same
+    rule for every task. ValueError naming the variables when none is set, when nothing gives the first
+    id (the scheduler's variable, else $THROUGHWAY_SHARD_FIRST) or N, or when they do not describe one
+    contiguous array numbered from 0 or 1."""
     if str(text).strip() != "auto":
         i, n = parse_shard(text)
         return f"{i}/{n}"
@@ -109,8 +117,24 @@ def resolve_shard(text: str, env: Mapping[str, str] | None = None) -> str:
     if step is not None and step != 1:
         raise ValueError(f"--shard auto: ${step_var}={step}: the array's task ids must be contiguous (step 1, e.g. "
                          f"--array=1-8); give the shard as i/N instead")
-    if first is None:  # PBS Pro: no range variables; ids from 1 unless the id says 0
-        first = 0 if task == 0 else 1
+    given_first = _integer(env, SHARD_FIRST_ENV)
+    if given_first is not None and given_first not in (0, 1):
+        raise ValueError(f"--shard auto: ${SHARD_FIRST_ENV}={given_first}: accepted: 0 (an array numbered 0..N-1) or "
+                         f"1 (numbered 1..N)")
+    if first is None and given_first is None:
+        # A task cannot tell from its own id whether the array starts at 0 or 1 (task 1 is the first
+        # of 1..N or the second of 0..N-1), and a guess per task deals two tasks one shard.
+        where = f"${first_var} is not set" if first_var else f"{name} exports no first task id"
+        raise ValueError(f"--shard auto: {name}'s ${id_var}={task} is set, but {where}, so the task cannot tell "
+                         f"whether the array numbers its tasks from 0 or 1: set ${SHARD_FIRST_ENV}=0 for an array "
+                         f"numbered 0..N-1 (e.g. qsub -J 0-3) or ${SHARD_FIRST_ENV}=1 for 1..N, or give the shard "
+                         f"as i/N")
+    if first is not None and given_first is not None and first != given_first:
+        raise ValueError(f"--shard auto: ${first_var}={first} and ${SHARD_FIRST_ENV}={given_first} disagree on the "
+                         f"array's first task id; unset ${SHARD_FIRST_ENV}")
+    if first is None:
+        first = given_first
+    assert first is not None
     if first not in (0, 1):
         raise ValueError(f"--shard auto: ${first_var}={first}: the array must number its tasks from 0 or 1 (e.g. "
                          f"--array=1-8) so that each task knows its shard; a partial array (a rerun of some tasks) "
@@ -141,7 +165,8 @@ def shard_option() -> Any:
     job array's environment when the command line is read, so the config records the shard)."""
     return option("1/1", "train only shard i of N (i = 1..N): the study's stacked batches dealt in turn, so shards "
                          "may run at the same time into one --out; auto: i and N from a job array (SLURM_ARRAY_TASK_ID "
-                         "and SLURM_ARRAY_TASK_COUNT, SGE_TASK_ID, PBS_ARRAY_INDEX; docs/cluster.md)",
+                         "and SLURM_ARRAY_TASK_COUNT, SGE_TASK_ID, PBS_ARRAY_INDEX with THROUGHWAY_SHARD_COUNT and "
+                         "THROUGHWAY_SHARD_FIRST; docs/cluster.md)",
                   convert=_shard_type)
 
 

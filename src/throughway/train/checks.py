@@ -13,12 +13,15 @@ values (docs/reliability.md lists them):
   under no_grad with every module's mode restored afterwards (BatchNorm's running statistics are
   not updated), checked as a tensor (`check_outputs`); with the default cross-entropy, the labels
   of every tensor split are checked against its width (`check_labels`: integers of any width,
-  cast to int64, one per output row, in 0 … classes − 1; a Dataset's or a DataLoader's labels as
+  cast to int64, one per output row, in 0 … classes − 1, or floating class probabilities of the
+  outputs' shape, as torch's cross-entropy takes them; a Dataset's or a DataLoader's labels as
   each batch is read). A DataLoader's first batch is probed at the first step instead (reading it
   up front would move its sampler's order).
 * at first use, before the first backward pass: the loss (`check_loss`: a 0-d floating tensor with
   a gradient; a loss_fn is not called an extra time) and `scheduler(optimizer)` (an object with
-  `.step()`, checked in `loop`).
+  `.step()`, checked in `loop`); after the first backward pass, before the first optimiser step,
+  that some trainable parameter received a gradient (`check_gradients`: a loss not computed from
+  the outputs would train nothing).
 * inputs: floating inputs are cast to the model's floating dtype (`model_dtype`; `cast_inputs`).
 """
 
@@ -34,7 +37,7 @@ import torch
 from torch import nn
 
 __all__ = ["HOOKS", "check_eval_batch_size", "check_callbacks", "check_optimizer_parameters", "model_dtype",
-           "cast_inputs", "check_labels", "check_outputs", "check_loss", "probe", "modes_kept", "rng_kept",
+           "cast_inputs", "check_labels", "check_outputs", "check_loss", "check_gradients", "probe", "modes_kept", "rng_kept",
            "OUTPUT_ACCEPTED"]
 
 HOOKS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_epoch_end", "on_fit_end")
@@ -156,15 +159,26 @@ def cast_inputs(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 def check_labels(y: torch.Tensor, argument: str, classes: int | None = None,
                  outputs_shape: Sequence[int] | None = None) -> torch.Tensor:
-    """Labels `y` for cross-entropy as int64 (integer labels of any width are cast).
+    """Labels `y` for cross-entropy, as torch's `F.cross_entropy` takes them: class indices as int64
+    (integer labels of any width are cast), or class probabilities ("soft labels": floating targets of
+    the outputs' own shape, (N, classes, ...), returned as they are; fit's error % then counts a row
+    wrong when the output's argmax differs from the target's).
 
-    TypeError naming `argument` for labels that are not integers (float labels are class
-    probabilities to cross-entropy: pass a loss_fn for them); ValueError for labels whose shape does
-    not fit outputs of `outputs_shape` (one label per output row: (N,) for (N, classes) outputs), or
-    outside 0 … `classes` − 1."""
-    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise TypeError(f"{argument}: the labels are {y.dtype}; accepted: integer class indices (any integer dtype, "
-                        f"cast to int64) for the default cross-entropy; for soft or regression targets pass a loss_fn")
+    TypeError naming `argument` for bool or complex labels, and for floating labels that are not of the
+    outputs' shape (or given without it); ValueError for index labels whose shape does not fit outputs
+    of `outputs_shape` (one label per output row: (N,) for (N, classes) outputs) or outside
+    0 … `classes` − 1, and for soft labels holding NaN or infinite values."""
+    soft = y.is_floating_point() and outputs_shape is not None and tuple(y.shape) == tuple(outputs_shape)
+    if y.is_complex() or y.dtype == torch.bool or (y.is_floating_point() and not soft):
+        shape = "" if outputs_shape is None else f" {tuple(outputs_shape)}"
+        raise TypeError(f"{argument}: the labels are {y.dtype} of shape {tuple(y.shape)}; accepted: integer class "
+                        f"indices (any integer dtype, cast to int64), or floating class probabilities of the outputs' "
+                        f"shape{shape}, for the default cross-entropy; for regression or other targets pass a loss_fn")
+    if soft:
+        if y.numel() and not bool(torch.isfinite(y).all()):
+            raise ValueError(f"{argument}: the soft labels (class probabilities) hold NaN or infinite values; "
+                             f"accepted: finite numbers")
+        return y
     if outputs_shape is not None:
         wanted = (int(y.shape[0]), *outputs_shape[2:]) if y.dim() else ()
         if tuple(y.shape) != wanted:
@@ -208,6 +222,25 @@ def check_loss(loss: Any, *, training: bool = False) -> torch.Tensor:
                          "torch.tensor(...)?); accepted: a 0-d tensor computed from the outputs, so that the "
                          "optimiser has something to follow; nothing was trained")
     return loss
+
+
+def check_gradients(model: nn.Module, custom_loss: bool) -> None:
+    """After the first backward pass, before the first optimiser step: ValueError naming `loss_fn` (when
+    `custom_loss`, else the model's output) when none of `model`'s trainable parameters received a
+    gradient. A loss with a gradient of its own that is not computed from the parameters (e.g.
+    `torch.tensor(1.0, requires_grad=True)`) would train nothing, silently. A model without trainable
+    parameters is left alone."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable or any(p.grad is not None for p in trainable):
+        return
+    if custom_loss:
+        raise ValueError(f"loss_fn: returned a loss from which none of the model's {len(trainable)} trainable "
+                         f"parameters received a gradient (a tensor made with torch.tensor(..., requires_grad=True), "
+                         f"or computed from something other than the outputs?); it would train nothing; accepted: "
+                         f"the batch's mean loss computed from loss_fn's outputs argument; nothing was trained")
+    raise ValueError(f"model's output: none of the model's {len(trainable)} trainable parameters received a "
+                     f"gradient from the loss (is the output computed from detached tensors?); it would train "
+                     f"nothing; accepted: outputs computed from the model's parameters; nothing was trained")
 
 
 @contextlib.contextmanager

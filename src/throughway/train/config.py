@@ -24,7 +24,7 @@ from .checkpoint import MAX_MODEL_PARAMETERS
 from .recipes import STEP_SCHEDULES, Recipe, get_recipe
 
 __all__ = ["RunConfig", "RunExistsError", "MAX_DEPTH", "check_config", "resolve_recipe", "check_device",
-           "model_kwargs_for", "build_model", "check_resumable"]
+           "model_kwargs_for", "build_model", "check_resumable", "config_differences"]
 
 # The deepest network `check_config` accepts (the papers' deepest is ResNet-1202); building a model,
 # even on the meta device, takes time in proportion to its depth, so a larger number is refused at once.
@@ -236,16 +236,19 @@ def build_model(config: RunConfig, data: DataSplits | TextSplits) -> torch.nn.Mo
     return create_model(config.model, **kwargs).to(config.device)
 
 
-def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:
-    """Raise RunExistsError when `existing` (a results.json) holds a run of another config than `config`.
+def config_differences(existing: dict[str, Any], config: RunConfig, source: Any) -> dict[str, tuple[Any, Any]]:
+    """{field: (recorded, now)} for every field in which the run config that `existing` (a results.json,
+    read from `source`) records differs from `config`, the fields a resumed run may change
+    (`_RESUMABLE_DIFFERENCES`: device, data folder, execution options) aside.
 
-    A field that an older results.json lacks counts as its default value, so runs written before a
-    field was added to RunConfig still resume."""
+    A field that an older results.json lacks counts as its default value, and an MLP's first layer is
+    compared as built (`stem`), so runs written before a field was added to RunConfig still match.
+    ValueError naming `source` when 'config' or 'model.config' is not an object."""
     defaults = RunConfig(model=config.model, depth=config.depth).to_dict()
     recorded = existing.get("config", {})
     if not isinstance(recorded, dict) or not isinstance(existing.get("model") or {}, dict) \
             or not isinstance((existing.get("model") or {}).get("config") or {}, dict):
-        raise ValueError(f"{out_dir}: the recorded field 'config' or 'model.config' is not an object; the run's "
+        raise ValueError(f"{source}: the recorded field 'config' or 'model.config' is not an object; the run's "
                          f"files were edited or damaged")
     old = {**defaults, **recorded}
     new = config.to_dict()
@@ -255,8 +258,16 @@ def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) 
         built = (existing.get("model") or {}).get("config") or {}
         old["model_kwargs"] = {"stem": built.get("stem", LEGACY_STEM), **old["model_kwargs"]}
         new["model_kwargs"] = {"stem": model_entry(config.model).parameters()["stem"], **new["model_kwargs"]}
-    differing = sorted(k for k in set(old) | set(new) if k not in _RESUMABLE_DIFFERENCES and old.get(k) != new.get(k))
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+            if k not in _RESUMABLE_DIFFERENCES and old.get(k) != new.get(k)}
+
+
+def check_resumable(existing: dict[str, Any], config: RunConfig, out_dir: Path) -> None:
+    """Raise RunExistsError when `existing` (a results.json) holds a run of another config than `config`
+    (`config_differences`: a field an older results.json lacks counts as its default value, so runs
+    written before a field was added to RunConfig still resume)."""
+    differing = config_differences(existing, config, out_dir)
     if differing:
-        details = ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in differing)
+        details = ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in differing.items())
         raise RunExistsError(f"{out_dir} holds a run with a different config ({details}); "
                              f"choose another --out or repeat the original arguments")

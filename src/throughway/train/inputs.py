@@ -14,17 +14,33 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from ..data import DataSplits, Split
 
-__all__ = ["ACCEPTED_DATA", "ItemSplit", "resolve_data", "user_split", "model_device", "to_device"]
+__all__ = ["ACCEPTED_DATA", "ItemSplit", "resolve_data", "user_split", "model_device", "check_materialised", "to_device"]
 
 ACCEPTED_DATA = ("DataSplits, a pair of tensors (x, y), a torch.utils.data.Dataset of (x, y) items, "
                  "or a torch.utils.data.DataLoader yielding (x, y) batches")
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """The device of `model`'s first parameter or buffer; ValueError for a model without any."""
+    """The device of `model`'s first parameter or buffer; ValueError for a model without any, and one
+    naming the meta device and the tensor when any of them is a meta tensor (`check_materialised`)."""
+    check_materialised(model)
     for tensor in (*model.parameters(), *model.buffers()):
         return tensor.device
     raise ValueError("model has no parameters or buffers; fit needs a model with parameters to train")
+
+
+def check_materialised(model: nn.Module) -> None:
+    """ValueError naming `model`, the meta device and the first parameter or buffer on it: a meta tensor
+    has a shape but no values (a model built under `torch.device("meta")`, or loaded with empty weights
+    that were never filled), so nothing can be trained or evaluated; said before the first step, not as
+    torch's "Tensor.item() cannot be called on meta tensors" after it."""
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, tensor in named:
+            if tensor.is_meta:
+                raise ValueError(f"model: its {kind} {name!r} is on the meta device, which holds shapes but no "
+                                 f"values (a model built under torch.device('meta'), or loaded with empty weights); "
+                                 f"nothing was trained; accepted: a model on a real device (cpu, cuda): "
+                                 f"model.to_empty(device=...) and then load or initialise its weights")
 
 
 def to_device(batch: Any, device: torch.device, argument: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,8 +73,8 @@ from ..layers import branch_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
 from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_channels_last, check_eval_batch_size,
-                     check_labels, check_loss, check_optimizer_parameters, check_outputs, model_dtype, modes_kept, probe,
-                     rng_kept)
+                     check_gradients, check_labels, check_loss, check_optimizer_parameters, check_outputs, model_dtype,
+                     modes_kept, probe, rng_kept)
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .optim import build_optimizer
 from .recipes import Recipe, get_recipe, learning_rate_at
@@ -299,14 +299,27 @@ TrainData = Union[DataSplits, tuple[torch.Tensor, torch.Tensor], Sequence[torch.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _soft(outputs: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether `y` are class probabilities ("soft labels") for (N, classes) `outputs`: floating, of their shape."""
+    return outputs.dim() == 2 and y.is_floating_point() and y.shape == outputs.shape
+
+
 def _classifies(outputs: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether `outputs` are (N, classes) scores for N integer labels `y`, so that an error rate means something."""
-    return outputs.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(outputs) == len(y)
+    """Whether `outputs` are (N, classes) scores for N integer labels `y`, or for N rows of class
+    probabilities (`_soft`), so that an error rate means something."""
+    return _soft(outputs, y) or (outputs.dim() == 2 and y.dim() == 1 and not y.is_floating_point()
+                                 and len(outputs) == len(y))
+
+
+def _classes(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The class each row of `y` names: the label itself, or a soft label's most probable class (its argmax)."""
+    return y.argmax(dim=1) if _soft(outputs, y) else y
 
 
 def _wrong(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-    """Misclassified rows of a batch, or None when the outputs are not class scores for integer labels."""
-    return (outputs.argmax(dim=1) != y).sum() if _classifies(outputs, y) else None
+    """Misclassified rows of a batch (the output's argmax is not the label, or not a soft label's argmax),
+    or None when the outputs are not class scores for such labels."""
+    return (outputs.argmax(dim=1) != _classes(outputs, y)).sum() if _classifies(outputs, y) else None
 
 
 def evaluate(model: nn.Module, split: Split | DataLoader | TrainData, batch_size: int = DEFAULT_EVAL_BATCH,
@@ -317,7 +330,8 @@ def evaluate(model: nn.Module, split: Split | DataLoader | TrainData, batch_size
     the model's device and evaluated in chunks of `batch_size`), or a DataLoader (its batches, moved
     to the model's device), as `fit` takes its data. The loss is cross-entropy unless `loss_fn` (a batch-mean loss) is
     given. A non-finite output row counts as an error and makes the loss NaN; the error is NaN when
-    the outputs are not (N, classes) scores for integer labels (the training records hold None then).
+    the outputs are not (N, classes) scores for integer or soft labels (class probabilities: the target's
+    argmax is the class; the training records hold None then).
     """
     if not isinstance(split, (Split, DataLoader)):
         if not isinstance(model, nn.Module):
@@ -347,8 +361,9 @@ def evaluate_members(forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
 
     `forward(x)` returns one output per member (the caller puts the models in evaluation mode). The
     loss is cross-entropy unless `loss_fn` (a batch-mean loss) is given; each batch's loss sum is
-    accumulated in float64. A non-finite output row counts as an error; the error is None when a
-    member's outputs are not (N, classes) scores for integer labels. ValueError for empty data."""
+    accumulated in float64. A non-finite output row counts as an error; a soft label (a row of class
+    probabilities) counts its argmax as the class; the error is None when a member's outputs are not
+    (N, classes) scores for integer or soft labels. ValueError for empty data."""
     losses: list[torch.Tensor | float] = [0.0] * members
     wrong: list[torch.Tensor | int] = [0] * members
     classified = [True] * members
@@ -363,7 +378,7 @@ def evaluate_members(forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
                 classified[i] = False
             else:
                 finite = torch.isfinite(outputs).all(dim=1)
-                wrong[i] = wrong[i] + ((outputs.argmax(dim=1) != y) | ~finite).sum()
+                wrong[i] = wrong[i] + ((outputs.argmax(dim=1) != _classes(outputs, y)) | ~finite).sum()
         n += len(y)
     if n == 0:
         raise ValueError("evaluate: the evaluation data is empty")
@@ -446,7 +461,9 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     (use `get_recipe(name, epochs=...)` or `Recipe.replace` for variants); it gives the epochs, the
     batch size, the optimiser and the learning-rate schedule. `loss_fn(outputs, y)` returns the
     batch's mean loss (default: cross-entropy); the error percentages are recorded only when the
-    outputs are (N, classes) scores for integer labels. `optimizer` (any torch.optim.Optimizer)
+    outputs are (N, classes) scores for integer labels or for soft labels: floating (N, classes)
+    class probabilities, which the default cross-entropy takes as torch's does, a row counted wrong
+    when the output's argmax is not the target's argmax. `optimizer` (any torch.optim.Optimizer)
     replaces the recipe's; `scheduler(optimizer)` returns a torch LR scheduler (e.g.
     `lambda opt: StepLR(opt, 1, gamma=0.5)`) that `fit` steps at the start of every epoch after the
     first. A user's optimizer, a `scheduler`, or a torch LR scheduler that a callback attached to
@@ -471,7 +488,8 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     Before the first optimiser step `fit` checks what flows through it (train.checks; the list is in
     docs/reliability.md): a TypeError / ValueError names the argument (`data`, the model's output,
     `optimizer`, `scheduler`, `loss_fn`, `callbacks`, `eval_batch_size`, ...) and the accepted
-    values. Integer labels of any width are cast to int64 for the default cross-entropy, and
+    values. Integer labels of any width are cast to int64 for the default cross-entropy (soft labels
+    are taken as they are), and
     floating inputs to the model's floating dtype (the first floating parameter's). `callbacks` may
     be a single callback. An optimizer holding only some of the model's parameters is a warning.
 
@@ -590,7 +608,7 @@ class _ModuleEngine:
         self.snapshot: dict[str, torch.Tensor] = {}
         # Whether the first batch was checked up front (else at the first step: a DataLoader), and the
         # model's floating dtype (the inputs' of every batch; None: left as they come).
-        self.checked, self.dtype, self.first_step = checked, dtype, True
+        self.checked, self.dtype, self.first_step, self.check_gradients = checked, dtype, True, True
         self.labels = loss_fn is None  # integer labels of any width are cast to int64 for cross-entropy
 
     def begin(self) -> None:
@@ -726,6 +744,9 @@ class _ModuleEngine:
                 break
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if self.check_gradients:  # before the first step: a loss that reaches no parameter trains nothing
+                check_gradients(state.model, self.loss_fn is not None)
+                self.check_gradients = False
             optimizer.step()
             stats.loss_sum[0] += loss_value * batch_seen
             wrong = wrong + wrong_count
