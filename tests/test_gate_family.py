@@ -393,3 +393,16 @@ def test_removal_orders_are_compared_by_a_paired_test_over_seeds():
     text = removal_markdown(summary)
     assert f"| 10 | gated | 3 | +{gated['kept_difference']:.2f} | {gated['test']['p_value']:.2g} | gate order better |" in text
     assert "| 20 | gated | 2 | +3.50 | — | too few seeds |" in text  # no p is read below 3 seeds
+
+
+def test_a_layerscale_run_that_left_its_eps_to_the_default_matches_the_spelled_out_spec():
+    # The study spells out ε by d; its committed runs recorded only the width and were built with that ε.
+    from throughway.train import RunConfig
+    from throughway.train.config import config_differences
+
+    spec = RunConfig(model="mlp_layerscale", depth=20, model_kwargs={"width": 50, "k_init": 1e-5})
+    recorded = {"config": {"model": "mlp_layerscale", "depth": 20, "model_kwargs": {"width": 50}},
+                "model": {"config": {"name": "mlp_layerscale", "depth": 20, "width": 50, "k_init": 1e-5}}}
+    assert config_differences(recorded, spec, "x") == {}
+    recorded["model"]["config"]["k_init"] = 0.1  # built with another ε: another run
+    assert set(config_differences(recorded, spec, "x")) == {"model_kwargs"}

@@ -258,6 +258,13 @@ def config_differences(existing: dict[str, Any], config: RunConfig, source: Any)
         built = (existing.get("model") or {}).get("config") or {}
         old["model_kwargs"] = {"stem": built.get("stem", LEGACY_STEM), **old["model_kwargs"]}
         new["model_kwargs"] = {"stem": model_entry(config.model).parameters()["stem"], **new["model_kwargs"]}
+    built_config = (existing.get("model") or {}).get("config") or {}
+    if isinstance(old.get("model_kwargs"), dict) and isinstance(new.get("model_kwargs"), dict):
+        # An argument the run left to the model's default (LayerScale's ε) matches a spec that spells out the
+        # value the model was built with (model.config records the resolved arguments).
+        for key, value in new["model_kwargs"].items():
+            if key not in old["model_kwargs"] and key in built_config and built_config[key] == value:
+                old["model_kwargs"] = {**old["model_kwargs"], key: value}
     return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
             if k not in _RESUMABLE_DIFFERENCES and old.get(k) != new.get(k)}
 
