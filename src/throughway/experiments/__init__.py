@@ -35,6 +35,8 @@ from . import gate_family_init  # noqa: E402  (issue 24)
 EXPERIMENTS[gate_family_init.NAME] = gate_family_init
 from . import transformer_gates  # noqa: E402  (ours: the 2017 gate in a transformer)
 EXPERIMENTS[transformer_gates.NAME] = transformer_gates
+from . import layer_drop  # noqa: E402  (ours: which layers a trained language model can lose)
+EXPERIMENTS[layer_drop.NAME] = layer_drop
 
 
 __all__ = ["EXPERIMENTS", "get_experiment"]

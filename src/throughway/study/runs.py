@@ -123,7 +123,8 @@ def damaged_finished_runs(specs: Sequence[RunSpec], out: str | os.PathLike[str])
     return damaged
 
 
-def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool) -> tuple[str, str | None]:
+def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool,
+            after: Callable[[RunSpec, Path], Any] | None = None) -> tuple[str, str | None]:
     torch.set_num_threads(threads)
     try:
         if resume and spec.name in (damaged := damaged_finished_runs([spec], out)):
@@ -131,6 +132,8 @@ def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool)
         if progress:  # --quiet prints nothing (issue 25, finding 16)
             print(f"[{spec.name}] start", file=sys.stderr, flush=True)
         run_training(spec.config, Path(out) / spec.name, resume=resume, progress=progress)
+        if after is not None:  # the study's own analysis of the run, in the worker that trained it
+            after(spec, Path(out) / spec.name)
         if progress:
             print(f"[{spec.name}] done", file=sys.stderr, flush=True)
         return spec.name, None
@@ -172,21 +175,28 @@ def prepare_data(configs: Sequence[RunConfig]) -> None:
     and a missing dataset is one clear error before any worker starts instead of one per run.
     """
     from ..data import load_arrays
+    from ..data.loader import TEXT_DATASETS, load_text_dataset
 
     for dataset, data_dir in sorted({(c.dataset, c.data_dir) for c in configs}, key=str):
-        load_arrays(dataset, data_dir)
+        if dataset in TEXT_DATASETS:
+            load_text_dataset(dataset, data_dir)  # fetched, checked and cached once (shakespeare-char)
+        else:
+            load_arrays(dataset, data_dir)
 
 
 def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
              threads: int | None = None, progress: bool = True,
              on_done: Callable[[str, str | None], Any] | None = None,
-             shard: str | None = None) -> dict[str, str | None]:
+             shard: str | None = None, after: Callable[[RunSpec, Path], Any] | None = None) -> dict[str, str | None]:
     """Run every spec into `out`/<name>; return {name: error message or None}.
 
     With jobs > 1 the runs go to a pool of `jobs` spawned processes, each with `threads` threads
     (default: cpu_count // jobs, at least 1). A run that raises is reported and the others go on.
     `on_done(name, error)` is called in this process as each run ends (e.g. to refresh a summary).
     `shard` 'i/N' trains only runs i, i + N, ... of `specs` (study.shards: each run is a batch of one).
+    `after(spec, run_dir)`, a picklable function, runs in the worker once the run has finished (on
+    resume too, for a run finished earlier): a study's analysis of each run, in parallel; it should skip
+    what it already wrote.
     """
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: must be ≥ 1")
@@ -194,12 +204,14 @@ def run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: b
     specs = select_shard(specs, shard)
     check_shard_fresh([s.name for s in specs], out, shard, resume)
     with shard_environment(shard):
-        return _run_many(specs, out, resume=resume, jobs=jobs, threads=threads, progress=progress, on_done=on_done)
+        return _run_many(specs, out, resume=resume, jobs=jobs, threads=threads, progress=progress, on_done=on_done,
+                         after=after)
 
 
 def _run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int,
               threads: int | None, progress: bool,
-              on_done: Callable[[str, str | None], Any] | None) -> dict[str, str | None]:
+              on_done: Callable[[str, str | None], Any] | None,
+              after: Callable[[RunSpec, Path], Any] | None = None) -> dict[str, str | None]:
     jobs = min(jobs, max(1, len(specs)))
     if threads is None:
         threads = worker_threads(jobs)
@@ -207,14 +219,14 @@ def _run_many(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: 
     prepare_data([spec.config for spec in specs])
     if jobs == 1:
         for spec in specs:
-            name, error = _worker(spec, str(out), resume, threads, progress)
+            name, error = _worker(spec, str(out), resume, threads, progress, after)
             errors[name] = error
             if on_done is not None:
                 on_done(name, error)
         return errors
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(_worker, spec, str(out), resume, threads, progress) for spec in specs]
+        futures = [pool.submit(_worker, spec, str(out), resume, threads, progress, after) for spec in specs]
         for future in concurrent.futures.as_completed(futures):
             name, error = future.result()
             errors[name] = error
