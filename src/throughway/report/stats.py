@@ -313,13 +313,12 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> PairedTest:
     std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
     se = std / math.sqrt(n)
     half_width = student_t_ppf(0.5 + CONFIDENCE / 2.0, n - 1) * se
-    interval = {"std_difference": std, "ci_low": mean - half_width, "ci_high": mean + half_width,
-                "detectable": minimum_detectable_difference(std, n)}
+    low, high, detectable = mean - half_width, mean + half_width, minimum_detectable_difference(std, n)
     if se == 0.0:
-        return PairedTest(n, mean, 0.0, None, n - 1, 0.0 if mean != 0.0 else None, **interval)
+        return PairedTest(n, mean, 0.0, None, n - 1, 0.0 if mean != 0.0 else None, std, low, high, detectable)
     t = mean / se
     p = min(1.0, 2.0 * student_t_sf(abs(t), n - 1))
-    return PairedTest(n, mean, se, t, n - 1, p, **interval)
+    return PairedTest(n, mean, se, t, n - 1, p, std, low, high, detectable)
 
 
 def paired_by_seed(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[list[int], PairedTest]:
