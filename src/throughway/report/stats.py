@@ -30,7 +30,7 @@ __all__ = ["PairedTest", "EquivalenceTest", "SIGNIFICANCE", "CONFIDENCE", "POWER
            "MIN_PAIRS_FOR_VERDICT", "NO_DIFFERENCE", "TOO_FEW", "mean_std", "format_mean_std",
            "regularized_incomplete_beta", "student_t_sf", "student_t_cdf", "student_t_ppf", "noncentral_t_cdf",
            "paired_power", "minimum_detectable_difference", "paired_t_test", "paired_by_seed", "equivalence_test",
-           "bonferroni", "holm", "correct", "judged", "correct_family", "verdict", "paired_verdict",
+           "bonferroni", "holm", "correct", "judged", "correct_family", "verdict", "judge", "paired_verdict",
            "format_interval", "format_p", "no_difference_text"]
 
 # The level at which a difference is called significant in the reports (two-sided; on the corrected p).
@@ -447,6 +447,17 @@ def verdict(test: PairedTest | Mapping[str, Any], p_corrected: float | None, a: 
         return NO_DIFFERENCE
     a_ahead = (mean < 0) == (better == "lower")
     return f"{a} better" if a_ahead else f"{b} better"
+
+
+def judge(rows: list[dict[str, Any]], better: str = "lower") -> list[dict[str, Any]]:
+    """`rows` (each with "a", "b" and a paired "test" of a − b: a PairedTest's dict) as one family of tests:
+    each row gets "p_corrected" (`correct_family`: Holm over the rows whose test is judged; None for the
+    others) and "verdict" from it (`verdict`: "<a> better", "<b> better", NO_DIFFERENCE or TOO_FEW;
+    `better` = "lower" when a lower value is better). Changed in place and returned."""
+    for row, corrected in zip(rows, correct_family([row["test"] for row in rows])):
+        row["p_corrected"] = corrected
+        row["verdict"] = verdict(row["test"], corrected, row["a"], row["b"], better)
+    return rows
 
 
 def paired_verdict(test: PairedTest | Mapping[str, Any], a: str, b: str) -> str:
