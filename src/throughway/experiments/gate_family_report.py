@@ -316,13 +316,14 @@ def removal_baseline(summary: dict[str, Any], error_weights: str = REMOVAL_WEIGH
         return "No removal record yet."
     kinds: dict[str, list[int]] = {}
     for depth, record in records:
+        orders = f"{len(record['random'])} random orders" if record.get("random") else "random orders"
         if "random_seed" not in record:
-            kind = (f"the mean of {len(record['random'])} random orders, the same permutations for every net of a "
-                    "depth (records made before each net drew its own)")
+            kind = (f"the mean of {orders}, the same permutations for every net of a depth (records made before "
+                    "each net drew its own)")
         elif record.get("half_random") == "exact":
             kind = f"the exact mean over all {record['half_subsets']} subsets of {record['half']} blocks"
         else:
-            kind = f"the mean of {len(record['random'])} random orders drawn for each net from its own seed"
+            kind = f"the mean of {orders} drawn for each net from its own seed"
         kinds.setdefault(kind, [])
         if depth not in kinds[kind]:
             kinds[kind].append(depth)
