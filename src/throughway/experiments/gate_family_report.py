@@ -45,7 +45,7 @@ __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "REMOVAL_
            "gated_comparisons", "judge", "comparisons", "pairwise_comparisons", "comparisons_markdown",
            "paired_columns", "paired_cells", "difference_text", "block_gates", "gate_record", "gate_values_markdown", "removal_seed",
            "removal_record", "update_removal", "removal_comparisons", "removal_baseline", "removal_markdown",
-           "findings_markdown", "removal_rows", "removal_prose", "finished_depths", "first_epoch_prose"]
+           "findings_markdown", "removal_rows", "removal_prose", "errors_prose", "finished_depths", "first_epoch_prose"]
 
 MIN_SEEDS = MIN_PAIRS_FOR_VERDICT  # fewer paired seeds than this: "too few seeds", no verdict
 # What the report calls each family's gate at the end: the raw parameter of its blocks.
@@ -586,6 +586,46 @@ def removal_prose(summary: dict[str, Any]) -> str:
                  f"{live} of {len(dead)} seeds the removed half also takes live blocks, those of smallest k; the "
                  f"half-pruned nets' test accuracy changes by {-max(lost.values()):+.2f} to {-min(lost.values()):+.2f} "
                  f"points (the largest loss in seed {worst}).")
+    return text
+
+
+def errors_prose(summary: dict[str, Any]) -> str:
+    """What the paired tests of the test error say at the finished depths, in two sentences: the tests of
+    gated against each family that survive Holm's correction (`comparisons`), the family with the lowest
+    mean error where it is not gated, with the intervals of gated − it; then how many of the tests of every
+    pair of families (`pairwise_comparisons`, Holm over all of them) detect a difference, and which."""
+    done = finished_depths(summary)
+    if not done:
+        return "Pending: no depth has finished every family and seed."
+    table = judge([r for r in comparisons(summary) if r["depth"] in done and judged(r["test"])])
+    passing = [r for r in table if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+    text = (f"Of the {len(table)} paired tests of gated against each family, {len(passing)} detect"
+            f"{'s' if len(passing) == 1 else ''} a difference after {CORRECTION}'s correction"
+            + (": " + "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']} ({CORRECTION} p = {format_p(r['p_corrected'])})"
+                                for r in passing) if passing else "") + ".")
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    lowest: dict[str, list[int]] = {}
+    for depth in done:
+        means = {f: by[(f, depth)]["test_error_pct"]["mean"] for f in summary["config"]["families"]}
+        lowest.setdefault(min(means, key=lambda f: means[f]), []).append(depth)
+    for family, depths in lowest.items():
+        if family == "gated":
+            continue
+        rows = [r for r in table if r["b"] == family and r["depth"] in depths]
+        quiet = [r for r in rows if r["verdict"] == NO_DIFFERENCE]
+        text += (f" {family} has the lowest mean error at d = {', '.join(map(str, depths))}"
+                 + (f"; against gated {NO_DIFFERENCE} there (gated − {family}, 95% CI "
+                    + ", ".join(f"{format_interval(r['test']['ci_low'], r['test']['ci_high'])} at d = {r['depth']}"
+                                for r in quiet) + ")" if quiet else "") + ".")
+    pairs = [r for r in pairwise_comparisons(summary) if r["depth"] in done and judged(r["test"])]
+    judge(pairs)
+    detected = [r for r in pairs if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+    text += (f" Over every pair of families ({len(pairs)} tests, {CORRECTION} over all of them), {len(detected)} "
+             f"detect{'s' if len(detected) == 1 else ''} a difference"
+             + (": " + "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']} ({CORRECTION} p = "
+                                 f"{format_p(r['p_corrected'])})" for r in detected) if detected else "")
+             + f"; in the others {NO_DIFFERENCE}, which is not equality (their intervals, and the differences the "
+             "tests could detect, are in the findings and the table).")
     return text
 
 

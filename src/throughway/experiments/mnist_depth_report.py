@@ -160,9 +160,11 @@ def table_markdown(summary: dict[str, Any]) -> str:
     comparisons = paired_comparisons(summary)
     if comparisons:
         tested = sum(1 for c in comparisons for key in _METRICS if c[key]["p_corrected"] is not None)
+        family = (f"over this table's {tested} tests" if tested else
+                  f"over this table's tests (none here: no test has the {MIN_PAIRS_FOR_VERDICT} seeds a verdict needs)")
         lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test): the mean "
-                  f"difference, its {CONFIDENCE:.0%} confidence interval, p uncorrected and {CORRECTION}-corrected over "
-                  f"this table's {tested} tests, and the smallest difference the test detects with {POWER:.0%} power; "
+                  f"difference, its {CONFIDENCE:.0%} confidence interval, p uncorrected and {CORRECTION}-corrected "
+                  f"{family}, and the smallest difference the test detects with {POWER:.0%} power; "
                   f"a verdict only at {CORRECTION}-corrected p < {SIGNIFICANCE} with at least {MIN_PAIRS_FOR_VERDICT} "
                   "seeds", "",
                   *table_header(["d", "test error", "seeds", *paired_columns("gated − residual")])]
