@@ -13,6 +13,7 @@ from throughway.analysis.removal import lesion, prune, removal_curve, removal_or
 from throughway.cli import main
 from throughway.layers import GATE_FUNCTIONS, ScalarGate, VectorGate, cait_layerscale_init
 from throughway.models import create_model
+from throughway.report.stats import mean_std
 from throughway.train import load_model, read_results, save_model
 
 
@@ -208,27 +209,48 @@ def test_reproduce_gate_family_quick_from_the_command_line(gate_family_quick, tm
 # ---------------------------------------------------------------------------------------------------------
 # Phase 2: the report (gate_family_report) and the analyses at initialisation (gate_family_init)
 
-def _summary_with_errors(gated: list[float], other: list[float]) -> dict:
+def _summary_with_errors(gated: list[float], other: list[float], third: list[float] | None = None) -> dict:
     def cell(family, errors):
         return {"family": family, "depth": 10, "per_seed": [{"seed": s, "test_error_pct": e}
                                                             for s, e in enumerate(errors)]}
-    return {"config": {"depths": [10]}, "cells": [cell("gated", gated), cell("rezero", other)]}
+    cells = [cell("gated", gated), cell("rezero", other)] + ([cell("layerscale", third)] if third else [])
+    return {"config": {"depths": [10], "families": [c["family"] for c in cells]}, "cells": cells}
 
 
-def test_gated_comparisons_need_three_pairs_and_p_below_005():
-    from throughway.experiments.gate_family_report import comparisons_markdown, gated_comparisons
+def test_gated_comparisons_need_three_pairs_and_a_holm_corrected_p_below_005():
+    from throughway.experiments.gate_family_report import comparisons, comparisons_markdown
 
     # two pairs, however different: no verdict
-    (row,) = gated_comparisons(_summary_with_errors([1.0, 1.1], [3.0, 3.2]), "rezero")
-    assert row["verdict"] == "too few" and row["seeds"] == [0, 1]
+    (row,) = comparisons(_summary_with_errors([1.0, 1.1], [3.0, 3.2]))
+    assert row["verdict"] == "too few seeds" and row["seeds"] == [0, 1] and row["p_corrected"] is None
     # five pairs, gated lower by about 1 pp each time: significant
-    (row,) = gated_comparisons(_summary_with_errors([1.0, 1.1, 1.2, 0.9, 1.05], [2.0, 2.2, 2.1, 2.0, 2.0]), "rezero")
+    (row,) = comparisons(_summary_with_errors([1.0, 1.1, 1.2, 0.9, 1.05], [2.0, 2.2, 2.1, 2.0, 2.0]))
     assert row["verdict"] == "gated better" and row["test"]["p_value"] < 0.05 and row["test"]["n"] == 5
     # five pairs with differences of both signs: no verdict
-    (row,) = gated_comparisons(_summary_with_errors([1.0, 2.0, 1.0, 2.0, 1.5], [2.0, 1.0, 2.0, 1.0, 1.5]), "rezero")
-    assert row["verdict"] == "no significant difference" and row["test"]["p_value"] > 0.05
-    text = comparisons_markdown({"comparisons": [row]})
-    assert "| 10 | rezero | 5 |" in text and "no significant difference" in text
+    summary = _summary_with_errors([1.0, 2.0, 1.0, 2.0, 1.5], [2.0, 1.0, 2.0, 1.0, 1.5])
+    (row,) = comparisons(summary)
+    assert row["verdict"] == "no difference detected" and row["test"]["p_value"] > 0.05
+    text = comparisons_markdown(summary)
+    assert "| 10 | rezero | 5 | +0.000 | [" in text and "no difference detected |" in text
+    assert "| verdict (Holm) |" in text and "detectable at 80% power (pp)" in text
+
+
+def test_a_gated_comparison_significant_only_before_holm_gets_no_verdict():
+    from throughway.experiments.gate_family_report import comparisons, comparisons_markdown, findings_markdown
+
+    gated, other = [1.82, 1.94, 1.98, 1.90, 1.90], [1.90, 1.95, 2.00, 1.93, 1.97]
+    # both others about 0.04 pp above gated: p ≈ 0.039 each uncorrected, Holm over the 2: 0.079
+    summary = _summary_with_errors(gated, other, list(other))
+    rows = comparisons(summary)
+    assert all(r["test"]["p_value"] < 0.05 <= r["p_corrected"] for r in rows), [r["test"]["p_value"] for r in rows]
+    assert {r["verdict"] for r in rows} == {"no difference detected"}
+    assert "gated better" not in comparisons_markdown(summary)
+    summary["config"]["seeds"] = 5
+    for cell in summary["cells"]:
+        cell["test_error_pct"] = mean_std([r["test_error_pct"] for r in cell["per_seed"]])
+    text = findings_markdown(summary)
+    assert "gated better" not in text and "no difference detected after Holm, significant only uncorrected" in text
+    assert "Holm's correction over the 2 paired tests of gated against each family: 0 of the 2 significant" in text
 
 
 def test_gate_record_counts_dead_relu_gates_and_negative_identity_gates():
@@ -286,12 +308,41 @@ def test_removal_record_removes_closed_blocks_first_at_no_cost():
     assert record["greedy"][:3] == [100.0, 100.0, 100.0]  # the two α = 0 blocks are exact identities
     assert record["half_share_greedy"] == 1.0
     assert len(record["random"]) == 2 and all(len(c) == 5 for c in record["random"])
-    assert 0.0 <= record["half_share_random"] <= 1.0
+    # 4 blocks: the random baseline is the exact mean over all 6 pairs of blocks, not a sample of orders
+    pairs = [(a, b) for a in range(4) for b in range(a + 1, 4)]
+    exact = sum(accuracy(prune(model, list(pair))) for pair in pairs) / len(pairs) / 100.0
+    assert record["half_random"] == "exact" and record["half_subsets"] == 6
+    assert record["half_share_random"] == pytest.approx(exact)
+    assert record["weights"] == "last epoch"
+    sampled = removal_record(model, accuracy, orders=1, max_exact=5)  # more subsets than allowed: the orders' mean
+    assert sampled["half_random"] == "orders" and sampled["half_share_random"] == pytest.approx(
+        sampled["random"][0][2] / 100.0)
+
+
+def test_every_net_draws_its_own_random_removal_orders():
+    from throughway.experiments.gate_family_report import REMOVAL_SEED, removal_record, removal_seed
+
+    names = [f"gated-d8-s{s}" for s in range(5)]
+    seeds = [removal_seed(name) for name in names]
+    assert len(set(seeds)) == 5 and removal_seed(names[0]) == removal_seed(names[0], REMOVAL_SEED)  # reproducible
+    assert removal_seed(names[0], base=1) != seeds[0]
+    model = create_model("mlp_gated_residual", depth=8, width=4, in_features=3)
+    model.eval()
+    x = torch.randn(16, 3)
+
+    def metric(m):
+        return float(m(x).detach().abs().mean())
+
+    orders = [removal_record(model, metric, orders=2, seed=seed, max_exact=0) for seed in seeds[:2]]
+    assert orders[0]["random_seed"] == seeds[0]
+    # the same net under two nets' seeds: different permutations (every net drew the same three before)
+    assert orders[0]["random"] != orders[1]["random"]
+    assert orders[0] == removal_record(model, metric, orders=2, seed=seeds[0], max_exact=0)
 
 
 def test_gate_family_report_on_the_quick_study(gate_family_quick, tmp_path, fake_mnist_root):
     from throughway.experiments import get_experiment
-    from throughway.experiments.gate_family_report import gate_values_markdown, removal_markdown
+    from throughway.experiments.gate_family_report import comparisons, gate_values_markdown, removal_markdown, removal_seed
 
     study = get_experiment("gate-family")
     config = study.QUICK
@@ -312,8 +363,9 @@ def test_gate_family_report_on_the_quick_study(gate_family_quick, tmp_path, fake
     record = by[("rezero", 10)]["removal"][0]
     assert record["blocks"] == 5 and len(record["greedy"]) == 6 and len(record["random"]) == study.REMOVAL_ORDERS
     assert record["greedy"][0] == pytest.approx(100.0 - by[("rezero", 10)]["per_seed"][0]["test_error_pct"], abs=1e-6)
-    # 2 seeds: every comparison says "too few"
-    assert {row["verdict"] for row in summary["comparisons"]} == {"too few"}
+    # 2 seeds: every comparison says "too few seeds"
+    assert {row["verdict"] for row in comparisons(summary)} == {"too few seeds"}
+    assert record["random_seed"] == removal_seed("rezero-d10-s0") and record["half_random"] == "exact"
     # the curves: 2 epochs of train loss per run
     assert len(summary["curves"]["gated-d10-s1"]["train_loss"]) == 2
     table = (out / "table.md").read_text()
@@ -388,11 +440,17 @@ def test_removal_orders_are_compared_by_a_paired_test_over_seeds():
     gated, rezero, few = rows
     assert gated["kept_difference"] == pytest.approx(100 * (0.99 + 0.98 + 0.99 - 0.95 - 0.95 - 0.94) / 3)
     assert gated["verdict"] == "gate order better" and gated["test"]["p_value"] < 0.05
-    assert rezero["verdict"] == "no significant difference" and rezero["kept_difference"] == pytest.approx(0.0, abs=1e-9)
-    assert few["verdict"] == "too few seeds" and few["seeds"] == [0, 1]
+    assert gated["p_corrected"] == pytest.approx(2 * gated["test"]["p_value"])  # Holm over the 2 judged tests
+    assert rezero["verdict"] == "no difference detected" and rezero["kept_difference"] == pytest.approx(0.0, abs=1e-9)
+    assert few["verdict"] == "too few seeds" and few["seeds"] == [0, 1] and few["p_corrected"] is None
     text = removal_markdown(summary)
-    assert f"| 10 | gated | 3 | +{gated['kept_difference']:.2f} | {gated['test']['p_value']:.2g} | gate order better |" in text
-    assert "| 20 | gated | 2 | +3.50 | — | too few seeds |" in text  # no p is read below 3 seeds
+    test = gated["test"]
+    assert (f"| 10 | gated | 3 | +{gated['kept_difference']:.2f} | [{-100 * test['ci_high']:+.2f}, "
+            f"{-100 * test['ci_low']:+.2f}] | {test['p_value']:.2g} | {gated['p_corrected']:.2g} | "
+            f"{100 * test['detectable']:.2f} | gate order better |") in text
+    assert "| 20 | gated | 2 | +3.50 | — | — | — | — | too few seeds |" in text  # no p is read below 3 seeds
+    # records without a seed of their own were drawn with the same permutations for every net: said so
+    assert "the same permutations for every net of a depth" in text
 
 
 def test_a_layerscale_run_that_left_its_eps_to_the_default_matches_the_spelled_out_spec():

@@ -1,4 +1,4 @@
-"""The MNIST depth study's report (issue 12): per-seed statistics, the paired test and the findings."""
+"""The MNIST depth study's report: per-seed statistics, the paired tests (intervals, Holm) and the findings."""
 
 from __future__ import annotations
 
@@ -51,6 +51,37 @@ def test_table_shows_mean_std_best_and_the_test():
     assert "paired" in text and "gated better" in text
 
 
+def test_a_difference_significant_only_before_holm_gets_no_verdict():
+    # gated lower by ~0.04 at both depths: p ≈ 0.039 each, uncorrected; Holm over the 2 tests: 0.079
+    cells = [_cell("residual", 50, [1.90, 1.95, 2.00, 1.93, 1.97]), _cell("gated", 50, [1.82, 1.94, 1.98, 1.90, 1.90]),
+             _cell("residual", 100, [1.90, 1.95, 2.00, 1.93, 1.97]), _cell("gated", 100, [1.82, 1.94, 1.98, 1.90, 1.90])]
+    summary = {"config": {"depths": [50, 100], "archs": ["residual", "gated"], "epochs": 3, "seeds": 5, "stem": "linear",
+                          "recipe": "gresnet-mnist", "train_on_full": True, "limit": None}, "cells": cells}
+    (row, _) = paired_comparisons(summary)
+    test = row["test_error_pct"]
+    assert test["p_value"] < 0.05 <= test["p_corrected"] and test["verdict"] == "no difference detected"
+    table = table_markdown(summary)
+    assert "gated better" not in table and "verdict (Holm)" in table and "Holm-corrected over this table's 2 tests" in table
+    line = next(r for r in table.splitlines() if r.startswith("| 50 | last epoch |"))
+    assert f"[{test['ci_low']:+.3f}, {test['ci_high']:+.3f}]" in line and f"{test['detectable']:.3f}" in line
+    text = findings_markdown(summary)
+    assert f"Holm p = {test['p_corrected']:.3f}: no difference detected" in text and "gated better" not in text
+
+
+def test_findings_say_whether_the_papers_difference_lies_in_our_interval():
+    # Table 1 at d = 100: gated − residual = 1.26 − 1.50 = −0.24; ours is about −0.05 with a spread of ±0.1
+    cells = [_cell("residual", 100, [1.90, 2.05, 1.95, 2.00, 1.98]), _cell("gated", 100, [1.85, 2.10, 1.80, 1.99, 1.90])]
+    summary = {"config": {"depths": [100], "archs": ["residual", "gated"], "epochs": 3, "seeds": 5, "stem": "linear",
+                          "recipe": "gresnet-mnist", "train_on_full": True, "limit": None}, "cells": cells}
+    test = paired_comparisons(summary)[0]["test_error_pct"]
+    assert test["ci_low"] > -0.24  # the interval excludes the paper's difference
+    text = findings_markdown(summary)
+    assert "(Table 1, gated − residual: -0.24 at d = 100)" in text and "last epoch: outside at d = 100" in text
+    cells[1] = _cell("gated", 100, [1.5, 2.3, 1.6, 2.2, 1.9])  # five seeds that cannot tell −0.24 from 0
+    assert "last epoch: inside at d = 100" in findings_markdown(summary)
+    assert "indistinguishable" not in findings_markdown(summary)
+
+
 def test_middle_minus_ends_sees_a_dip_in_the_middle():
     assert middle_minus_ends([1.0, 1.0, 0.1, 0.1, 1.0, 1.0]) < 0 < middle_minus_ends([0.1, 0.1, 1.0, 1.0, 0.1, 0.1])
 
@@ -85,13 +116,27 @@ def test_batchnorm_ablation_pairs_the_seeds_finished_in_both():
     text = batchnorm_ablation_markdown(torch_bn, keras)
     expected = paired_t_test([1.1, 1.2, 1.15, 1.18], [1.2, 1.3, 1.25, 1.28])
     gated = next(line for line in text.splitlines() if line.startswith("| 100 | gated"))
-    assert f"{expected.mean_difference:+.3f} (p = " in gated and "n=4)" in gated
+    assert f"| {expected.mean_difference:+.3f} (n=4) | [{expected.ci_low:+.3f}, {expected.ci_high:+.3f}] |" in gated
     assert "| 1.26 | 1.25 ± 0.04 (n=5) | 1.16 ± 0.04 (n=4) |" in gated
     # the sentence under the table: the range of the paired differences and which cells are significant
-    assert "Where both are finished (d = 100)" in text and "significantly in 1 cell(s) (gated d = 100: -0.100" in text
+    # after Holm (over the 2 cells), with the interval
+    assert "Where both are finished (d = 100)" in text
+    assert "significantly after Holm in 1 cell(s) (gated d = 100: -0.100, 95% CI [" in text
     residual_only = _summary()
     residual_only["cells"] = [_cell("residual", 100, [1.95, 1.98, 2.12, 1.99, 1.96])]  # vs 1.9, 2.0, 2.1, 2.0, 1.95
-    assert "in no cell significantly" in batchnorm_ablation_markdown(torch_bn, residual_only)
+    text = batchnorm_ablation_markdown(torch_bn, residual_only)
+    assert "with no difference detected in any cell after Holm over the 1 tests (95% CIs from" in text
+    # the equivalence test: the residual cell's gap to Table 1 is 1.99 − 1.50 = 0.49 points; the constants move
+    # the error by 0.01 ± a few hundredths, so the TOST shows the change within it
+    residual = next(line for line in text.splitlines() if line.startswith("| 100 | residual"))
+    assert "±0.49: p = " in residual and "within the gap" in residual
+    assert "the change is smaller than the gap in 1 of 1 cells." in text
+    # a noisy pair of studies: the TOST cannot show it (no equivalence is said from a non-significant test)
+    noisy = _summary()
+    noisy["cells"] = [_cell("residual", 100, [1.2, 2.8, 1.3, 2.7, 2.0])]
+    text = batchnorm_ablation_markdown(torch_bn, noisy)
+    assert "not shown" in next(line for line in text.splitlines() if line.startswith("| 100 | residual"))
+    assert "smaller than the gap in 0 of 1 cells: not shown for residual d = 100" in text
 
 
 def test_no_verdict_from_fewer_than_three_seeds():

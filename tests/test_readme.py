@@ -95,25 +95,28 @@ def test_figures56_contrary_pairs_counts_pairs_at_equal_loss():
     assert result["pairs"] == 2 and result["contrary"] == 1  # (1.0 vs 1.02): fine; (0.5 vs 0.51): contrary
 
 
-def _gate_family_summary(done_depths, pending_depth, p_values):
+# Per depth, each family's test error over 3 seeds: at d = 2 gated and rezero differ by about 0.13 points with
+# differences of both signs (p ≈ 0.4), at d = 10 by 0.5 points every time (p ≈ 0.0003, Holm p over 2 tests ≈ 0.0007).
+_ERRORS = {2: {"gated": [2.0, 2.1, 2.2], "rezero": [2.3, 2.0, 2.4]},
+           10: {"gated": [2.0, 2.1, 2.2], "rezero": [2.5, 2.62, 2.69]}}
+
+
+def _gate_family_summary(done_depths, pending_depth):
     # A gate-family results.json in the shape `gate_family.summarize` writes: two families, 3 seeds.
-    cells, comparisons = [], []
+    from throughway.report.stats import mean_std
+
+    cells = []
     for depth in [*done_depths, pending_depth]:
-        for family, base in (("gated", 2.0), ("rezero", 2.5)):
-            n = 3 if depth in done_depths else 0
-            values = [base + 0.1 * s for s in range(n)]
-            cells.append({"family": family, "depth": depth, "test_error_pct": {
-                "mean": sum(values) / n if n else None, "std": 0.1 if n else None, "n": n, "values": values}})
-        p = p_values.get(depth)
-        comparisons.append({"depth": depth, "a": "gated", "b": "rezero", "seeds": [0, 1, 2] if p else [],
-                            "test": {"mean_difference": -0.5 if p else None, "p_value": p, "n": 3 if p else 0},
-                            "verdict": ("gated better" if p < 0.05 else "no significant difference") if p else "too few"})
+        for family in ("gated", "rezero"):
+            values = _ERRORS[depth][family] if depth in done_depths else []
+            cells.append({"family": family, "depth": depth, "test_error_pct": mean_std(values),
+                          "per_seed": [{"seed": s, "test_error_pct": v} for s, v in enumerate(values)]})
     return {"config": {"depths": [*done_depths, pending_depth], "families": ["gated", "rezero"], "seeds": 3},
-            "cells": cells, "comparisons": comparisons}
+            "cells": cells, "comparisons": []}
 
 
 def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
-    from throughway.experiments.gate_family_report import findings_markdown
+    from throughway.experiments.gate_family_report import comparisons, findings_markdown
     from tools.readme.sections.gate_family import _gate_family_findings
     from tools.readme.sections.overview import _gate_family_row
 
@@ -124,30 +127,36 @@ def test_gate_family_findings_and_row_say_only_what_the_tests_support(tmp_path):
     assert _gate_family_findings(tmp_path) == "Pending: no trained cell is committed yet."
     assert "trained study pending" in _gate_family_row(tmp_path)
     (tmp_path / "gate-family").mkdir()
-    summary = _gate_family_summary([2, 10], 20, {2: 0.4, 10: 0.01})
+    summary = _gate_family_summary([2, 10], 20)
     (tmp_path / "gate-family" / "results.json").write_text(json.dumps(summary))
+    at2, at10 = comparisons(summary)[:2]
+    assert at2["test"]["p_value"] > 0.05 and at10["p_corrected"] < 0.05
     text = findings_markdown(summary)
     assert "- **d = 2**: lowest mean test error gated 2.10" in text
-    assert "no significant difference from 1 family (p = 0.4 to 0.4)" in text
-    assert "gated better than rezero (gated − rezero -0.50 points, p = 0.01)" in text
+    assert (f"no difference detected against rezero (95% CI [{at2['test']['ci_low']:+.2f}, "
+            f"{at2['test']['ci_high']:+.2f}])") in text
+    assert (f"gated better than rezero (gated − rezero -0.50 points, 95% CI [{at10['test']['ci_low']:+.2f}, "
+            f"{at10['test']['ci_high']:+.2f}], p = {at10['test']['p_value']:.2g}, Holm p = {at10['p_corrected']:.2g})") in text
     assert "d = 20" in text.splitlines()[-1] and "Pending" in text.splitlines()[-1]
-    assert "Bonferroni threshold of 0.05 / 2 = 0.025; 1 of the 2 pass it (gated better than rezero at d = 10)." in text
+    assert ("Holm's correction over the 2 paired tests of gated against each family: 1 of the 2 significant "
+            f"(gated better than rezero at d = 10 (Holm p = {at10['p_corrected']:.2g})); 1 at uncorrected p < 0.05.") in text
     row = _gate_family_row(tmp_path)
-    assert "d = 2, 10 (3 seeds): 2 paired tests" in row and "1 gated better" in row and "d = 20 pending" in row
+    assert "d = 2, 10 (3 seeds): 2 paired tests of gated against each family, 1 significant after Holm over the 2" in row
+    assert "d = 20 pending" in row and "Bonferroni" not in row
 
 
 def test_gate_family_findings_name_the_removal_orders_that_a_paired_test_separates(tmp_path):
     from throughway.experiments.gate_family_report import findings_markdown
 
-    summary = _gate_family_summary([2, 10], 20, {2: 0.4, 10: 0.01})
+    summary = _gate_family_summary([2, 10], 20)
     shares = {10: [(0.99, 0.95), (0.98, 0.95), (0.99, 0.94)], 20: [(0.99, 0.95)] * 3}
     for cell in summary["cells"]:
         if cell["family"] == "gated" and cell["depth"] in shares:  # d = 20 is unfinished: not a finding
             cell["removal"] = [{"seed": s, "half_share_greedy": g, "half_share_random": r}
                                for s, (g, r) in enumerate(shares[cell["depth"]])]
     line = next(x for x in findings_markdown(summary).splitlines() if x.startswith("- **Removal**"))
-    assert "gated: d = 10 gate order +4.0 points (p = " in line and "d = 20" not in line
-    assert "Bonferroni over this test: threshold 0.05, 1 passes it (gated at d = 10)." in line
+    assert "gated: d = 10 gate order better by +4.0 points (95% CI [" in line and "d = 20" not in line
+    assert "1 of the 1 significant after Holm (gated at d = 10)." in line
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -163,32 +172,39 @@ def _committed_gate_family() -> dict:
     return json.loads((RESULTS / "gate-family" / "results.json").read_text())
 
 
-def test_removal_prose_says_which_tests_survive_bonferroni_and_the_size_of_the_gains():
-    from throughway.experiments.gate_family_report import removal_comparisons
+def test_removal_prose_says_which_tests_survive_holm_and_the_size_of_the_gains():
+    from throughway.experiments.gate_family_report import RELU_FAMILIES, removal_comparisons, removal_rows
     from throughway.report.stats import SIGNIFICANCE
-    from throughway.experiments.gate_family_report import RELU_FAMILIES, removal_rows
     from tools.readme.sections.gate_family import _gate_family_removal_prose
 
     summary = _committed_gate_family()
     rows = removal_rows(summary)
-    assert len(rows) == 20 and all(r in removal_comparisons(summary) for r in rows)
-    threshold = SIGNIFICANCE / len(rows)
+    assert len(rows) == 20 and all(r["test"] == c["test"] for r, c in zip(rows, removal_comparisons(summary)))
+    # Holm by hand: the i-th smallest p times (20 − i), kept non-decreasing; a test passes while all before it do
+    ordered = sorted(rows, key=lambda r: r["test"]["p_value"])
+    passing = []
+    for i, r in enumerate(ordered):
+        if r["test"]["p_value"] * (len(rows) - i) >= SIGNIFICANCE:
+            break
+        passing.append(r)
+    assert {(r["family"], r["depth"]) for r in passing} == {(r["family"], r["depth"]) for r in rows
+                                                            if r["p_corrected"] < SIGNIFICANCE}
     text = _gate_family_removal_prose(RESULTS)
-    passing = [r for r in rows if r["test"]["p_value"] < threshold and r["kept_difference"] > 0]
-    # what survives the correction, named by family and depth; nothing else named as surviving
-    assert {(r["family"], r["depth"]) for r in passing} == {(f, d) for f in ("gated", "gated-nf", "rezero-nf")
-                                                            for d in (50, 100)}
-    assert "for gated at d = 50, 100; gated-nf at d = 50, 100; rezero-nf at d = 50, 100." in text
-    # the relu nets' d = 20 results are significant only uncorrected (the old prose said "from d = 20 on")
-    at20 = {r["family"]: r["test"]["p_value"] for r in rows if r["depth"] == 20 and r["family"] in RELU_FAMILIES}
-    assert all(threshold < p < SIGNIFICANCE for p in at20.values())
-    assert f"gated at d = 20 (p = {at20['gated']:.2g}), gated-nf at d = 20 (p = {at20['gated-nf']:.2g})" in text
-    # the advantage is in the size: +4.0 to +7.7 where the relu gates pass, at most +1.7 for the others
+    named: dict[str, list[int]] = {}
+    for r in rows:  # by depth, then family: the order the prose names them in
+        if r in passing:
+            named.setdefault(r["family"], []).append(r["depth"])
+    assert "for " + "; ".join(f"{f} at d = {', '.join(map(str, d))}" for f, d in named.items()) + "." in text
+    # the tests significant only before the correction are said as such, with both p
+    for r in rows:
+        if r["kept_difference"] > 0 and r not in passing and r["test"]["p_value"] < SIGNIFICANCE:
+            assert f"{r['family']} at d = {r['depth']} (p = {r['test']['p_value']:.2g}, Holm p = {r['p_corrected']:.2g})" in text
+    # the sizes of the gains are given with their intervals and not compared by a test
     relu = [r["kept_difference"] for r in passing if r["family"] in RELU_FAMILIES]
-    others = [r["kept_difference"] for r in rows if r["family"] not in RELU_FAMILIES]
-    assert f"{min(relu):+.1f} to {max(relu):+.1f} points" in text and f"at most {max(others):+.1f}" in text
-    assert min(relu) > 2 * max(others)
-    assert "from d = 20 on, removing" not in GATE_FAMILY_PAGE.read_text()
+    assert f"{min(relu):+.1f} to {max(relu):+.1f} points (95% CIs from" in text
+    assert "the sizes are not compared by a test" in text
+    page = GATE_FAMILY_PAGE.read_text()
+    assert "from d = 20 on, removing" not in page and "Bonferroni" not in page and "is the one whose" not in page
 
 
 def test_dead_gates_per_seed_are_said_against_the_removed_half():
@@ -200,7 +216,11 @@ def test_dead_gates_per_seed_are_said_against_the_removed_half():
     assert dead == [23, 25, 21, 22, 19] and half == 25 and all(r["half"] == half for r in cell["removal"])
     text = _gate_family_removal_prose(RESULTS)
     assert "number 23, 25, 21, 22, 19 in the 5 seeds, so in 4 of 5 seeds the removed half also takes live blocks" in text
-    assert all(r["half_share_greedy"] > 0.999 for r in cell["removal"])  # "at no measurable cost"
+    assert all(r["half_share_greedy"] > 0.999 for r in cell["removal"])
+    # not "at no measurable cost": the accuracy each half-pruned net loses, the largest named
+    lost = [r["greedy"][0] - r["greedy"][half] for r in cell["removal"]]
+    assert f"changes by {-max(lost):+.2f} to {-min(lost):+.2f} points" in text and max(lost) > 0
+    assert "no measurable cost" not in GATE_FAMILY_PAGE.read_text()
     assert "since the blocks it removes first are the ones its dead gates" not in GATE_FAMILY_PAGE.read_text()
 
 
@@ -234,8 +254,8 @@ def test_the_d100_gated_and_residual_runs_are_replays_of_mnist_depth_val():
 @pytest.mark.parametrize("study,page,block", [("gate-family", "gate-family.md", "gate-family-findings"),
                                               ("mnist-depth", "mnist-depth.md", "mnist-depth-findings")])
 def test_docs_findings_are_the_findings_file_that_throughway_report_writes(study, page, block, tmp_path):
-    # issue 33: the words on the docs page are the study's own, written by `throughway report` beside its
-    # results (with the Bonferroni count for gate-family), not made up by tools/readme.
+    # the words on the docs page are the study's own, written by `throughway report` beside its results
+    # (every verdict at the Holm-corrected p), not made up by tools/readme.
     from throughway.cli import main as throughway
     from tools.readme import BLOCK
 
@@ -250,15 +270,26 @@ def test_docs_findings_are_the_findings_file_that_throughway_report_writes(study
                  if m.group("name") == block)
     assert shown.strip("\n") == written.rstrip("\n")
     if study == "gate-family":
-        assert "Bonferroni threshold of 0.05 / 30 = 0.0017; 1 of the 30 pass it" in written
+        assert "Holm's correction over the 30 paired tests of gated against each family: 1 of the 30 significant" in written
+    else:
+        assert "indistinguishable" not in written and "Holm p = " in written and "95% CI [" in written
 
 
-def test_the_readme_row_says_the_four_are_uncorrected_and_one_passes_bonferroni():
+def test_the_readme_row_says_one_passes_holm_and_four_are_significant_uncorrected():
     from tools.readme.sections.overview import _gate_family_row
 
     row = _gate_family_row(RESULTS)
-    assert "30 paired tests" in row and "4 gated better (the 4 at p < 0.05 uncorrected; 1 passes Bonferroni over the 30)" in row
+    assert ("30 paired tests of gated against each family, 1 significant after Holm over the 30 (gated better than "
+            "residual-nf at d = 100, Holm p = 0.017), 4 at uncorrected p < 0.05; no difference detected in the others") in row
     assert row in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_pruning_row_says_its_spread_is_over_removal_orders_of_one_net():
+    from tools.readme.sections.overview import _pruning_row
+
+    row = _pruning_row(RESULTS)
+    assert "95.0% (one net, d = 100, seed 0: the mean over 10 random removal orders, std over the orders 2.6%)" in row
+    assert "95.0% ± 2.6%" not in (ROOT / "README.md").read_text()
 
 
 def test_layerscale_epsilon_mapping_is_stated_as_the_code_does_it():

@@ -174,8 +174,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     gate_family_report.gate_record) and `removal` (each seed's layer-removal record found in
     `out`/removal.json). `curves` holds each run's training loss per epoch. `comparisons` holds, per
     depth and family, the paired t-test of gated − that family over the seeds both finished
-    (gate_family_report.gated_comparisons: "too few" below 3 pairs). A cell is keyed "arch" as in
-    mnist-depth so that its tools apply.
+    (gate_family_report.gated_comparisons; the report judges them as one family: gate_family_report.
+    comparisons). A cell is keyed "arch" as in mnist-depth so that its tools apply.
     """
     out = Path(out)
     removal_path = out / REMOVAL_FILE
@@ -245,7 +245,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
 
 def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md, findings.md (`gate_family_report.findings_markdown`: the sentences the docs page
-    shows, with the Bonferroni count) and the figures (train_loss.png, removal.png) from `out`/results.json
+    shows, every verdict at Holm-corrected p) and the figures (train_loss.png, removal.png) from `out`/results.json
     alone; return the table text."""
     from ..report.gate_family_plots import plot_removal_curves, plot_training_curves
 
@@ -254,20 +254,25 @@ def write_report(out: str | os.PathLike[str]) -> str:
                          findings=findings_markdown)
 
 
-def _update_removal(config: Config, out: Path) -> None:
-    """Layer-removal records of the gated families' finished runs that removal.json lacks."""
+def _update_removal(config: Config, out: Path, redo_shared_orders: bool = False) -> None:
+    """Layer-removal records of the gated families' finished runs that removal.json lacks (with
+    `redo_shared_orders`, also those made when every net of a depth drew the same random orders)."""
     gated = [(spec.name, asdict(spec.config)) for spec in specs(config)
              if spec.name.rsplit("-d", 1)[0] in GATE_SYMBOL and spec.config.depth >= 2]
-    update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir)
+    update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir,
+                   redo_shared_orders=redo_shared_orders)
 
 
-def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
+def report_finished(out: str | os.PathLike[str], *, redo_shared_orders: bool = False) -> dict[str, Any]:
     """Rebuild `out`/results.json from the run folders as they stand, without training: the summary of
     the config that results.json records (`summarize`; its command and environment kept), the removal
-    curves of gated runs finished since (removal.json), then table.md and the figures. For rendering a
-    study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
+    curves of gated runs finished since (removal.json; with `redo_shared_orders`, also the records made
+    when every net of a depth drew the same random orders, computed again with each net's own orders and
+    the exact baseline: gate_family_report.update_removal), then table.md and the figures. For rendering
+    a study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
     rewrites results.json."""
-    return rebuild_from_runs(out, Config, summarize, write_report, _update_removal, specs=specs)
+    return rebuild_from_runs(out, Config, summarize, write_report,
+                             lambda config, folder: _update_removal(config, folder, redo_shared_orders), specs=specs)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,

@@ -5,11 +5,15 @@ Everything here reads a finished (or partly finished) gate-family folder: the su
 table is one markdown function that returns text, so the docs page can take them one by one:
 
 * `gate_family.table_markdown`: test error by depth and family (mean ± std, best seed, "pending");
-* `comparisons_markdown`: paired t-tests of gated against every other family, seed by seed;
+* `comparisons_markdown`: paired t-tests of gated against every other family, seed by seed, with their 95%
+  intervals, p uncorrected and corrected (report.stats.CORRECTION: Holm over the table's tests) and the
+  difference each could detect with 80% power;
 * `gate_values_markdown`: the gates at the end by depth (mean k, mean α, mean |λ|; dead and negative);
 * `removal_markdown`: the share of test accuracy kept after removing half the blocks, smallest |gate|
-  first and in random orders (gated-residual-v2 §3.1's experiment, for every gated kind), and the
-  paired t-test of the two orders over seeds (`removal_comparisons`).
+  first and against random removal (gated-residual-v2 §3.1's experiment, for every gated kind): the exact
+  mean over every subset of half the blocks where there are at most `MAX_EXACT_SUBSETS`, else random
+  orders drawn for each net from its own recorded seed; and the paired t-test of the two over seeds
+  (`removal_comparisons`).
 
 Gate values are read with `block.gate.k` (the raw parameter: k, α or the vector λ) and `block.gate.value()`
 (what scales the branch: relu(k), α, λ), so LayerScale's vector gate is handled like the scalar ones.
@@ -17,7 +21,10 @@ Gate values are read with `block.gate.k` (the raw parameter: k, α or the vector
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Sequence, cast
 
@@ -25,20 +32,23 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_json, read_json
-from ..analysis.removal import removal_curve, removal_order
+from ..analysis.blocks import find_blocks
+from ..analysis.removal import prune, removable_blocks, removal_curve, removal_order
 from ..data import load_dataset
 from ..layers import find_branches
-from ..report.stats import (MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed,
-                           paired_verdict)
+from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE, TOO_FEW,
+                           format_interval, format_mean_std, format_p, judge, judged, mean_std, paired_by_seed)
 from ..train import load_model
 from ..train.loop import evaluate
-from ..report.tables import table_header
+from ..report.tables import paired_cells, paired_columns, table_header
 
-__all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "gated_comparisons", "comparisons_markdown",
-           "block_gates", "gate_record", "gate_values_markdown", "removal_record",
-           "update_removal", "removal_comparisons", "removal_markdown"]
+__all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "REMOVAL_SEED", "MAX_EXACT_SUBSETS",
+           "gated_comparisons", "judge", "comparisons", "pairwise_comparisons", "comparisons_markdown",
+           "paired_columns", "paired_cells", "difference_text", "block_gates", "gate_record", "gate_values_markdown", "removal_seed",
+           "removal_record", "update_removal", "removal_comparisons", "removal_baseline", "removal_markdown",
+           "findings_markdown", "removal_rows", "removal_prose", "errors_prose", "finished_depths", "first_epoch_prose"]
 
-MIN_SEEDS = MIN_PAIRS_FOR_VERDICT  # fewer paired seeds than this: "too few", no verdict (issue 24)
+MIN_SEEDS = MIN_PAIRS_FOR_VERDICT  # fewer paired seeds than this: "too few seeds", no verdict
 # What the report calls each family's gate at the end: the raw parameter of its blocks.
 GATE_SYMBOL = {"gated": "k", "gated-nf": "k", "rezero": "α", "rezero-nf": "α", "layerscale": "|λ|"}
 REMOVAL_FILE = "removal.json"
@@ -49,9 +59,10 @@ MODEL_FILE = "model.safetensors"
 # Paired t-tests of gated against each other family
 
 def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gated") -> list[dict[str, Any]]:
-    """Per depth, the paired t-test (report.stats.paired_t_test, two-sided) of `reference` − `other`
-    last-epoch test error over the seeds both finished. Verdict: "too few" with fewer than `MIN_SEEDS`
-    pairs (no test is read), "<family> better" at p < `SIGNIFICANCE`, else "no significant difference"."""
+    """Per depth, the paired t-test (report.stats.paired_t_test, two-sided, with its 95% interval and
+    detectable difference) of `reference` − `other` last-epoch test error over the seeds both finished:
+    {"depth", "a", "b", "seeds", "test"}. No verdict: a verdict needs the family's correction (`report.stats.judge`,
+    `comparisons`)."""
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     rows = []
     for depth in summary["config"]["depths"]:
@@ -60,37 +71,55 @@ def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gat
         first = {r["seed"]: r["test_error_pct"] for r in by[(reference, depth)]["per_seed"]}
         second = {r["seed"]: r["test_error_pct"] for r in by[(other, depth)]["per_seed"]}
         seeds, test = paired_by_seed(first, second)
-        if len(seeds) < MIN_SEEDS:
-            verdict = "too few"
-        elif test.p_value is not None and test.p_value < SIGNIFICANCE and test.mean_difference:
-            verdict = f"{reference} better" if test.mean_difference < 0 else f"{other} better"
-        else:
-            verdict = "no significant difference"
-        rows.append({"depth": depth, "a": reference, "b": other, "seeds": seeds, "test": test.to_dict(),
-                     "verdict": verdict})
+        rows.append({"depth": depth, "a": reference, "b": other, "seeds": seeds, "test": test.to_dict()})
     return rows
 
 
+def comparisons(summary: dict[str, Any], reference: str = "gated") -> list[dict[str, Any]]:
+    """The paired tests of `reference` against every other family at every depth (`gated_comparisons`,
+    recomputed from the cells' per-seed errors, so that a summary written before the intervals existed
+    reads the same) as one family (`report.stats.judge`: Holm over every judged test of the table), ordered by depth
+    and family."""
+    families = summary["config"]["families"]
+    if reference not in families:
+        return []
+    rows = [row for other in families if other != reference for row in gated_comparisons(summary, other, reference)]
+    return judge(sorted(rows, key=lambda r: (r["depth"], r["b"])))
+
+
+def pairwise_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pair of families at every depth (a before b in the config's order): the paired test of
+    a − b last-epoch test error over the seeds both finished, all of them one family (`report.stats.judge`: Holm over
+    every judged test). What a sentence about the families' errors in general rests on, not only gated's."""
+    families = summary["config"]["families"]
+    rows = [row for i, a in enumerate(families) for b in families[i + 1:] for row in gated_comparisons(summary, b, a)]
+    return judge(sorted(rows, key=lambda r: (r["depth"], families.index(r["a"]), families.index(r["b"]))))
+
+
 def comparisons_markdown(summary: dict[str, Any]) -> str:
-    """The paired t-tests of gated against each family, one row per depth and family: pairs n, mean
-    difference gated − other (percentage points of test error), p and the verdict."""
-    rows = [r for r in summary.get("comparisons", []) if r["seeds"]]
+    """The paired t-tests of gated against each family (`comparisons`), one row per depth and family:
+    pairs n, mean difference gated − other (percentage points of test error), its 95% interval, p
+    uncorrected and Holm-corrected over the table's tests, the difference the test detects with 80%
+    power, and the verdict at the corrected p."""
+    every = comparisons(summary)
+    rows = [r for r in every if r["seeds"]]
     waiting: dict[int, list[str]] = {}  # depth -> families without a seed finished beside gated's
-    for r in summary.get("comparisons", []):
+    for r in every:
         if not r["seeds"]:
             waiting.setdefault(r["depth"], []).append(r["b"])
+    tested = sum(1 for r in rows if r["p_corrected"] is not None)
     lines = ["Paired t-test (two-sided) of the last-epoch test error, gated − other, over the seeds both "
-             f"finished (n pairs); a verdict only at p < {SIGNIFICANCE} with n ≥ {MIN_SEEDS}, \"too few\" below",
-             "", *table_header(["d", "other", "n", "gated − other (pp)", "p", "verdict"])]
-    for row in sorted(rows, key=lambda r: (r["depth"], r["b"])):
-        test = row["test"]
-        diff = "—" if test["mean_difference"] is None else f"{test['mean_difference']:+.3f}"
-        p = "—" if test["p_value"] is None or row["verdict"] == "too few" else f"{test['p_value']:.3g}"
-        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | {diff} | {p} | {row['verdict']} |")
+             f"finished (n pairs), in points: the mean difference, its {CONFIDENCE:.0%} confidence interval, p "
+             f"uncorrected and {CORRECTION}-corrected over this table's {tested} tests, and the smallest difference "
+             f"the test detects with {POWER:.0%} power at p < {SIGNIFICANCE} (at the observed spread); a verdict "
+             f"only at {CORRECTION}-corrected p < {SIGNIFICANCE} with n ≥ {MIN_SEEDS}, \"{TOO_FEW}\" below",
+             "", *table_header(["d", "other", "n", *paired_columns("gated − other")])]
+    for row in rows:
+        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | " + " | ".join(paired_cells(row)) + " |")
     if not rows:
-        lines.append("| — | — | 0 | — | — | pending |")
+        lines.append("| — | — | 0 | — | — | — | — | — | pending |")
     if waiting:
-        others = len({r["b"] for r in summary.get("comparisons", [])})
+        others = len({r["b"] for r in every})
         parts = [f"d = {depth}: " + ("every family" if len(families) == others else ", ".join(sorted(families)))
                  for depth, families in sorted(waiting.items())]
         lines += ["", f"Pending (no seed finished for both gated and the other family): {'; '.join(parts)}."]
@@ -164,14 +193,33 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Layer removal
 
-def removal_record(model: nn.Module, metric: Callable[[nn.Module], float], orders: int = 3,
-                   seed: int = 0) -> dict[str, Any]:
+# The random baseline: the exact mean over every subset of ⌊blocks/2⌋ removable blocks where there are at most
+# this many (d = 10: 10 subsets, d = 20: 252; a 4-layer transformer: 6), else the mean of the random orders.
+MAX_EXACT_SUBSETS = 256
+# The study-level seed from which each net's random orders are drawn (`removal_seed`: one stream per net).
+REMOVAL_SEED = 0
+# What the removal is computed on: the run's model.safetensors, written at the end of training.
+REMOVAL_WEIGHTS = "last epoch"
+
+
+def removal_seed(name: str, base: int = REMOVAL_SEED) -> int:
+    """The seed of net `name`'s random removal orders: CRC-32 of "<base>/<name>", so that every net draws its
+    own orders (independent of the other nets', reproducible from `base` and its name, whatever the order in
+    which the nets are analysed)."""
+    return zlib.crc32(f"{base}/{name}".encode())
+
+
+def removal_record(model: nn.Module, metric: Callable[[nn.Module], float], orders: int = 3, seed: int = 0,
+                   max_exact: int = MAX_EXACT_SUBSETS) -> dict[str, Any]:
     """Test accuracy (%) of `model` with r = 0 .. all blocks physically removed (analysis.removal.prune),
     smallest |gate| first (analysis.removal.removal_order "greedy": ascending |g(k)|, mean |λ| for
-    LayerScale) and in `orders` random orders from `seed`:
-    `greedy` and `random` (each random curve) hold accuracy after r removals; `half_share_greedy` and
-    `half_share_random` (mean over the random orders) hold accuracy at r = ⌊blocks/2⌋ over the full
-    model's (gated-residual-v2 §3.1's "retains over 90% of its performance")."""
+    LayerScale) and in `orders` random orders drawn from a generator seeded with `seed` (the caller gives
+    each net its own: `removal_seed`): `greedy` and `random` (each random curve) hold accuracy after r
+    removals; `half_share_greedy` holds accuracy at r = half = ⌊blocks/2⌋ over the full model's
+    (gated-residual-v2 §3.1's "retains over 90% of its performance"). `half_share_random` is the random
+    baseline at r = half: the exact mean over all C(removable, half) subsets where there are at most
+    `max_exact` (`half_random` = "exact", `half_subsets` their number), else the mean over the random
+    orders (`half_random` = "orders"). `random_seed` records `seed`."""
     count = len(cast(nn.ModuleList, model.blocks))
     greedy_order = removal_order(model, "greedy")
     greedy = removal_curve(model, greedy_order, metric)
@@ -182,9 +230,20 @@ def removal_record(model: nn.Module, metric: Callable[[nn.Module], float], order
     def share(curve: list[float]) -> float | None:
         return curve[half] / curve[0] if curve[0] > 0 else None
 
-    shares = [s for s in (share(c) for c in random) if s is not None]
+    positions = {name: i for i, name in enumerate(find_blocks(model))}
+    removable = sorted(positions[name] for name in removable_blocks(model))
+    subsets = math.comb(len(removable), half)
+    baseline: float | None
+    if 0 < half <= len(removable) and subsets <= max_exact and greedy[0] > 0:
+        # every subset of `half` blocks, each once: the expectation over random orders, without sampling
+        kept = [float(metric(prune(model, list(subset)))) for subset in itertools.combinations(removable, half)]
+        baseline, kind = sum(kept) / len(kept) / greedy[0], "exact"
+    else:
+        shares = [s for s in (share(c) for c in random) if s is not None]
+        baseline, kind, subsets = (sum(shares) / len(shares) if shares else None), "orders", 0
     return {"blocks": count, "half": half, "greedy_order": greedy_order, "greedy": greedy, "random": random,
-            "half_share_greedy": share(greedy), "half_share_random": sum(shares) / len(shares) if shares else None}
+            "random_seed": seed, "half_random": kind, "half_subsets": subsets, "weights": REMOVAL_WEIGHTS,
+            "half_share_greedy": share(greedy), "half_share_random": baseline}
 
 
 def _test_accuracy(split: Any) -> Callable[[nn.Module], float]:
@@ -192,18 +251,22 @@ def _test_accuracy(split: Any) -> Callable[[nn.Module], float]:
 
 
 def update_removal(out: str | os.PathLike[str], runs: Sequence[tuple[str, dict[str, Any]]], *, orders: int = 3,
-                   device: str = "cpu", data_dir: str | None = None) -> dict[str, Any]:
-    """Add to `out`/removal.json the removal record (`removal_record`, on the run's test split) of every
-    finished run in `runs` ((name, run config) pairs) that it lacks; return the file's records by run
-    name. Runs without a model.safetensors are skipped (not finished). Resumable: existing records are
-    kept, and the file is rewritten after each new one."""
+                   device: str = "cpu", data_dir: str | None = None, seed: int = REMOVAL_SEED,
+                   redo_shared_orders: bool = False) -> dict[str, Any]:
+    """Add to `out`/removal.json the removal record (`removal_record`, on the run's test split, random
+    orders from `removal_seed(name, seed)`) of every finished run in `runs` ((name, run config) pairs)
+    that it lacks; return the file's records by run name. Runs without a model.safetensors are skipped
+    (not finished). With `redo_shared_orders`, records made before each net drew its own orders (no
+    "random_seed": every net of a depth had the same permutations) are computed again. Resumable:
+    existing records are kept, and the file is rewritten after each new one."""
     out = Path(out)
     path = out / REMOVAL_FILE
     records: dict[str, Any] = read_json(path) if path.is_file() else {}
     splits: dict[tuple[Any, ...], Any] = {}
     for name, config in runs:
         model_path = out / "runs" / name / MODEL_FILE
-        if name in records or not model_path.is_file():
+        stale = redo_shared_orders and name in records and "random_seed" not in records[name]
+        if (name in records and not stale) or not model_path.is_file():
             continue
         key = (config.get("dataset", "mnist"), bool(config.get("train_on_full")), config.get("limit"))
         if key not in splits:
@@ -212,7 +275,7 @@ def update_removal(out: str | os.PathLike[str], runs: Sequence[tuple[str, dict[s
         split = splits[key]
         model = load_model(model_path, device=device)
         model.eval()
-        records[name] = removal_record(model, _test_accuracy(split), orders=orders)
+        records[name] = removal_record(model, _test_accuracy(split), orders=orders, seed=removal_seed(name, seed))
         atomic_write_json(path, records)
     return records
 
@@ -220,11 +283,11 @@ def update_removal(out: str | os.PathLike[str], runs: Sequence[tuple[str, dict[s
 def removal_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Per depth with at least two blocks to halve and per gated family, the paired t-test
     (report.stats.paired_t_test, two-sided) over seeds of the accuracy share LOST with ⌊blocks/2⌋ blocks
-    removed, smallest |gate| first − random order (each net's mean over its random orders), so that a
-    negative mean difference means the gate order keeps more. `kept_difference` is the gate order's share
-    kept minus the random orders', in points (×100). Verdict (report.stats.paired_verdict): "gate order
-    better", "random order better", "no significant difference", or "too few seeds" below
-    MIN_PAIRS_FOR_VERDICT seeds. Cells without a finished seed are left out."""
+    removed, smallest |gate| first − random removal (each net's `half_share_random`), so that a negative
+    mean difference means the gate order keeps more. `kept_difference` is the gate order's share kept
+    minus the random baseline's, in points (×100). The rows are one family (`report.stats.judge`: Holm over the judged
+    tests): "gate order better", "random order better", "no difference detected", or "too few seeds"
+    below MIN_PAIRS_FOR_VERDICT seeds. Cells without a finished seed are left out."""
     families = [f for f in summary["config"]["families"] if f in GATE_SYMBOL]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     rows = []
@@ -238,21 +301,57 @@ def removal_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             seeds, test = paired_by_seed({seed: 1.0 - greedy for seed, greedy, _ in pairs},
                                          {seed: 1.0 - random for seed, _, random in pairs})
-            rows.append({"depth": depth, "family": family, "seeds": seeds, "test": test.to_dict(),
-                         "kept_difference": None if test.mean_difference is None else -100.0 * test.mean_difference,
-                         "verdict": paired_verdict(test, "gate order", "random order")})
-    return rows
+            rows.append({"depth": depth, "family": family, "a": "gate order", "b": "random order", "seeds": seeds,
+                         "test": test.to_dict(),
+                         "kept_difference": None if test.mean_difference is None else -100.0 * test.mean_difference})
+    return judge(rows)
+
+
+def removal_baseline(summary: dict[str, Any], error_weights: str = REMOVAL_WEIGHTS, depth_unit: str = "d") -> str:
+    """What the random baseline of the removal records in `summary` is, by depth, in one sentence: the
+    exact mean over all subsets, or the mean of random orders drawn for each net from its own seed, or
+    (records made before each net drew its own orders) the same permutations for every net of a depth;
+    then the weights the removal used (each run's model.safetensors: its last epoch), against
+    `error_weights`, the epoch whose test error the study's error table reports. Depths are said as
+    "d = 10, 20" (`depth_unit` "d") or "4 layers" (`depth_unit` "layers")."""
+    records = [(c["depth"], r) for c in summary["cells"] for r in c.get("removal") or [] if c["depth"] // 2 >= 2]
+    if not records:
+        return "No removal record yet."
+    kinds: dict[str, list[int]] = {}
+    for depth, record in records:
+        orders = f"{len(record['random'])} random orders" if record.get("random") else "random orders"
+        if "random_seed" not in record:
+            kind = (f"the mean of {orders}, the same permutations for every net of a depth (records made before "
+                    "each net drew its own)")
+        elif record.get("half_random") == "exact":
+            kind = f"the exact mean over all {record['half_subsets']} subsets of {record['half']} blocks"
+        else:
+            kind = f"the mean of {orders} drawn for each net from its own seed"
+        kinds.setdefault(kind, [])
+        if depth not in kinds[kind]:
+            kinds[kind].append(depth)
+    weights = sorted({r.get("weights", REMOVAL_WEIGHTS) for _, r in records})
+    def depths_text(depths: list[int]) -> str:
+        listed = ", ".join(map(str, sorted(depths)))
+        return f"d = {listed}" if depth_unit == "d" else f"{listed} {depth_unit}"
+
+    said = "; ".join(f"{depths_text(depths)}: {kind}" for kind, depths in kinds.items())
+    where = ("the weights whose test error the error table reports" if weights == [error_weights] else
+             f"the error table reports the test error at the {error_weights}, not these weights'")
+    return (f"Random baseline at half the blocks removed: {said}. Removal on the {' and '.join(weights)}'s "
+            f"weights (model.safetensors), {where}.")
 
 
 def removal_markdown(summary: dict[str, Any]) -> str:
     """The share of test accuracy kept with half the blocks removed, by depth and gated family: mean ±
-    std over seeds, smallest |gate| first ("gate order") and in random orders (mean of each net's random
-    orders); "pending" where no seed's model is there. d = 2 has a single block: half of it is none.
-    Then the paired tests of the two orders (`removal_comparisons`), one row per depth and family."""
+    std over seeds, smallest |gate| first ("gate order") and the random baseline (`removal_record`);
+    "pending" where no seed's model is there. d = 2 has a single block: half of it is none. Then the
+    paired tests of the two (`removal_comparisons`), one row per depth and family, with intervals, p
+    uncorrected and Holm-corrected, detectable differences and the verdict at the corrected p."""
     families = [f for f in summary["config"]["families"] if f in GATE_SYMBOL]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Share of test accuracy kept with ⌊blocks/2⌋ blocks removed (accuracy after / full accuracy), mean "
-             "± std over seeds: smallest |gate| first / random order", "",
+             "± std over seeds: smallest |gate| first / random removal. " + removal_baseline(summary), "",
              *table_header(["d", *families])]
     for depth in summary["config"]["depths"]:
         if depth // 2 < 2:
@@ -269,15 +368,16 @@ def removal_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
     tests = removal_comparisons(summary)
     if tests:
-        lines += ["", "Paired t-test (two-sided) over seeds of the share kept, smallest |gate| first − random order "
-                  f"(points of test accuracy share, n seeds); a verdict only at p < {SIGNIFICANCE} with n ≥ "
-                  f"{MIN_PAIRS_FOR_VERDICT}", "", *table_header(["d", "family", "n", "gate order − random (pp)", "p",
-                                                                 "verdict"])]
+        tested = sum(1 for r in tests if r["p_corrected"] is not None)
+        lines += ["", "Paired t-test (two-sided) over seeds of the share kept, smallest |gate| first − random removal, "
+                  f"in points of test accuracy share: the mean difference, its {CONFIDENCE:.0%} confidence interval, p "
+                  f"uncorrected and {CORRECTION}-corrected over this table's {tested} tests, and the smallest difference "
+                  f"the test detects with {POWER:.0%} power; a verdict only at {CORRECTION}-corrected p < "
+                  f"{SIGNIFICANCE} with n ≥ {MIN_PAIRS_FOR_VERDICT}", "",
+                  *table_header(["d", "family", "n", *paired_columns("gate order − random")])]
         for row in tests:
-            test, few = row["test"], len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT
-            diff = "—" if row["kept_difference"] is None else f"{row['kept_difference']:+.2f}"
-            p = "—" if test["p_value"] is None or few else f"{test['p_value']:.2g}"
-            lines.append(f"| {row['depth']} | {row['family']} | {len(row['seeds'])} | {diff} | {p} | {row['verdict']} |")
+            lines.append(f"| {row['depth']} | {row['family']} | {len(row['seeds'])} | "
+                         + " | ".join(paired_cells(row, "+.2f", -100.0, 2)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -305,46 +405,69 @@ def finished_depths(summary: dict[str, Any]) -> list[int]:
 
 
 def _verdict_phrase(row: dict[str, Any]) -> str:
-    """A significant paired test of gated against row["b"] in words: "gated better than rezero" or
-    "rezero better than gated"."""
-    return f"{row['verdict']} than {row['b'] if row['verdict'].startswith('gated') else 'gated'}"
+    """A paired test of a against b that its corrected p calls significant, in words: "gated better than
+    rezero" or "rezero better than gated"."""
+    winner = row["verdict"].replace(" better", "")
+    return f"{winner} better than {row['b'] if winner == row['a'] else row['a']}"
+
+
+def difference_text(row: dict[str, Any], digits: int = 2) -> str:
+    """A judged row's (`report.stats.judge`) mean difference a − b with its 95% interval and both p values, in points."""
+    test = row["test"]
+    return (f"{row['a']} − {row['b']} {test['mean_difference']:+.{digits}f} points, {CONFIDENCE:.0%} CI "
+            f"{format_interval(test['ci_low'], test['ci_high'], f'+.{digits}f')}, p = {format_p(test['p_value'])}, "
+            f"{CORRECTION} p = {format_p(row['p_corrected'])}")
+
+
+def _detectable(rows: list[dict[str, Any]], scale: float = 1.0) -> str:
+    values = [abs(scale) * r["test"]["detectable"] for r in rows if r["test"].get("detectable") is not None]
+    if not values:
+        return ""
+    span = f"{min(values):.2f}" if f"{min(values):.2f}" == f"{max(values):.2f}" else f"{min(values):.2f} to {max(values):.2f}"
+    return f"the tests detect differences of {span} points with {POWER:.0%} power"
 
 
 def findings_markdown(summary: dict[str, Any]) -> str:
-    """One line per finished depth: the family with the lowest mean test error, and what the paired
-    tests of gated against each family say (the significant ones named with p; the rest counted with
-    their range of p); the Bonferroni count over those tests; the removal tests (`_removal_findings`); the
-    depths still training named last. What `throughway report` writes as findings.md and the docs page shows."""
+    """One line per finished depth: the families with the lowest and highest mean test error, and what
+    the paired tests of gated against each family say (`comparisons`: Holm over the table's tests): the
+    significant ones named with their difference, interval and both p; those significant only
+    uncorrected said so; the rest "no difference detected" with their 95% intervals and the differences
+    the tests could detect. Then the count after the correction, the tests of every pair of families
+    (`pairwise_comparisons`), the removal tests (`_removal_findings`) and the depths still training.
+    What `throughway report` writes as findings.md and the docs page shows."""
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     done = finished_depths(summary)
+    table = comparisons(summary)
     lines = []
     for depth in done:
         means = {f: by[(f, depth)]["test_error_pct"] for f in summary["config"]["families"]}
         best = min(means, key=lambda f: means[f]["mean"])
         worst = max(means, key=lambda f: means[f]["mean"])
-        rows = [r for r in summary["comparisons"] if r["depth"] == depth and len(r["seeds"]) >= 3]
-        significant = [r for r in rows if r["verdict"] not in ("no significant difference", "too few")]
-        quiet = [r["test"]["p_value"] for r in rows if r["verdict"] == "no significant difference"
-                 and r["test"]["p_value"] is not None]
-        tests = "; ".join(f"{_verdict_phrase(r)} "
-                          f"(gated − {r['b']} {r['test']['mean_difference']:+.2f} points, p = {r['test']['p_value']:.2g})"
-                          for r in significant)
-        rest = (f"no significant difference from {len(quiet)} famil{'y' if len(quiet) == 1 else 'ies'} "
-                f"(p = {min(quiet):.2g} to {max(quiet):.2g})" if quiet else "")
+        rows = [r for r in table if r["depth"] == depth and judged(r["test"])]
+        significant = [r for r in rows if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+        uncorrected = [r for r in rows if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
+        quiet = [r for r in rows if r not in significant and r not in uncorrected]
+        parts = [f"{_verdict_phrase(r)} ({difference_text(r)})" for r in significant]
+        parts += [f"against {r['b']} {NO_DIFFERENCE} after {CORRECTION}, significant only uncorrected "
+                  f"({difference_text(r)})" for r in uncorrected]
+        if quiet:
+            parts.append(f"{NO_DIFFERENCE} against " + ", ".join(
+                f"{r['b']} (95% CI {format_interval(r['test']['ci_low'], r['test']['ci_high'])})" for r in quiet)
+                + (f"; {_detectable(quiet)}" if _detectable(quiet) else ""))
         lines.append(f"- **d = {depth}**: lowest mean test error {best} {means[best]['mean']:.2f} ± "
                      f"{means[best]['std']:.2f}, highest {worst} {means[worst]['mean']:.2f} ± {means[worst]['std']:.2f}; "
-                     f"gated (paired, n = {len(rows[0]['seeds']) if rows else 0}): "
-                     + "; ".join(part for part in (tests, rest) if part) + ".")
-    tested = [r for r in summary["comparisons"] if r["depth"] in done and len(r["seeds"]) >= 3
-              and r["test"]["p_value"] is not None]
+                     f"gated against each family (paired, n = {len(rows[0]['seeds']) if rows else 0}; gated − other in "
+                     "points): " + "; ".join(parts) + ".")
+    tested = [r for r in table if r["depth"] in done and r["p_corrected"] is not None]
     if tested:
-        threshold = SIGNIFICANCE / len(tested)
-        passing = [r for r in tested if r["test"]["p_value"] < threshold]
-        named = "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']}" for r in passing)
-        lines.append(f"- The p values are not corrected for multiple comparisons: {len(tested)} paired tests at the "
-                     f"finished depths give a Bonferroni threshold of {SIGNIFICANCE} / {len(tested)} = {threshold:.2g}; {len(passing)} of "
-                     f"the {len(tested)} pass it" + (f" ({named})." if passing else
-                                                     " (no difference above is then significant)."))
+        passing = [r for r in tested if r["p_corrected"] < SIGNIFICANCE]
+        below = [r for r in tested if r["test"]["p_value"] < SIGNIFICANCE]
+        named = "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']} ({CORRECTION} p = {format_p(r['p_corrected'])})"
+                          for r in passing)
+        lines.append(f"- {CORRECTION}'s correction over the {len(tested)} paired tests of gated against each family: "
+                     f"{len(passing)} of the {len(tested)} significant" + (f" ({named})" if passing else "")
+                     + f"; {len(below)} at uncorrected p < {SIGNIFICANCE}.")
+    lines += _pairwise_findings(summary, done)
     lines += _removal_findings(summary, done)
     pending = [d for d in summary["config"]["depths"] if d not in done]
     if not done:
@@ -354,80 +477,158 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pairwise_findings(summary: dict[str, Any], done: list[int]) -> list[str]:
+    """One line on the paired tests of every pair of families at the finished depths (Holm over all of
+    them): how many are significant, which, and how many only uncorrected."""
+    rows = [r for r in pairwise_comparisons(summary) if r["depth"] in done and judged(r["test"])]
+    if not rows:
+        return []
+    judge(rows)  # the family is the finished depths' tests
+    passing = [r for r in rows if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+    below = [r for r in rows if r not in passing and r["test"]["p_value"] < SIGNIFICANCE]
+    families = len(summary["config"]["families"])
+    return [f"- **Every pair of families** ({families * (families - 1) // 2} pairs at each of {len(done)} depths, "
+            f"{len(rows)} paired tests of the last-epoch test error, {CORRECTION} over all {len(rows)}): "
+            + (f"{len(passing)} significant: " + "; ".join(
+                f"{_verdict_phrase(r)} at d = {r['depth']} ({difference_text(r)})" for r in passing)
+               if passing else f"none significant after {CORRECTION}")
+            + (f". Significant at uncorrected p < {SIGNIFICANCE} only ({NO_DIFFERENCE} after {CORRECTION}): {len(below)} "
+               "more, " + "; ".join(f"d = {depth}: " + ", ".join(
+                   f"{r['a']} − {r['b']} {r['test']['mean_difference']:+.2f} (p = {format_p(r['test']['p_value'])})"
+                   for r in below if r["depth"] == depth) for depth in dict.fromkeys(r["depth"] for r in below))
+               if below else "") + "."]
+
+
 def _removal_findings(summary: dict[str, Any], done: list[int]) -> list[str]:
-    """One line on the paired tests of removal orders at the finished depths (gate_family_report.
-    removal_comparisons): per gated family, the depths where removing the smallest |gate| first keeps
-    significantly more (or less) accuracy than random orders, with the difference and p; then the
-    Bonferroni count over those tests. Nothing when no depth with two or more blocks has finished."""
-    rows = [r for r in removal_comparisons(summary) if r["depth"] in done and r["test"]["p_value"] is not None
-            and r["verdict"] != "too few seeds"]
+    """One line on the paired tests of removal orders at the finished depths (removal_comparisons, Holm
+    over them): per gated family, the depths where removing the smallest |gate| first keeps significantly
+    more (or less) accuracy than random removal after the correction, with the difference, interval and
+    both p; the depths significant only uncorrected; then the count, and the random baseline used.
+    Nothing when no depth with two or more blocks has finished."""
+    rows = removal_rows(summary)
     if not rows:
         return []
     parts = []
     for family in dict.fromkeys(r["family"] for r in rows):
         mine = [r for r in rows if r["family"] == family]
-        significant = [r for r in mine if r["verdict"] != "no significant difference"]
-        parts.append(f"{family}: " + (", ".join(
-            f"d = {r['depth']} {r['verdict'].replace(' better', '')} {r['kept_difference']:+.1f} points (p = "
-            f"{r['test']['p_value']:.2g})" for r in significant) if significant else "no significant difference")
-            + (f" (no difference at d = {', '.join(str(r['depth']) for r in mine if r not in significant)})"
-               if significant and len(significant) < len(mine) else ""))
-    threshold = SIGNIFICANCE / len(rows)
-    passing = [r for r in rows if r["test"]["p_value"] < threshold]
+        significant = [r for r in mine if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+        uncorrected = [r for r in mine if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
+        said = [f"d = {r['depth']} {r['verdict']} by {_kept(r)}" for r in significant]
+        said += [f"d = {r['depth']} significant only uncorrected {_kept(r)}" for r in uncorrected]
+        rest = [r for r in mine if r not in significant and r not in uncorrected]
+        if rest:
+            said.append(f"{NO_DIFFERENCE} at d = {', '.join(str(r['depth']) for r in rest)}")
+        parts.append(f"{family}: " + ", ".join(said))
+    passing = [r for r in rows if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
     named = "; ".join(f"{family} at d = {', '.join(str(r['depth']) for r in passing if r['family'] == family)}"
                       for family in dict.fromkeys(r["family"] for r in passing))
     return [f"- **Removal** (half the blocks, paired over seeds: share of accuracy kept with the smallest |gate| "
-            f"removed first − in random orders, where significant at p < {SIGNIFICANCE}, uncorrected): "
-            f"{'; '.join(parts)}. Bonferroni over "
-            f"{'this test' if len(rows) == 1 else f'these {len(rows)} tests'}: threshold {threshold:.2g}, {len(passing)} "
-            f"pass{'es' if len(passing) == 1 else ''} it" + (f" ({named})." if passing else ".")]
+            f"removed first − with random removal, in points, {CORRECTION} over the {len(rows)} tests): "
+            f"{'; '.join(parts)}. {len(passing)} of the {len(rows)} significant after {CORRECTION}"
+            + (f" ({named})." if passing else ".") + " " + removal_baseline(summary)]
+
+
+def _kept(row: dict[str, Any]) -> str:
+    """A removal test's difference in share kept (points), its interval and both p."""
+    test = row["test"]
+    return (f"{row['kept_difference']:+.1f} points ({CONFIDENCE:.0%} CI "
+            f"{format_interval(-100.0 * test['ci_high'], -100.0 * test['ci_low'], '+.1f')}, p = "
+            f"{format_p(test['p_value'])}, {CORRECTION} p = {format_p(row['p_corrected'])})")
 
 
 def removal_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The removal tests (`removal_comparisons`) at the finished depths that give a verdict."""
+    """The removal tests at the finished depths that are judged (n ≥ MIN_SEEDS), as one family (`report.stats.judge`:
+    Holm over them)."""
     done = finished_depths(summary)
-    return [r for r in removal_comparisons(summary) if r["depth"] in done and r["test"]["p_value"] is not None
-            and r["verdict"] != "too few seeds"]
+    return judge([r for r in removal_comparisons(summary) if r["depth"] in done and judged(r["test"])])
 
 
 def removal_prose(summary: dict[str, Any]) -> str:
-    """What survives the Bonferroni correction of the removal tests, by family and depth; where the
-    relu-gated nets' uncorrected significance does not survive; and the size of the gains, relu gates
-    against the identity gates; then the gated net's dead gates per seed at the deepest depth against the
-    blocks its gate order removes."""
+    """What the removal tests say after Holm's correction, by family and depth; which are significant only
+    uncorrected; the size of the gains, relu gates against identity gates (with intervals; not compared by
+    a test); then the gated net's dead gates per seed at the deepest depth against the blocks its gate
+    order removes, with the accuracy its half-pruned nets lose."""
     rows = removal_rows(summary)
     if not rows:
         return "Pending: no removal test at a finished depth yet."
-    threshold = SIGNIFICANCE / len(rows)
-    better = [r for r in rows if r["kept_difference"] > 0]
-    passing = [r for r in better if r["test"]["p_value"] < threshold]
+    passing = [r for r in rows if r["verdict"] == "gate order better"]
+    worse = [r for r in rows if r["verdict"] == "random order better"]
     by_family = {f: [r["depth"] for r in passing if r["family"] == f] for f in dict.fromkeys(r["family"] for r in passing)}
     survived = "; ".join(f"{f} at d = {', '.join(map(str, depths))}" for f, depths in by_family.items())
-    lost = [r for r in better if r["family"] in RELU_FAMILIES and r not in passing
-            and r["verdict"] != "no significant difference"]
-    relu_gain = [r["kept_difference"] for r in passing if r["family"] in RELU_FAMILIES]
-    other_gain = [r["kept_difference"] for r in rows if r["family"] not in RELU_FAMILIES]
-    text = (f"Corrected for the {len(rows)} removal tests (Bonferroni threshold {threshold:.2g}), removing the "
-            f"smallest gate first keeps significantly more than random orders for {survived or 'no family'}.")
-    if lost:
-        text += (" Below that, the relu-gated nets' significance at p < 0.05 does not survive the correction: "
-                 + ", ".join(f"{r['family']} at d = {r['depth']} (p = {r['test']['p_value']:.2g})" for r in lost) + ".")
-    if relu_gain and other_gain:
-        text += (f" The relu gates' advantage is in the size of the gain: {min(relu_gain):+.1f} to "
-                 f"{max(relu_gain):+.1f} points where they pass, against at most {max(other_gain):+.1f} for ReZero, "
-                 f"LayerScale and SkipInit at any depth.")
+    only = [r for r in rows if r["kept_difference"] > 0 and r not in passing and r["test"]["p_value"] < SIGNIFICANCE]
+    text = (f"Corrected by {CORRECTION} over the {len(rows)} removal tests, removing the smallest gate first keeps "
+            f"significantly more than random removal for {survived or 'no family'}.")
+    if worse:
+        text += (" It keeps significantly less for " + ", ".join(f"{r['family']} at d = {r['depth']}" for r in worse) + ".")
+    if only:
+        text += (f" Significant at uncorrected p < {SIGNIFICANCE} only ({NO_DIFFERENCE} after {CORRECTION}): "
+                 + ", ".join(f"{r['family']} at d = {r['depth']} (p = {format_p(r['test']['p_value'])}, {CORRECTION} p = "
+                             f"{format_p(r['p_corrected'])})" for r in only) + ".")
+    relu = [r for r in passing if r["family"] in RELU_FAMILIES]
+    other = [r for r in passing if r["family"] not in RELU_FAMILIES]
+    if relu and other:
+        text += (f" Where they pass, the relu gates' gains are {min(r['kept_difference'] for r in relu):+.1f} to "
+                 f"{max(r['kept_difference'] for r in relu):+.1f} points (95% CIs from "
+                 f"{min(-100 * r['test']['ci_high'] for r in relu):+.1f} to {max(-100 * r['test']['ci_low'] for r in relu):+.1f}),"
+                 f" the identity gates' {min(r['kept_difference'] for r in other):+.1f} to "
+                 f"{max(r['kept_difference'] for r in other):+.1f} (from {min(-100 * r['test']['ci_high'] for r in other):+.1f} "
+                 f"to {max(-100 * r['test']['ci_low'] for r in other):+.1f}); the sizes are not compared by a test.")
     deepest = max(finished_depths(summary))
     cell = next((c for c in summary["cells"] if c["family"] == "gated" and c["depth"] == deepest), None)
     if cell and cell.get("removal"):
         dead = [p["dead_gates"] for p in cell["per_seed"]]
-        half = cell["removal"][0]["half"]
-        shares = [r["half_share_greedy"] for r in cell["removal"]]
+        records = cell["removal"]
+        half = records[0]["half"]
+        shares = [r["half_share_greedy"] for r in records]
+        lost = {r["seed"]: r["greedy"][0] - r["greedy"][half] for r in records}
+        worst = max(lost, key=lambda s: lost[s])
         live = sum(1 for n in dead if n < half)
         text += (f" At d = {deepest} the gated net with BatchNorm keeps {min(shares):.3f} to {max(shares):.3f} of its "
-                 f"accuracy with {half} of its {cell['removal'][0]['blocks']} blocks removed smallest k first. Its dead "
+                 f"accuracy with {half} of its {records[0]['blocks']} blocks removed smallest k first. Its dead "
                  f"gates (k ≤ 0: blocks already closed) number {', '.join(map(str, dead))} in the {len(dead)} seeds, so in "
-                 f"{live} of {len(dead)} seeds the removed half also takes live blocks, those of smallest k, "
-                 f"at no measurable cost either.")
+                 f"{live} of {len(dead)} seeds the removed half also takes live blocks, those of smallest k; the "
+                 f"half-pruned nets' test accuracy changes by {-max(lost.values()):+.2f} to {-min(lost.values()):+.2f} "
+                 f"points (the largest loss in seed {worst}).")
+    return text
+
+
+def errors_prose(summary: dict[str, Any]) -> str:
+    """What the paired tests of the test error say at the finished depths, in two sentences: the tests of
+    gated against each family that survive Holm's correction (`comparisons`), the family with the lowest
+    mean error where it is not gated, with the intervals of gated − it; then how many of the tests of every
+    pair of families (`pairwise_comparisons`, Holm over all of them) detect a difference, and which."""
+    done = finished_depths(summary)
+    if not done:
+        return "Pending: no depth has finished every family and seed."
+    table = judge([r for r in comparisons(summary) if r["depth"] in done and judged(r["test"])])
+    passing = [r for r in table if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+    text = (f"Of the {len(table)} paired tests of gated against each family, {len(passing)} detect"
+            f"{'s' if len(passing) == 1 else ''} a difference after {CORRECTION}'s correction"
+            + (": " + "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']} ({CORRECTION} p = {format_p(r['p_corrected'])})"
+                                for r in passing) if passing else "") + ".")
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    lowest: dict[str, list[int]] = {}
+    for depth in done:
+        means = {f: by[(f, depth)]["test_error_pct"]["mean"] for f in summary["config"]["families"]}
+        lowest.setdefault(min(means, key=lambda f: means[f]), []).append(depth)
+    for family, depths in lowest.items():
+        if family == "gated":
+            continue
+        rows = [r for r in table if r["b"] == family and r["depth"] in depths]
+        quiet = [r for r in rows if r["verdict"] == NO_DIFFERENCE]
+        text += (f" {family} has the lowest mean error at d = {', '.join(map(str, depths))}"
+                 + (f"; against gated {NO_DIFFERENCE} there (gated − {family}, 95% CI "
+                    + ", ".join(f"{format_interval(r['test']['ci_low'], r['test']['ci_high'])} at d = {r['depth']}"
+                                for r in quiet) + ")" if quiet else "") + ".")
+    pairs = [r for r in pairwise_comparisons(summary) if r["depth"] in done and judged(r["test"])]
+    judge(pairs)
+    detected = [r for r in pairs if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+    text += (f" Over every pair of families ({len(pairs)} tests, {CORRECTION} over all of them), {len(detected)} "
+             f"detect{'s' if len(detected) == 1 else ''} a difference"
+             + (": " + "; ".join(f"{_verdict_phrase(r)} at d = {r['depth']} ({CORRECTION} p = "
+                                 f"{format_p(r['p_corrected'])})" for r in detected) if detected else "")
+             + f"; in the others {NO_DIFFERENCE}, which is not equality (their intervals, and the differences the "
+             "tests could detect, are in the findings and the table).")
     return text
 
 

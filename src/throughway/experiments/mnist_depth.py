@@ -28,9 +28,9 @@ from ..study.options import check_known, check_residual_depths
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.options import config_from_args as study_config_from_args
 from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
-from ..report.stats import mean_std, paired_by_seed, paired_verdict
+from ..report.stats import mean_std
 from .mnist_depth_report import (batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
-                                 selection_report_markdown, stem_ablation_markdown, table_markdown)
+                                 paired_comparisons, selection_report_markdown, stem_ablation_markdown, table_markdown)
 from ..study.runs import (LAST_EPOCHS, REFRESH_INTERVAL_S, RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean, read_runs,
                           read_summary, remake_report, run_status)
 from ..study.shards import merge_option, shard_option
@@ -157,7 +157,8 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     Per cell (architecture, depth): last-epoch test error as mean ± std and best over seeds, the
     mean of the last `LAST_EPOCHS` epochs (mean ± std over seeds), mean k (mean ± std), and each
     finished seed's numbers (`per_seed`). `comparisons` holds, per depth, the paired t-test of
-    gated − residual over the seeds both finished (`paired_comparisons`).
+    gated − residual over the seeds both finished (`mnist_depth_report.paired_comparisons`: Holm over the
+    table's tests).
     """
     out = Path(out)
     cells = []
@@ -191,27 +192,6 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     summary = {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
     summary["comparisons"] = paired_comparisons(summary)
     return summary
-
-
-def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "residual") -> list[dict[str, Any]]:
-    """Per depth, the paired t-test (report.stats.paired_t_test) of `a` − `b` test error over the seeds
-    both finished, for the last-epoch error and for the mean of the last 10 epochs, with a verdict
-    (report.stats.paired_verdict): "<a> better" or "<b> better" where p < SIGNIFICANCE, "too few seeds"
-    below 3 seeds, else "no significant difference"."""
-    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
-    out = []
-    for depth in summary["config"]["depths"]:
-        if (a, depth) not in by or (b, depth) not in by:
-            continue
-        first = {r["seed"]: r for r in by[(a, depth)]["per_seed"]}
-        second = {r["seed"]: r for r in by[(b, depth)]["per_seed"]}
-        seeds = sorted(set(first) & set(second))
-        row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
-        for key in ("test_error_pct", "test_error_last10_pct"):
-            _, test = paired_by_seed({s: first[s][key] for s in seeds}, {s: second[s][key] for s in seeds})
-            row[key] = {**test.to_dict(), "verdict": paired_verdict(test, a, b)}
-        out.append(row)
-    return out
 
 
 def write_report(out: str | os.PathLike[str]) -> str:

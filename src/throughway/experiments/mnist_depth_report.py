@@ -1,6 +1,8 @@
 """The MNIST depth study's tables and findings (experiments.mnist_depth), made from its results.json
 summary alone: test error beside gated-residual-v2 Table 1, mean k beside Table 2, the paired
-gated − residual tests, the findings against the paper and the first-layer (stem) ablation."""
+gated − residual tests (95% intervals, p uncorrected and Holm-corrected, detectable differences), the
+findings against the paper, the first-layer (stem) ablation and the BatchNorm-constants ablation (with
+its equivalence tests against the gap to Table 1)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..report.stats import MIN_PAIRS_FOR_VERDICT, SIGNIFICANCE, format_mean_std, mean_std, paired_by_seed
+from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE, correct,
+                            correct_family, equivalence_test, format_interval, format_mean_std, format_p, judged, mean_std,
+                            paired_by_seed)
+from ..report.stats import verdict as test_verdict
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.runs import LAST_EPOCHS, read_runs
-from ..report.tables import table_header
+from ..report.tables import paired_cells, paired_columns, table_header
 
-__all__ = ["LAST_EPOCHS", "differences_from_paper", "table_markdown", "findings_markdown", "stem_ablation_markdown",
+__all__ = ["LAST_EPOCHS", "differences_from_paper", "paired_comparisons", "comparison_family", "table_markdown", "findings_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
            "selection_table_markdown", "selection_findings", "selection_findings_markdown",
            "selection_report_markdown"]
@@ -40,12 +45,46 @@ def differences_from_paper(config: dict[str, Any]) -> list[str]:
 
 
 
-def _verdict(test: dict[str, Any]) -> str:
-    """A stored paired test's verdict, with no verdict from fewer than MIN_PAIRS_FOR_VERDICT seeds (a
-    results.json written before that rule may hold one)."""
-    if test.get("n", 0) < MIN_PAIRS_FOR_VERDICT:
-        return "too few seeds"
-    return str(test["verdict"])
+_METRICS = {"test_error_pct": "last epoch", "test_error_last10_pct": f"mean of the last {LAST_EPOCHS} epochs"}
+
+
+def paired_comparisons(summary: dict[str, Any], a: str = "gated", b: str = "residual") -> list[dict[str, Any]]:
+    """Per depth, the paired t-test (report.stats.paired_t_test: with its 95% interval and detectable
+    difference) of `a` − `b` test error over the seeds both finished, for the last-epoch error and for
+    the mean of the last 10 epochs: {"depth", "a", "b", "seeds", "test_error_pct", "test_error_last10_pct"},
+    each test a PairedTest's dict with "p_corrected" and "verdict" added by `comparison_family` (Holm over
+    every judged test of both errors; the last-10 tests only with at least 10 epochs). Recomputed from the
+    cells' per-seed errors, so a summary written before the intervals existed reads the same."""
+    by = {(c["arch"], c["depth"]): c for c in summary["cells"]}
+    out = []
+    for depth in summary["config"]["depths"]:
+        if (a, depth) not in by or (b, depth) not in by:
+            continue
+        first = {r["seed"]: r for r in by[(a, depth)]["per_seed"]}
+        second = {r["seed"]: r for r in by[(b, depth)]["per_seed"]}
+        seeds = sorted(set(first) & set(second))
+        row: dict[str, Any] = {"depth": depth, "a": a, "b": b, "seeds": seeds}
+        for key in _METRICS:
+            _, test = paired_by_seed({s: first[s][key] for s in seeds}, {s: second[s][key] for s in seeds})
+            row[key] = test.to_dict()
+        out.append(row)
+    return comparison_family(out, summary["config"]["epochs"])
+
+
+def comparison_family(rows: list[dict[str, Any]], epochs: int) -> list[dict[str, Any]]:
+    """The tests of `paired_comparisons`' rows as one family: each test gets "p_corrected" (Holm over the
+    judged tests of both errors; the last-10 errors only with at least LAST_EPOCHS epochs) and "verdict"
+    (report.stats.verdict at the corrected p). Changed in place and returned."""
+    keys = [key for key in _METRICS if key == "test_error_pct" or epochs >= LAST_EPOCHS]
+    tests = [(row, key) for row in rows for key in keys]
+    for (row, key), corrected in zip(tests, correct_family([row[key] for row, key in tests])):
+        row[key]["p_corrected"] = corrected
+        row[key]["verdict"] = test_verdict(row[key], corrected, row["a"], row["b"])
+    for row in rows:
+        for key in _METRICS:
+            if key not in keys:
+                row[key]["p_corrected"], row[key]["verdict"] = None, f"too few epochs ({epochs} < {LAST_EPOCHS})"
+    return rows
 
 
 def _format_cell(cell: dict[str, Any], key: str, epochs: int) -> str:
@@ -118,23 +157,25 @@ def table_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"| {depth} | {f'{paper:.2f}' if paper is not None else '—'} | "
                          f"{_format_cell(cell, 'k_mean', epochs)} | {dead or '—'} of {max(depth // 2, 0)} | "
                          f"{_format_cell(cell, 'k_middle_minus_ends', epochs) if depth >= 6 else '—'} |")
-    comparisons = summary.get("comparisons") or []
+    comparisons = paired_comparisons(summary)
     if comparisons:
-        lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test; "
-                  f"\"better\" only where p < {SIGNIFICANCE})", "",
-                  *table_header(["d", "seeds", "last epoch: difference ± s.e.", "p", "verdict",
-                                 "last 10 epochs: difference ± s.e.", "p", "verdict"])]
-        for row in comparisons:
-            cols = [str(row["depth"]), str(len(row["seeds"]))]
-            for key in ("test_error_pct", "test_error_last10_pct"):
-                t = row[key]
+        tested = sum(1 for c in comparisons for key in _METRICS if c[key]["p_corrected"] is not None)
+        family = (f"over this table's {tested} tests" if tested else
+                  f"over this table's tests (none here: no test has the {MIN_PAIRS_FOR_VERDICT} seeds a verdict needs)")
+        lines += ["", "Gated − residual test error (points), paired over seeds (two-sided paired t-test): the mean "
+                  f"difference, its {CONFIDENCE:.0%} confidence interval, p uncorrected and {CORRECTION}-corrected "
+                  f"{family}, and the smallest difference the test detects with {POWER:.0%} power; "
+                  f"a verdict only at {CORRECTION}-corrected p < {SIGNIFICANCE} with at least {MIN_PAIRS_FOR_VERDICT} "
+                  "seeds", "",
+                  *table_header(["d", "test error", "seeds", *paired_columns("gated − residual")])]
+        for comparison in comparisons:
+            for key, label in _METRICS.items():
                 if key == "test_error_last10_pct" and epochs < LAST_EPOCHS:
-                    cols += ["—", "—", f"too few epochs ({epochs} < {LAST_EPOCHS})"]
+                    lines.append(f"| {comparison['depth']} | {label} | {len(comparison['seeds'])} | — | — | — | — | — | "
+                                 f"{comparison[key]['verdict']} |")
                     continue
-                diff = "—" if t["mean_difference"] is None else (
-                    f"{t['mean_difference']:+.3f}" + (f" ± {t['standard_error']:.3f}" if t["standard_error"] is not None else ""))
-                cols += [diff, _format_p(t["p_value"]), _verdict(t)]
-            lines.append("| " + " | ".join(cols) + " |")
+                lines.append(f"| {comparison['depth']} | {label} | {len(comparison['seeds'])} | "
+                             + " | ".join(paired_cells({**comparison[key], "test": comparison[key]})) + " |")
     notes = [f"{epochs} epochs, recipe {config['recipe']}, {seeds} seed(s), first layer "
              f"{_STEM_WORDS.get(config.get('stem', 'dense'), config.get('stem'))}, trained on "
              f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."
@@ -184,19 +225,54 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     if ratios:
         lines.append("- **Mean k** (Table 2 / ours): " + ", ".join(
             f"d = {d}: {r:.2f} (ours {format_mean_std(k)})" for d, r, k in ratios) + ".")
-    for row in summary.get("comparisons") or []:
-        if len(row["seeds"]) < MIN_PAIRS_FOR_VERDICT:
-            continue
+    rows = [row for row in paired_comparisons(summary) if len(row["seeds"]) >= MIN_PAIRS_FOR_VERDICT]
+    for row in rows:
         last, tail = row["test_error_pct"], row["test_error_last10_pct"]
         tail_text = (f"mean of the last {LAST_EPOCHS} epochs: too few epochs ({config['epochs']} < {LAST_EPOCHS})"
-                     if config["epochs"] < LAST_EPOCHS else
-                     f"mean of the last {LAST_EPOCHS} epochs {tail['mean_difference']:+.3f} "
-                     f"(p = {_format_p(tail['p_value'])}: {_verdict(tail)})")
-        lines.append(f"- **d = {row['depth']}, gated − residual** over {len(row['seeds'])} seeds: last epoch "
-                     f"{last['mean_difference']:+.3f} points (p = {_format_p(last['p_value'])}: {_verdict(last)}); "
-                     f"{tail_text}.")
+                     if config["epochs"] < LAST_EPOCHS else f"mean of the last {LAST_EPOCHS} epochs {_said(tail)}")
+        lines.append(f"- **d = {row['depth']}, gated − residual** over {len(row['seeds'])} seeds ({CORRECTION} over "
+                     f"the table's tests): last epoch {_said(last)}; {tail_text}.")
+    lines += _against_paper_advantage(rows, config)
     return "\n".join(lines) + "\n" if lines else "- No cell has three finished seeds yet (too few for a verdict).\n"
 
+
+
+def _said(test: dict[str, Any]) -> str:
+    """A judged test (`comparison_family`) in words: its difference in points, 95% interval, both p and
+    the verdict at the corrected p."""
+    return (f"{test['mean_difference']:+.3f} points ({CONFIDENCE:.0%} CI "
+            f"{format_interval(test['ci_low'], test['ci_high'], '+.3f')}, p = {_format_p(test['p_value'])}, "
+            f"{CORRECTION} p = {_format_p(test['p_corrected'])}: {test['verdict']})")
+
+
+def _against_paper_advantage(rows: list[dict[str, Any]], config: dict[str, Any]) -> list[str]:
+    """One line: for each error measure (last epoch; the mean of the last 10 epochs, where run), the depths
+    where the paper's own gated − residual difference (Table 1) lies inside the 95% interval of ours, so
+    that the study cannot tell the paper's difference from zero there, and those where it lies outside;
+    with the differences the tests detect with 80% power."""
+    paper = {row["depth"]: PAPER_TEST_ERROR.get(row["a"], {}).get(row["depth"]) for row in rows}
+    paper = {d: v - PAPER_TEST_ERROR[rows[0]["b"]][d] for d, v in paper.items()
+             if v is not None and PAPER_TEST_ERROR.get(rows[0]["b"], {}).get(d) is not None} if rows else {}
+    keys = [key for key in _METRICS if key == "test_error_pct" or config["epochs"] >= LAST_EPOCHS]
+    parts = []
+    for key in keys:
+        cells = [(row["depth"], row[key]) for row in rows if row["depth"] in paper and row[key]["ci_low"] is not None]
+        if not cells:
+            continue
+        inside = [d for d, t in cells if t["ci_low"] <= paper[d] <= t["ci_high"]]
+        outside = [d for d, t in cells if d not in inside]
+        said = [f"inside at d = {', '.join(map(str, inside))}" if inside else "",
+                f"outside at d = {', '.join(map(str, outside))}" if outside else ""]
+        detectable = [t["detectable"] for _, t in cells if t.get("detectable") is not None]
+        parts.append(f"{_METRICS[key]}: " + ", ".join(p for p in said if p)
+                     + (f" (detectable with {POWER:.0%} power: {min(detectable):.2f} to {max(detectable):.2f} points)"
+                        if detectable else ""))
+    if not parts:
+        return []
+    return ["- **Against the paper's difference** (Table 1, gated − residual: "
+            + ", ".join(f"{v:+.2f} at d = {d}" for d, v in paper.items()) + f"), whether it lies in our "
+            f"{CONFIDENCE:.0%} CI of gated − residual (inside: the study cannot tell the paper's difference from zero "
+            "there): " + "; ".join(parts) + "."]
 
 
 def _num(value: float | None) -> str:
@@ -235,11 +311,15 @@ def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) ->
 def batchnorm_ablation_tests(summary: dict[str, Any], keras: dict[str, Any]) -> list[dict[str, Any]]:
     """Per residual/gated cell of `keras` (the study run with `--batchnorm keras`): the paired t-test of
     keras − torch test error over the seeds finished in both studies (the same seed: the same initial
-    weights and data order), as {"arch", "depth", "torch", "keras" (the cells, None when absent),
-    "test" (PairedTest)}."""
+    weights and data order), as {"arch", "depth", "torch", "keras" (the cells, None when absent), "test"
+    (PairedTest), "p_corrected" (Holm over the judged cells), "margin" (the cell's gap to Table 1: our
+    PyTorch-constants mean − the paper's number; None without a positive gap), "equivalence" (the TOST of
+    keras − torch against ±margin, report.stats.equivalence_test; None without a margin),
+    "equivalence_p_corrected" (Holm over the cells' TOST p)}. The TOST asks whether the constants move the
+    error by less than the whole gap, so that they cannot be its cause."""
     ours = {(c["arch"], c["depth"]): c for c in summary["cells"]}
     other = {(c["arch"], c["depth"]): c for c in keras["cells"]}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for depth in keras["config"]["depths"]:
         for arch in ("residual", "gated"):
             a, b = ours.get((arch, depth)), other.get((arch, depth))
@@ -248,41 +328,87 @@ def batchnorm_ablation_tests(summary: dict[str, Any], keras: dict[str, Any]) -> 
             first = {r["seed"]: r["test_error_pct"] for r in (a or {}).get("per_seed", [])
                      if r.get("test_error_pct") is not None}
             second = {r["seed"]: r["test_error_pct"] for r in b["per_seed"] if r.get("test_error_pct") is not None}
-            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b, "test": paired_by_seed(second, first)[1]})
+            seeds, test = paired_by_seed(second, first)
+            paper = PAPER_TEST_ERROR[arch].get(depth)
+            mean = (a or {}).get("test_error_pct", {}).get("mean")
+            margin = mean - paper if paper is not None and mean is not None and mean > paper else None
+            equivalence = (equivalence_test([second[s] for s in seeds], [first[s] for s in seeds], margin)
+                           if margin is not None and len(seeds) >= MIN_PAIRS_FOR_VERDICT else None)
+            rows.append({"arch": arch, "depth": depth, "torch": a, "keras": b, "test": test, "margin": margin,
+                         "equivalence": equivalence})
+    for row, corrected in zip(rows, correct_family([row["test"] for row in rows])):
+        row["p_corrected"] = corrected
+    tost = [i for i, row in enumerate(rows) if row["equivalence"] is not None and row["equivalence"].p_value is not None]
+    for row in rows:
+        row["equivalence_p_corrected"] = None
+    for i, corrected in zip(tost, correct([rows[i]["equivalence"].p_value for i in tost])):
+        rows[i]["equivalence_p_corrected"] = corrected
     return rows
+
+
+def _within_gap(row: dict[str, Any]) -> str:
+    """The TOST of a BatchNorm-ablation row in a cell: margin, p, corrected p and what it shows."""
+    test, corrected = row["equivalence"], row["equivalence_p_corrected"]
+    if test is None or corrected is None:
+        return "—"
+    shown = "within the gap" if corrected < SIGNIFICANCE else "not shown"
+    return (f"±{test.margin:.2f}: p = {format_p(test.p_value)}, {CORRECTION} p = {format_p(corrected)}, {shown}")
 
 
 def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) -> str:
     """This study's cells (PyTorch's BatchNorm constants) beside `keras`, the same study run with
     `--batchnorm keras` (Keras's momentum 0.99 and eps 1e-3), at the depths `keras` covers: test error
-    mean ± std over the seeds finished in each, the paired test of `batchnorm_ablation_tests`, mean k;
-    then one sentence on the finished cells."""
+    mean ± std over the seeds finished in each, the paired test of `batchnorm_ablation_tests` (95% interval,
+    p uncorrected and Holm-corrected), its equivalence test against the cell's gap to Table 1, mean k;
+    then what the finished cells show."""
 
     def fmt(cell: dict[str, Any] | None, key: str) -> str:
         return "—" if cell is None else format_mean_std(cell[key], count=True)
 
     lines = table_header(["d", "arch", "paper", "BatchNorm: PyTorch's constants (ours)", "BatchNorm: Keras's constants",
-                          "Keras − PyTorch, paired by seed", "k: paper", "k: PyTorch's", "k: Keras's"])
+                          "Keras − PyTorch, paired by seed (pp)", f"{CONFIDENCE:.0%} CI", "p", f"p ({CORRECTION})",
+                          f"change within the gap to Table 1? (TOST, margin ± the gap, {CORRECTION})",
+                          "k: paper", "k: PyTorch's", "k: Keras's"])
     rows = batchnorm_ablation_tests(summary, keras)
     for row in rows:
         arch, depth, a, b, test = row["arch"], row["depth"], row["torch"], row["keras"], row["test"]
         gated = arch == "gated"
-        paired = "—" if test.mean_difference is None else \
-            f"{test.mean_difference:+.3f} (p = {_format_p(test.p_value)}, n={test.n})"
+        few = test.n < MIN_PAIRS_FOR_VERDICT
+        paired = "—" if test.mean_difference is None else f"{test.mean_difference:+.3f} (n={test.n})"
         lines.append(f"| {depth} | {arch} | {_num(PAPER_TEST_ERROR[arch].get(depth))} | {fmt(a, 'test_error_pct')} | "
-                     f"{fmt(b, 'test_error_pct')} | {paired} | {_num(PAPER_MEAN_K.get(depth) if gated else None)} | "
+                     f"{fmt(b, 'test_error_pct')} | {paired} | "
+                     f"{'—' if few else format_interval(test.ci_low, test.ci_high, '+.3f')} | "
+                     f"{'—' if few else _format_p(test.p_value)} | {'—' if few else _format_p(row['p_corrected'])} | "
+                     f"{_within_gap(row)} | {_num(PAPER_MEAN_K.get(depth) if gated else None)} | "
                      f"{fmt(a, 'k_mean') if gated else '—'} | {fmt(b, 'k_mean') if gated else '—'} |")
-    tested = [r for r in rows if r["test"].p_value is not None and r["test"].n >= MIN_PAIRS_FOR_VERDICT]
+    tested = [r for r in rows if judged(r["test"])]
     if tested:
         diffs = [r["test"].mean_difference for r in tested]
-        significant = [r for r in tested if r["test"].p_value < SIGNIFICANCE]
+        significant = [r for r in tested if r["p_corrected"] < SIGNIFICANCE]
         where = ", ".join(sorted({f"d = {r['depth']}" for r in tested}, key=lambda t: int(t[4:])))
-        verdict = (f"significantly in {len(significant)} cell(s) ("
-                   + ", ".join(f"{r['arch']} d = {r['depth']}: {r['test'].mean_difference:+.3f}, p = "
-                               f"{_format_p(r['test'].p_value)}" for r in significant) + ")"
-                   if significant else f"in no cell significantly (p ≥ {SIGNIFICANCE})")
-        lines += ["", f"Where both are finished ({where}), Keras's constants move the test error by {min(diffs):+.3f} "
-                      f"to {max(diffs):+.3f} points, {verdict}."]
+        said = (f"significantly after {CORRECTION} in {len(significant)} cell(s) ("
+                + ", ".join(f"{r['arch']} d = {r['depth']}: {r['test'].mean_difference:+.3f}, {CONFIDENCE:.0%} CI "
+                            f"{format_interval(r['test'].ci_low, r['test'].ci_high, '+.3f')}, p = "
+                            f"{_format_p(r['test'].p_value)}, {CORRECTION} p = {_format_p(r['p_corrected'])}"
+                            for r in significant) + ")"
+                if significant else
+                f"with {NO_DIFFERENCE} in any cell after {CORRECTION} over the {len(tested)} tests (95% CIs from "
+                f"{min(r['test'].ci_low for r in tested):+.3f} to {max(r['test'].ci_high for r in tested):+.3f})")
+        text = (f"Where both are finished ({where}), Keras's constants move the test error by {min(diffs):+.3f} "
+                f"to {max(diffs):+.3f} points, {said}.")
+        tost = [r for r in tested if r["equivalence_p_corrected"] is not None]
+        if tost:
+            shown = [r for r in tost if r["equivalence_p_corrected"] < SIGNIFICANCE]
+            missing = [r for r in tost if r not in shown]
+            text += (f" Equivalence test (TOST: two one-sided paired t-tests at {SIGNIFICANCE}, {CORRECTION} over the "
+                     f"{len(tost)} cells) against a margin of each cell's gap to Table 1 (our mean with PyTorch's "
+                     f"constants − the paper's number: {min(r['margin'] for r in tost):.2f} to "
+                     f"{max(r['margin'] for r in tost):.2f} points): the change is smaller than the gap in {len(shown)} of "
+                     f"{len(tost)} cells" + (": not shown for " + ", ".join(
+                         f"{r['arch']} d = {r['depth']} (margin ±{r['margin']:.2f}, 90% CI "
+                         f"{format_interval(r['equivalence'].ci_low, r['equivalence'].ci_high, '+.2f')}, {CORRECTION} "
+                         f"p = {format_p(r['equivalence_p_corrected'])})" for r in missing) if missing else "") + ".")
+        lines += ["", text]
     return "\n".join(lines) + "\n"
 
 

@@ -40,7 +40,7 @@ from .._io import atomic_write_text, read_json
 from ..layers import find_branches
 from ..models import create_model
 from ..analysis.blocks import gate_value
-from ..report.stats import SIGNIFICANCE, bonferroni, format_mean_std, mean_std
+from ..report.stats import CORRECTION, NO_DIFFERENCE, SIGNIFICANCE, TOO_FEW, format_interval, format_mean_std, mean_std
 from ..study.options import add_options, check_known, option, quick_config, MAX_SEEDS
 from ..study.options import config_from_args as study_config_from_args
 from ..study.shards import merge_option, shard_option
@@ -48,7 +48,8 @@ from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config
                           run_many, run_status)
 from ..train import RESULTS_FILE, RunConfig, load_model
 from ..report.tables import table_header
-from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, gated_comparisons, removal_comparisons, update_removal)
+from .gate_family_report import (MIN_SEEDS, REMOVAL_FILE, difference_text, gated_comparisons, judge, paired_cells,
+                                 paired_columns, removal_baseline, removal_comparisons, update_removal)
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "Config", "QUICK", "run_name", "specs", "summarize", "table_markdown",
            "findings_markdown", "orders_prose", "report_markdown", "write_report", "run", "estimate", "estimate_text",
@@ -139,8 +140,9 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     seeds, each seed's numbers) and the last epoch's, the gates
     at the end (`_gate_record`, from each run's model.safetensors) and the removal records
     (removal.json); `comparisons` holds per depth the paired t-test of gated − each other family
-    (gate_family_report.gated_comparisons, "too few" below 3 pairs), `removal_tests` the paired test
-    of smallest-|gate|-first against random removal orders, each with Bonferroni-corrected p."""
+    (gate_family_report.gated_comparisons), `removal_tests` the paired test of smallest-|gate|-first
+    against random removal; each list one family of tests (gate_family_report.judge: its Holm-corrected
+    p "p_corrected" and the verdict drawn from it)."""
     out = Path(out)
     removal_path = out / REMOVAL_FILE
     removal = read_json(removal_path) if removal_path.is_file() else {}
@@ -169,15 +171,9 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                           "per_seed": per_seed, "runs": status, "gates": gates, "removal": removals})
     summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": cells}
     summary["config"]["depths"] = sorted(config.depths)
-    comparisons = [row for other in config.families if other != "gated" and "gated" in config.families
-                   for row in gated_comparisons(summary, other)]
-    removal_tests = [row for row in removal_comparisons(summary) if row["family"] in GATE_SYMBOL]
-    for rows in (comparisons, removal_tests):
-        for row in rows:
-            row["p_bonferroni"] = None  # not tested: fewer than MIN_SEEDS pairs or no p
-        tested = [row for row in rows if len(row["seeds"]) >= MIN_SEEDS and row["test"]["p_value"] is not None]
-        for row, corrected in zip(tested, bonferroni([row["test"]["p_value"] for row in tested])):
-            row["p_bonferroni"] = corrected
+    comparisons = judge([row for other in config.families if other != "gated" and "gated" in config.families
+                         for row in gated_comparisons(summary, other)])
+    removal_tests = judge([row for row in removal_comparisons(summary) if row["family"] in GATE_SYMBOL])
     summary["comparisons"], summary["removal_tests"] = comparisons, removal_tests
     return summary
 
@@ -186,17 +182,12 @@ def _mean_std(stat: dict[str, Any]) -> str:
     return format_mean_std(stat, count=True, empty="pending")
 
 
-def _p(row: dict[str, Any]) -> str:
-    if row.get("p_bonferroni") is None:
-        return "—"
-    return f"{row['test']['p_value']:.3g} / {row['p_bonferroni']:.3g}"
-
-
 def table_markdown(summary: dict[str, Any]) -> str:
     """The tables: test error by layers and family; the paired tests of gated against each family;
     the gates at the end; the share of accuracy kept with half the layers removed, gate order against
-    random orders, with its paired tests. p values uncorrected / Bonferroni-corrected over the tests
-    of their table."""
+    random removal, with its paired tests. Each test with its 95% interval, p uncorrected and
+    Holm-corrected over the tests of its table, the difference it could detect with 80% power and the
+    verdict at the corrected p."""
     families = summary["config"]["families"]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = ["Test error (%) at the epoch of lowest validation error (earliest of ties), mean ± std over seeds", "",
@@ -208,15 +199,13 @@ def table_markdown(summary: dict[str, Any]) -> str:
     for depth in summary["config"]["depths"]:
         lines.append(f"| {depth} | " + " | ".join(_mean_std(by[(f, depth)].get("last_epoch_test_error_pct", {"n": 0}))
                                                   for f in families) + " |")
-    lines += ["", "Paired t-test (two-sided) over seeds, gated − other, validation-selected test error in points; p "
-              "uncorrected / "
-              f"Bonferroni over this table's tests; a verdict only with n ≥ {MIN_SEEDS} and uncorrected p < "
-              f"{SIGNIFICANCE}", "", *table_header(["layers", "other", "n", "gated − other",
-                                                    "p (uncorrected / Bonferroni)", "verdict"])]
+    lines += ["", "Paired t-test (two-sided) over seeds, gated − other, validation-selected test error in points: the "
+              f"mean difference, its 95% interval, p uncorrected and {CORRECTION}-corrected over this table's tests, "
+              f"the difference the test detects with 80% power; a verdict only with n ≥ {MIN_SEEDS} and "
+              f"{CORRECTION}-corrected p < {SIGNIFICANCE}", "",
+              *table_header(["layers", "other", "n", *paired_columns("gated − other")])]
     for row in summary.get("comparisons", []):
-        diff = row["test"]["mean_difference"]
-        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | "
-                     f"{'—' if diff is None else f'{diff:+.3f}'} | {_p(row)} | {row['verdict']} |")
+        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | " + " | ".join(paired_cells(row)) + " |")
     gated = [f for f in families if f in GATE_SYMBOL]
     lines += ["", "Gates at the end, per branch (two per layer): mean over seeds of each net's mean gate; dead = relu "
               "gate with k ≤ 0 (an exact identity), negative = identity gate below 0", "",
@@ -234,16 +223,16 @@ def table_markdown(summary: dict[str, Any]) -> str:
                      else f"negative {sum(g['negative'] for g in gates)}/{total}")
             cells.append(f"{format_mean_std(stat, '.3g', '.2g')} ({extra})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
-    lines += ["", "Share of test accuracy kept with half the layers removed: smallest |gate| first / random orders "
-              "(mean over seeds); the paired test of the two orders, p uncorrected / Bonferroni", "",
-              *table_header(["layers", "family", "n", "gate order", "random", "gate − random (pp)", "p", "verdict"])]
+    lines += ["", "Share of test accuracy kept with half the layers removed: smallest |gate| first / random removal "
+              f"(mean over seeds); the paired test of the two, {CORRECTION} over this table's tests. "
+              + removal_baseline(summary, "epoch of lowest validation error", "layers"), "",
+              *table_header(["layers", "family", "n", "gate order", "random", *paired_columns("gate − random")])]
     for row in summary.get("removal_tests", []):
         cell = by[(row["family"], row["depth"])]
         greedy = mean_std([r["half_share_greedy"] for r in cell["removal"]])
         random = mean_std([r["half_share_random"] for r in cell["removal"]])
-        diff = row["kept_difference"]
         lines.append(f"| {row['depth']} | {row['family']} | {len(row['seeds'])} | {greedy['mean']:.3f} | "
-                     f"{random['mean']:.3f} | {'—' if diff is None else f'{diff:+.2f}'} | {_p(row)} | {row['verdict']} |")
+                     f"{random['mean']:.3f} | " + " | ".join(paired_cells(row, "+.2f", -100.0, 2)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -253,9 +242,10 @@ def _layers(depth: int) -> str:
 
 def findings_markdown(summary: dict[str, Any]) -> str:
     """The findings in words, exactly as the tests support them: per depth the family with the lowest
-    mean error, every significant paired test with its uncorrected p and whether it survives
-    Bonferroni, the dead gates, and which removal tests separate the orders. What `throughway report`
-    writes as findings.md and the docs page shows."""
+    mean error and the paired tests of gated against each family (significant after Holm, significant
+    only uncorrected, or "no difference detected" with their 95% intervals), the dead gates, and the
+    removal tests at their Holm-corrected p. What `throughway report` writes as findings.md and the docs
+    page shows."""
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     lines = []
     for depth in summary["config"]["depths"]:
@@ -265,36 +255,47 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- {_layers(depth)}: pending.")
             continue
         best = min(finished, key=lambda f: finished[f]["mean"])
-        tests = [r for r in summary.get("comparisons", []) if r["depth"] == depth and r.get("p_bonferroni") is not None]
-        significant = [r for r in tests if r["test"]["p_value"] < SIGNIFICANCE]
-        said = ", ".join(f"gated − {r['b']} {r['test']['mean_difference']:+.2f} points (p = {r['test']['p_value']:.2g}"
-                         f"{', survives Bonferroni' if r['p_bonferroni'] < SIGNIFICANCE else ', not after Bonferroni'})"
-                         for r in significant)
+        tests = [r for r in summary.get("comparisons", []) if r["depth"] == depth and r.get("p_corrected") is not None]
+        significant = [r for r in tests if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+        uncorrected = [r for r in tests if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
+        quiet = [r for r in tests if r not in significant and r not in uncorrected]
+        parts = [f"{r['verdict']} ({difference_text(r)})" for r in significant]
+        parts += [f"against {r['b']} {NO_DIFFERENCE} after {CORRECTION}, significant only uncorrected "
+                  f"({difference_text(r)})" for r in uncorrected]
+        if quiet:
+            parts.append(f"{NO_DIFFERENCE} against " + ", ".join(
+                f"{r['b']} (95% CI {format_interval(r['test']['ci_low'], r['test']['ci_high'])})" for r in quiet))
         seeds = min(v["n"] for v in finished.values())
         lines.append(f"- {_layers(depth)}: lowest mean test error (validation-selected epoch) {best} "
                      f"({format_mean_std(finished[best])}%, n={finished[best]['n']}); "
                      + (f"too few seeds for a verdict (n = {seeds})" if seeds < MIN_SEEDS else
-                        (f"significant at uncorrected p < {SIGNIFICANCE}: {said}" if significant else
-                         f"no paired test of gated against another family is significant (uncorrected p < "
-                         f"{SIGNIFICANCE}; {len(tests)} tests)")) + ".")
+                        f"gated against each family (paired, gated − other in points, {CORRECTION} over the "
+                        f"{sum(1 for r in summary.get('comparisons', []) if r.get('p_corrected') is not None)} "
+                        f"tests): " + "; ".join(parts)) + ".")
     dead = [(c["depth"], sum(g["dead"] for g in c["gates"]), sum(g["count"] for g in c["gates"]))
             for c in summary["cells"] if c["family"] == "gated" and c["gates"]]
     if dead:
         lines.append("- Dead relu gates (k ≤ 0) at the end, summed over seeds: "
                      + "; ".join(f"{_layers(d)} {n}/{total}" for d, n, total in dead) + ".")
-    removal = [r for r in summary.get("removal_tests", []) if r.get("p_bonferroni") is not None]
+    removal = [r for r in summary.get("removal_tests", []) if r.get("p_corrected") is not None]
     if removal:
-        kept = [r for r in removal if r["test"]["p_value"] < SIGNIFICANCE]
-        lines.append(f"- Removing half the layers, smallest |gate| first against random orders ({len(removal)} paired "
-                     f"tests): " + ("; ".join(
-                         f"{r['family']} at {r['depth']} layers: smallest |gate| first keeps {abs(r['kept_difference']):.1f} "
-                         f"points {'more' if r['kept_difference'] > 0 else 'less'} than random orders (p = "
-                         f"{r['test']['p_value']:.2g}, {'survives' if r['p_bonferroni'] < SIGNIFICANCE else 'not after'}"
-                         f" Bonferroni)" for r in kept) if kept else "no order keeps significantly more (uncorrected)")
-                     + ("; not significant (uncorrected): " + ", ".join(
-                         f"{r['family']} at {r['depth']} layers ({r['kept_difference']:+.1f} points, p = "
-                         f"{r['test']['p_value']:.2g})" for r in removal if r not in kept) if len(kept) < len(removal)
-                        else "") + ".")
+        def kept(r: dict[str, Any]) -> str:
+            return (f"{abs(r['kept_difference']):.1f} points {'more' if r['kept_difference'] > 0 else 'less'} than "
+                    f"random removal (95% CI of the difference {format_interval(-100 * r['test']['ci_high'], -100 * r['test']['ci_low'], '+.1f')}, "
+                    f"p = {r['test']['p_value']:.2g}, {CORRECTION} p = {r['p_corrected']:.2g})")
+
+        significant = [r for r in removal if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+        uncorrected = [r for r in removal if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
+        quiet = [r for r in removal if r not in significant and r not in uncorrected]
+        parts = [f"{r['family']} at {r['depth']} layers: smallest |gate| first keeps {kept(r)}" for r in significant]
+        parts += [f"{r['family']} at {r['depth']} layers: {NO_DIFFERENCE} after {CORRECTION}, significant only "
+                  f"uncorrected: smallest |gate| first keeps {kept(r)}" for r in uncorrected]
+        parts += [f"{r['family']} at {r['depth']} layers: {NO_DIFFERENCE} ({r['kept_difference']:+.1f} points, 95% CI "
+                  f"{format_interval(-100 * r['test']['ci_high'], -100 * r['test']['ci_low'], '+.1f')}, p = "
+                  f"{r['test']['p_value']:.2g})" for r in quiet]
+        lines.append(f"- Removing half the layers, smallest |gate| first against random removal ({len(removal)} paired "
+                     f"tests, {CORRECTION} over them): " + "; ".join(parts) + ". "
+                     + removal_baseline(summary, "epoch of lowest validation error", "layers"))
     return "\n".join(lines) + "\n"
 
 

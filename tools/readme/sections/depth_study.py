@@ -57,26 +57,54 @@ def _mnist_depth_stem_dense_k_ratio(root: Path) -> str:
 
 def _bn_stats(root: Path) -> str:
     """One sentence from results/bn-stats: how much the test error moves when the study's nets'
-    BatchNorm running statistics are re-estimated exactly (momentum → 0), the paired tests over seeds,
-    and the gap to Table 1 it is compared with."""
-    groups = _json(root, "bn-stats/bn_stats.json")["groups"]
-    diffs = [g["test"]["mean_difference"] for g in groups]
-    significant = [g for g in groups if g["test"]["p_value"] is not None and g["test"]["p_value"] < 0.05]
-    gaps = [g["running"]["mean"] - g["paper_test_error_pct"] for g in groups
-            if g["paper_test_error_pct"] is not None and g["depth"] >= 10]
-    seeds = "/".join(str(n) for n in sorted({g["n"] for g in groups}))
-    tests = (f"significant in {len(significant)} of {len(groups)} paired tests over seeds ("
-             + ", ".join(f"{g['model']} d = {g['depth']}: p = {g['test']['p_value']:.3f}" for g in significant) + ")"
+    BatchNorm running statistics are re-estimated exactly (momentum → 0), the paired tests over seeds
+    (Holm over the cells), and, against the gap to Table 1 of each cell from d = 10 on, the equivalence
+    test (TOST) that says whether the change is smaller than that gap; recomputed from the runs' errors."""
+    from throughway.report.stats import (CORRECTION, SIGNIFICANCE, correct, correct_family, equivalence_test,
+                                         format_interval, format_p, paired_t_test)
+
+    data = _json(root, "bn-stats/bn_stats.json")
+    cells = []
+    for group in data["groups"]:
+        runs = sorted((r for r in data["runs"] if (r["model"], r["depth"]) == (group["model"], group["depth"])),
+                      key=lambda r: r["seed"])
+        after, before = [r["test_error_pct_reestimated"] for r in runs], [r["test_error_pct_running"] for r in runs]
+        paper = group["paper_test_error_pct"]
+        gap = group["running"]["mean"] - paper if paper is not None else None
+        margin = gap if gap is not None and gap > 0 and group["depth"] >= 10 else None
+        cells.append({"group": group, "test": paired_t_test(after, before), "margin": margin,
+                      "tost": equivalence_test(after, before, margin) if margin is not None else None})
+    for cell, corrected in zip(cells, correct_family([c["test"] for c in cells])):
+        cell["p_corrected"] = corrected
+    tested = [c for c in cells if c["p_corrected"] is not None]
+    significant = [c for c in tested if c["p_corrected"] < SIGNIFICANCE]
+    diffs = [c["test"].mean_difference for c in cells]
+    seeds = "/".join(str(n) for n in sorted({c["group"]["n"] for c in cells}))
+    tests = (f"significant after {CORRECTION} in {len(significant)} of {len(tested)} paired tests over seeds ("
+             + ", ".join(f"{c['group']['model']} d = {c['group']['depth']}: {CORRECTION} p = {format_p(c['p_corrected'])}"
+                         for c in significant) + ")"
              if significant else
-             f"in no cell significantly (smallest p = {min(g['test']['p_value'] for g in groups):.2f} over "
-             f"{len(groups)} paired tests)")
-    verdict = ("so BatchNorm's momentum does not explain the gap"
-               if gaps and max(abs(d) for d in diffs) < min(gaps) / 3 else "a part of the gap to weigh")
+             f"no difference detected in any cell after {CORRECTION} over {len(tested)} paired tests (smallest "
+             f"uncorrected p = {min(c['test'].p_value for c in tested):.2f}; 95% CIs from "
+             f"{min(c['test'].ci_low for c in tested):+.3f} to {max(c['test'].ci_high for c in tested):+.3f})")
+    tost = [c for c in cells if c["tost"] is not None and c["tost"].p_value is not None]
+    shown = []
+    for cell, corrected in zip(tost, correct([c["tost"].p_value for c in tost])):
+        cell["tost_corrected"] = corrected
+        if corrected < SIGNIFICANCE:
+            shown.append(cell)
+    margins = [c["margin"] for c in tost]
+    verdict = (f"an equivalence test (TOST, two one-sided paired t-tests, {CORRECTION} over the {len(tost)} cells from "
+               f"d = 10 on) against a margin of each cell's gap to Table 1 ({min(margins):.2f} to {max(margins):.2f} "
+               f"points) shows the change smaller than the gap in {len(shown)} of {len(tost)} cells"
+               + ("" if len(shown) == len(tost) else " (not shown: " + ", ".join(
+                   f"{c['group']['model']} d = {c['group']['depth']}, margin ±{c['margin']:.2f}, 90% CI "
+                   f"{format_interval(c['tost'].ci_low, c['tost'].ci_high, '+.3f')}" for c in tost if c not in shown) + ")"))
     return (f"re-estimating every BatchNorm layer's running statistics exactly over the training set (the limit "
             f"of momentum → 0, which Keras's 0.99 approaches; training never uses them) moves the test error by "
-            f"{min(diffs):+.3f} to {max(diffs):+.3f} points (mean over {seeds} seeds per cell), {tests}, against a "
-            f"gap to Table 1 of {min(gaps):.2f} to {max(gaps):.2f} points from d = 10 on (`results/bn-stats`): "
-            f"{verdict}; its ε (1e-5 against Keras's 1e-3) acts in training, so it needs the study trained again (below)")
+            f"{min(diffs):+.3f} to {max(diffs):+.3f} points (mean over {seeds} seeds per cell), {tests}; {verdict} "
+            f"(`results/bn-stats`). Its ε (1e-5 against Keras's 1e-3) acts in training, so it needs the study "
+            f"trained again (below)")
 
 
 def _mnist_depth_selection(root: Path) -> str:

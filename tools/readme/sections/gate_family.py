@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from throughway.experiments import gate_family, gate_family_init
-from throughway.experiments.gate_family_report import (finished_depths, findings_markdown, first_epoch_prose,
-                                                      removal_prose)
+from throughway.experiments.gate_family_report import (errors_prose, finished_depths, findings_markdown,
+                                                      first_epoch_prose, removal_prose)
 
 from .common import _json, _report_file
 
 
 def _gate_family_findings(root: Path) -> str:
     """The trained study's findings.md (`gate_family_report.findings_markdown`: per finished depth the paired
-    tests of gated against each family, their Bonferroni count, the removal tests); a pending line while
+    tests of gated against each family at the Holm-corrected p, every pair of families, the removal tests); a pending line while
     results/gate-family is not committed."""
     if not (Path(root) / "gate-family" / "results.json").is_file():
         return "Pending: no trained cell is committed yet."
@@ -28,9 +28,14 @@ def _gate_family_findings(root: Path) -> str:
 
 
 def _gate_family_removal_prose(root: Path) -> str:
-    """What survives the Bonferroni correction of the removal tests (`gate_family_report.removal_prose`)."""
+    """What the removal tests say after Holm's correction (`gate_family_report.removal_prose`)."""
     summary = _json(root, "gate-family/results.json")
     return removal_prose(summary)
+
+
+def _gate_family_errors_prose(root: Path) -> str:
+    """What the paired tests of the test error say after Holm's correction (`gate_family_report.errors_prose`)."""
+    return errors_prose(_json(root, "gate-family/results.json"))
 
 
 def _gate_family_first_epoch(root: Path) -> str:
