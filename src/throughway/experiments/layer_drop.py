@@ -73,7 +73,7 @@ from ..train import RESULTS_FILE, RunConfig, get_recipe, load_model
 from ..train.lm import bits_per_character, causal_lm_loss, evaluate_lm, fit_lm, lm_logits
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "CRITERIA", "Config", "QUICK", "run_name", "specs", "analyse_run",
-           "summarize", "table_markdown", "findings_markdown", "report_markdown", "write_report", "run",
+           "summarize", "families_of", "table_markdown", "findings_markdown", "report_markdown", "write_report", "run",
            "report_finished", "estimate", "estimate_text", "add_arguments", "config_from_args"]
 
 NAME = "layer-drop"
@@ -231,7 +231,7 @@ def analyse_run(config: Config, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     curves = {criterion: removal_curve(model, order, loss) for criterion, order in orders.items()}
     curves["random"] = [sum(v) / len(v) for v in zip(*(removal_curve(model, order, loss) for order in randoms))]
     angular = span_removal_curve(model, spans, loss)
-    curves["angular"] = [angular[n] for n in sorted(angular)]
+    curves["angular"] = [angular[n] for n in sorted(angular)]  # element n: n layers removed, n = 0 the intact net
     record.update({"orders": orders, "random_orders": randoms, "random_seeds": random_seeds,
                    "angular_spans": {str(n): span for n, span in spans.items()}, "curves": curves})
     dead_layers, dead, gated = _dead_layers(model)
@@ -309,7 +309,7 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             for criterion in CRITERIA:
                 if criterion == "gate":
                     continue
-                other = {s: d["curves"][criterion][n - 1 if criterion == "angular" else n] for s, d in by_seed.items()}
+                other = {s: d["curves"][criterion][n] for s, d in by_seed.items()}
                 seeds, test = paired_by_seed(other, gate)
                 comparisons.append({"family": family, "n": n, "a": criterion, "b": "gate", "seeds": seeds,
                                     "test": test.to_dict()})
@@ -320,10 +320,15 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
             return {e["seed"]: e["dropping"]["val_loss"] for e in families[family]["per_seed"] if "dropping" in e}
         seeds, test = paired_by_seed(losses("gated-l1"), losses("gated"))
         pressure = judge([{"a": "gated-l1", "b": "gated", "seeds": seeds, "test": test.to_dict()}])[0]
-    summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "families": families,
+    summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": list(families.values()),
                                "comparisons": comparisons, "pressure": pressure, "reference": NANOGPT_BABY,
                                "parameters": _parameters(config)}
     return summary
+
+
+def families_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's cells keyed by family, in the study's order."""
+    return {cell["family"]: cell for cell in summary["cells"]}
 
 
 def _parameters(config: Config) -> int:
@@ -346,7 +351,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     """The tables: validation loss by family; the loss after removing n layers by criterion; the paired
     tests of each criterion against the gate order (Holm over the table); the learned dropping; healing."""
     config = summary["config"]
-    families = summary["families"]
+    families = families_of(summary)
     lines = [f"Validation loss at the end of training (nats per character on {config['eval_blocks']} fixed blocks of "
              f"{config['context']} characters; bits per character = nats / ln 2), mean ± std over seeds", "",
              *table_header(["family", "n", "val loss (nats)", "val bpc", "dead branches", "dead layers"])]
@@ -364,8 +369,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             curve = _mean_curve(cell, criterion)
             if curve is None:
                 continue
-            values = ([cell["val_loss"]["mean"]] + curve) if criterion == "angular" else curve
-            lines.append(f"| {family} | {criterion} | " + " | ".join(f"{v:.3f}" for v in values[:layers]) + " |")
+            lines.append(f"| {family} | {criterion} | " + " | ".join(f"{v:.3f}" for v in curve[:layers]) + " |")
     lines += ["", f"Paired t-test over seeds of the loss after removing n layers, criterion − gate order (nats; "
               f"negative: the criterion keeps the model better); 95% CI; p uncorrected / {CORRECTION}-corrected "
               f"over this table's tests; a verdict at the corrected p with n ≥ {MIN_PAIRS_FOR_VERDICT} seeds", "",
@@ -404,7 +408,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     published baby GPT, every criterion whose difference from the gate order survives the correction,
     the intervals of the others, what the pressure closed and cost, and healing."""
     config = summary["config"]
-    families = summary["families"]
+    families = families_of(summary)
     lines = []
     base = families.get("prenorm") or next(iter(families.values()))
     if base["val_loss"]["n"]:

@@ -26,8 +26,7 @@ def _curves(cell: dict[str, Any], criterion: str) -> list[list[float]]:
         dropping = entry.get("dropping")
         if not dropping or criterion not in dropping["curves"]:
             continue
-        curve = dropping["curves"][criterion]
-        out.append([dropping["val_loss"], *curve] if criterion == "angular" else list(curve))
+        out.append(list(dropping["curves"][criterion]))  # element n: the loss with n layers removed
     return out
 
 
@@ -37,7 +36,7 @@ def plot_layer_drop(summary: dict[str, Any], path: str | os.PathLike[str]) -> Pa
     family trained under pressure (gated-l1). Right: each family's validation loss at the end of
     training (one dot per seed, the mean as a bar)."""
     config = summary["config"]
-    families = summary["families"]
+    families = {cell["family"]: cell for cell in summary["cells"]}
     shown = [f for f in ("gated", "gated-l1") if f in families] or list(families)[:1]
     fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5 * (len(shown) + 1), 4.2))
     top = None
