@@ -118,3 +118,20 @@ def test_the_study_refuses_options_that_do_not_fit():
     with pytest.raises(ValueError, match="width=30 is not divisible by heads=4"):
         dataclasses.replace(layer_drop.QUICK, width=30, heads=4)
     assert ScalarGate  # the gates the study reads are the toolkit's
+
+
+def test_the_gates_learning_rate_multiple_reaches_only_the_gates():
+    from throughway.train.optim import build_optimizer
+    from throughway.train.recipes import parameter_groups
+
+    model = create_model("gpt", depth=2, width=16, heads=2, context=12, vocab_size=20, gate="relu")
+    recipe = get_recipe("nanogpt-char", gate_lr_mult=10.0)
+    gates = {id(ref.gate.k) for ref in find_branches(model).values()}
+    groups = parameter_groups(model, recipe)
+    holding = [g for g in groups if {id(p) for p in g["params"]} & gates]
+    assert len(holding) == 1 and {id(p) for p in holding[0]["params"]} == gates and holding[0]["lr_mult"] == 10.0
+    assert all(g["lr_mult"] == 1.0 for g in groups if g is not holding[0])
+    lrs = sorted(g["lr"] for g in build_optimizer(model, recipe).param_groups)
+    assert lrs[-1] == pytest.approx(10 * recipe.lr) and lrs[0] == pytest.approx(recipe.lr)
+    with pytest.raises(ValueError, match="gate_lr_mult=0"):
+        recipe.replace(gate_lr_mult=0.0)

@@ -94,6 +94,10 @@ class Recipe:
     # λ of an L1 pressure on the gates, λ·Σ_branches mean|g|, added to the training loss of the language-
     # model path (ours: learned layer dropping; a relu gate it closes stays closed, its gradient is 0).
     gate_penalty: float = 0.0
+    # The gates' learning rate as a multiple of the recipe's (ours; 1: the recipe's own). An Adam-type step
+    # moves a parameter by about lr per step whatever its gradient, so a gate that the pressure should close
+    # from k = 1 within a short run needs a larger rate.
+    gate_lr_mult: float = 1.0
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -142,6 +146,10 @@ class Recipe:
                 and math.isfinite(self.gate_penalty) and self.gate_penalty >= 0):
             raise ValueError(f"gate_penalty={self.gate_penalty!r}: the weight of the L1 pressure on the gates; must be "
                              f"a finite number ≥ 0 (0: none)")
+        if not (isinstance(self.gate_lr_mult, (int, float)) and not isinstance(self.gate_lr_mult, bool)
+                and math.isfinite(self.gate_lr_mult) and self.gate_lr_mult > 0):
+            raise ValueError(f"gate_lr_mult={self.gate_lr_mult!r}: the gates' learning rate over the recipe's; must be "
+                             f"a finite number > 0 (1: the recipe's own)")
         if self.steps_per_epoch is not None and (isinstance(self.steps_per_epoch, bool)
                                                  or not isinstance(self.steps_per_epoch, int) or self.steps_per_epoch < 1):
             raise ValueError(f"steps_per_epoch={self.steps_per_epoch!r}: must be a whole number ≥ 1, or None (one "
@@ -423,7 +431,7 @@ def parameter_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
         if not param.requires_grad:
             continue
         if id(param) in gates:
-            key = (1.0, 1.0 if recipe.k_decay else 0.0)
+            key = (float(recipe.gate_lr_mult), 1.0 if recipe.k_decay else 0.0)
         else:
             decayed = param.dim() >= 2 and id(param) not in embeddings and not _matches(name, excluded)
             key = _rule_for(name, recipe.param_rules) or (1.0, 1.0 if decayed else 0.0)
