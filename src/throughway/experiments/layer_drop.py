@@ -13,7 +13,9 @@ in by `add_gates` after the base weights are drawn) and read the same batches:
 * gated: u = x + relu(k)·f(x), k = 1 at first (gated-residual-v2 §2.2): the same function at start;
 * gated-l1: the same gates under a pressure that closes them: λ·Σ_branches relu(k) added to the
   training loss (ours: an L1 term on g, not on k, so that a gate driven to k ≤ 0 gets no gradient
-  from either term and stays an exact identity; recipe field `gate_penalty`);
+  from either term and stays an exact identity; recipe field `gate_penalty`), with the gates' learning
+  rate `gate_lr_mult` times the recipe's (ours: AdamW moves a parameter by about lr per step, so at
+  nanoGPT's rate a gate could not travel from k = 1 to 0 within the run; recipe field `gate_lr_mult`);
 * rezero: u = x + α·f(x), α = 0 at first (ReZero's gate on the pre-norm layer);
 * layerscale: u = x + diag(λ)·f(x), λ = CaiT's ε for the number of layers.
 
@@ -111,6 +113,7 @@ class Config:
     seeds: int = option(5, "seeds per family: mean ± std and paired tests", quick=2, minimum=1, maximum=1000)
     families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
     pressure: float = option(0.02, "λ of gated-l1's pressure λ·Σ relu(k) (ours)", minimum=0)
+    gate_lr_mult: float = option(10.0, "gated-l1's gate learning rate over the recipe's (ours)", minimum=0)
     eval_blocks: int = option(100, "validation blocks of --context characters behind every loss the study reports",
                               quick=8, minimum=1)
     calibration_blocks: int = option(16, "training blocks the data-dependent criteria are computed on", quick=4,
@@ -152,7 +155,7 @@ def specs(config: Config) -> list[RunSpec]:
             overrides: dict[str, Any] = {"batch_size": config.batch_size, "steps_per_epoch": config.eval_every,
                                          "warmup_steps": min(100, config.steps // 10)}
             if pressed:
-                overrides["gate_penalty"] = config.pressure
+                overrides.update(gate_penalty=config.pressure, gate_lr_mult=config.gate_lr_mult)
             out.append(RunSpec(run_name(family, seed), RunConfig(
                 model="gpt", depth=config.layers, dataset="shakespeare-char", recipe="nanogpt-char",
                 epochs=config.steps // config.eval_every, seed=seed, device=config.device, limit=config.limit,
