@@ -399,13 +399,23 @@ register_block("torchvision.models.swin_transformer.SwinTransformerBlockV2", {"a
                channel_dim=-1, width=_out_features("mlp.3"), fold={"attn": "norm1", "ff": "norm2"})
 
 # ---- timm -----------------------------------------------------------------------------------------
-# ResNet blocks: the branch ends in drop_path, else se, else the last BatchNorm (None where absent); the
-# fold into the BatchNorm holds when there is no squeeze-excitation between it and the end; act2 / act3
-# after the add
-register_block("timm.models.resnet.BasicBlock", ("drop_path", "se", "bn2"), shortcut="downsample", fold="bn2",
-               identity_when_closed=False)
-register_block("timm.models.resnet.Bottleneck", ("drop_path", "se", "bn3"), shortcut="downsample", fold="bn3",
-               identity_when_closed=False)
+
+
+def _timm_resnet(last_norm: str) -> Callable[[nn.Module], BlockSpec]:
+    ends = ("drop_path", "se", last_norm)
+    folded = BlockSpec({"": ends}, shortcut="downsample", fold={"": last_norm}, identity_when_closed=False)
+    unfolded = BlockSpec({"": ends}, shortcut="downsample", identity_when_closed=False)
+
+    def choose(block: nn.Module) -> BlockSpec:
+        return folded if getattr(block, "se", None) is None else unfolded
+    return choose
+
+
+# ResNet blocks: the branch ends in drop_path, else se, else the last BatchNorm (None where absent); act2 /
+# act3 after the add. A gate folds into the BatchNorm only without a squeeze-excitation (SE-ResNet: x·σ(...)
+# of the BatchNorm's output, which a scale of the BatchNorm does not scale).
+_per_instance("timm.models.resnet.BasicBlock", _timm_resnet("bn2"))
+_per_instance("timm.models.resnet.Bottleneck", _timm_resnet("bn3"))
 # ViT block: x + drop_path1(ls1(attn(norm1(x)))); ls1/ls2 are LayerScale (gamma) or an empty nn.Identity slot
 register_block("timm.models.vision_transformer.Block", {"attn": "drop_path1", "ff": "drop_path2"},
                gates={"attn": "ls1", "ff": "ls2"}, channel_dim=-1, fold={"attn": "attn.proj", "ff": "mlp.fc2"})
