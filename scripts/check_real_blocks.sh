@@ -31,5 +31,6 @@ if ! "$VENV/bin/python" -m pip freeze 2>/dev/null | grep -qx "timm==1.0.31"; the
 fi
 # the package only (its own dependencies numpy, safetensors, tqdm, filelock come with the pins above)
 "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall .
+export REAL_BLOCKS_COMMAND="scripts/check_real_blocks.sh $*"
 cd /tmp  # import the installed package, not ./src
 exec "$VENV/bin/python" "$OLDPWD/scripts/check_real_blocks.py" "${ARGS[@]}"

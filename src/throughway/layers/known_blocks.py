@@ -436,6 +436,8 @@ def _has_skip(block: nn.Module) -> bool:
 # of InvertedResidual, computes the same way and shares the entry.
 register_block("timm.models._efficientnet_blocks.InvertedResidual", "drop_path", skip=_has_skip, fold="bn3")
 register_block("timm.models._efficientnet_blocks.EdgeResidual", "drop_path", skip=_has_skip, fold="bn2")
+# EfficientNetV2's first stage: conv, bn1 with its activation, aa; no fold (the activation follows the norm)
+register_block("timm.models._efficientnet_blocks.ConvBnAct", "drop_path", skip=_has_skip)
 
 
 def _depthwise_separable(block: nn.Module) -> BlockSpec:
