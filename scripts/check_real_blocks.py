@@ -436,8 +436,6 @@ def run_one(name: str) -> dict[str, Any]:
     step("save_load", save_load)
 
     def pretrained() -> dict[str, Any]:
-        if case.library != "transformers":
-            raise _NotApplicable("not a Hugging Face model")
         reference = _output(model, x)
         with tempfile.TemporaryDirectory() as tmp:
             model.save_pretrained(tmp)
@@ -451,7 +449,8 @@ def run_one(name: str) -> dict[str, Any]:
             raise AssertionError(f"from_pretrained: outputs differ by {_difference(again, reference):.3g}")
         return {"from_pretrained": "bit-identical"}
 
-    step("pretrained", pretrained)
+    if case.library == "transformers":
+        step("pretrained", pretrained)
     return {"model": name, "library": case.library, "listed": case.listed, "blocks": len(blocks),
             "expected_blocks": case.blocks, "steps": steps, "seconds": round(time.perf_counter() - start, 1)}
 
@@ -502,7 +501,8 @@ def _cell(row: dict[str, Any], what: str) -> str:
         parts += [f"{detail[k]} {k}" for k in ("unverified", "plain", "projection") if detail[k]]
         return "pass: " + ", ".join(parts)
     if what == "strict":
-        return f"pass: {detail['checked']} checked"
+        return f"pass: {detail['checked']} checked" + (f", {detail['unverified']} post-norm" if detail["unverified"]
+                                                        else "")
     if what == "gates":
         return f"pass ({detail['gated_branches']})"
     if what == "fold":
@@ -521,9 +521,10 @@ def write_report(rows: list[dict[str, Any]], out: Path, versions: dict[str, str]
              "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
              "Models from small configs or `pretrained=False` (no weights downloaded); each step as described in "
              "scripts/check_real_blocks.py. `check`: branches verified by check_blocks (closing every branch returns "
-             "the block's input, scaling one by 0.5 halves the residual), the others unverified (post-activation or "
-             "post-norm blocks, which `strict` then checks with the activation replaced by the identity), plain (no "
-             "shortcut in this instance) or projection blocks. Rows marked * are extra families the registry "
+             "the block's input, scaling one by 0.5 halves the residual), the others unverified (post-activation blocks, "
+             "which `strict` then checks with the activation replaced by the identity, and post-norm blocks, which "
+             "no check can close to the identity), plain (no shortcut in this instance) or projection blocks. "
+             "`pretrained`: Hugging Face models only. Rows marked * are extra families the registry "
              "covers, beyond the issue's lists.", "",
              "| model | blocks | check | strict | add_gates | lesion | remove | fold | save/load | pretrained | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -543,14 +544,23 @@ def write_report(rows: list[dict[str, Any]], out: Path, versions: dict[str, str]
               f"{sum(e['status'] == 'fail' for _, _, e in failures)} failed, "
               f"{sum(e['status'] == 'n/a' for _, _, e in failures)} not applicable, {len(errors)} models did not run.",
               ""]
-    if failures or errors:
-        lines += ["## Not passed", ""]
-        for model, what, entry in failures:
-            lines.append(f"- {model}, {what}: {entry['status']}: {entry['detail']}")
-            if (model, what) in KNOWN_CAUSES and entry["status"] == "fail":
+    failed = [(model, what, entry) for model, what, entry in failures if entry["status"] == "fail"]
+    if failed or errors:
+        lines += ["## Failed", ""]
+        for model, what, entry in failed:
+            lines.append(f"- {model}, {what}: {entry['detail']}")
+            if (model, what) in KNOWN_CAUSES:
                 lines.append(f"  - why: {KNOWN_CAUSES[(model, what)]}")
         for row in errors:
             lines.append(f"- {row['model']}: did not run: {row['error']}")
+        lines.append("")
+    reasons: dict[str, list[str]] = {}
+    for model, what, entry in failures:
+        if entry["status"] == "n/a":
+            reasons.setdefault(f"{what}: {entry['detail']}", []).append(model)
+    if reasons:
+        lines += ["## Not applicable", ""]
+        lines += [f"- {reason}: {', '.join(models)}" for reason, models in reasons.items()]
         lines.append("")
     (out / "report.md").write_text("\n".join(lines))
 
@@ -585,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{p: _version(p) for p in ("torch", "torchvision", "timm", "transformers")},
                 "throughway": f"{_version('throughway')} at {_commit()} ({Path(throughway.__file__).parent})"}
     out = args.out or ROOT / "results" / "real-blocks" / datetime.date.today().isoformat()
-    command = os.environ.get("REAL_BLOCKS_COMMAND") or " ".join(["python scripts/check_real_blocks.py", *sys.argv[1:]])
+    command = (os.environ.get("REAL_BLOCKS_COMMAND") or " ".join(["python scripts/check_real_blocks.py",
+                                                                   *sys.argv[1:]])).strip()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:

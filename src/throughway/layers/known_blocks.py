@@ -160,8 +160,8 @@ register_block("transformers.models.opt.modeling_opt.OPTDecoderLayer", {"attn": 
 # applies `input_layernorm` to the attention's output), so the rule reads the class's forward once
 # and accepts it only when its calls, in evaluation order, are exactly
 #     [norm] self_attn [norm] [dropout] + residual   [norm] mlp [norm] [dropout] + residual
-# with nothing else computed on the way but reshapes and scaling by a constant (Granite's
-# residual_multiplier). Anything else (a parallel layer, a gate, a layer scale, control flow, an
+# with nothing else computed on the way but reshapes and products with a number or an attribute of
+# the layer (Granite's residual_multiplier), which scale the branch linearly. Anything else (a parallel layer, a gate, a layer scale, control flow, an
 # unknown call) is not recognised: find_blocks then warns that it found no block, rather than guess.
 
 _RESHAPES = frozenset({"view", "reshape", "contiguous", "to", "size", "float", "type_as", "get"})
