@@ -147,6 +147,7 @@ MODELS: dict[str, Case] = {
     "timm/mobilenetv3_small_100": Case("timm", _timm("mobilenetv3_small_100"), 12, listed=False),
     "timm/tf_efficientnetv2_b0": Case("timm", _timm("tf_efficientnetv2_b0"), 21, listed=False),
     "timm/resnetv2_50x1_bit": Case("timm", _timm("resnetv2_50x1_bit", zero_init_last=False), 16, listed=False),
+    "timm/regnetv_040": Case("timm", _timm("regnetv_040", zero_init_last=False), 22, listed=False),
     "torchvision/resnet18": Case("torchvision", _torchvision("resnet18"), 8),
     "torchvision/resnet50": Case("torchvision", _torchvision("resnet50"), 16),
     "torchvision/wide_resnet50_2": Case("torchvision", _torchvision("wide_resnet50_2"), 16),
