@@ -7,7 +7,7 @@ timm and torchvision pull a torch of their own, so this runs in a separate virtu
 scripts/check_real_blocks.sh builds; it is never run by the tests or CI, which check faithful replicas
 (tests/test_known_blocks.py, tests/test_any_network.py).
 
-    python scripts/check_real_blocks.py [--out DIR] [--models NAME,NAME] [--list]
+    python scripts/check_real_blocks.py [--out DIR] [--models NAME,NAME] [--update] [--list]
 
 Each model runs in a child process of its own (the memory of one model at a time). Steps, each pass / fail
 (with the error text) / n/a (with why):
@@ -40,6 +40,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -502,8 +503,8 @@ def _cell(row: dict[str, Any], what: str) -> str:
         parts += [f"{detail[k]} {k}" for k in ("unverified", "plain", "projection") if detail[k]]
         return "pass: " + ", ".join(parts)
     if what == "strict":
-        return f"pass: {detail['checked']} checked" + (f", {detail['unverified']} post-norm" if detail["unverified"]
-                                                        else "")
+        return f"pass: {detail['checked']} checked" + (f", {detail['unverified']} closing to a norm"
+                                                        if detail["unverified"] else "")
     if what == "gates":
         return f"pass ({detail['gated_branches']})"
     if what == "fold":
@@ -519,12 +520,15 @@ def write_report(rows: list[dict[str, Any]], out: Path, versions: dict[str, str]
                                                  "rows": rows}, indent=1) + "\n")
     lines = [f"# The block registry on the real packages ({today})", "",
              f"`{command}`", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "; commits: "
+             + ", ".join(f"{c} ({sum(r.get('commit') == c for r in rows)} models)"
+                         for c in dict.fromkeys(r.get("commit", "unknown") for r in rows)) + ".", "",
              "Models from small configs or `pretrained=False` (no weights downloaded); each step as described in "
              "scripts/check_real_blocks.py. `check`: branches verified by check_blocks (closing every branch returns "
              "the block's input, scaling one by 0.5 halves the residual), the others unverified (post-activation blocks, "
-             "which `strict` then checks with the activation replaced by the identity, and post-norm blocks, which "
-             "no check can close to the identity), plain (no shortcut in this instance) or projection blocks. "
+             "which `strict` then checks with the activation replaced by the identity, and blocks that close to a "
+             "normalisation of their input, not to it: post-norm layers, RegNet's PreBottleneck whose shortcut is "
+             "norm1(x)), plain (no shortcut in this instance) or projection blocks. "
              "`pretrained`: Hugging Face models only. Rows marked * are extra families the registry "
              "covers, beyond the issue's lists.", "",
              "| model | blocks | check | strict | add_gates | lesion | remove | fold | save/load | pretrained | s |",
@@ -575,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process: one model
     parser.add_argument("--row", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timeout-s", type=int, default=600, help="seconds each model may take (default 600)")
+    parser.add_argument("--update", action="store_true",
+                        help="run only --models and replace their rows in the report already in --out (each row "
+                             "records the commit it ran at)")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(MODELS))
@@ -590,14 +597,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--models: {unknown} not known; accepted values (--list): {list(MODELS)}")
     if args.timeout_s < 1:
         parser.error(f"--timeout-s={args.timeout_s}: expected a whole number of seconds >= 1")
+    if args.update and (args.models is None or args.out is None or not (args.out / "report.json").is_file()):
+        parser.error("--update needs --models and an --out folder holding report.json")
     import throughway
 
     versions = {"python": platform.python_version(),
                 **{p: _version(p) for p in ("torch", "torchvision", "timm", "transformers")},
-                "throughway": f"{_version('throughway')} at {_commit()} ({Path(throughway.__file__).parent})"}
+                "throughway": f"{_version('throughway')} ({Path(throughway.__file__).parent})"}
     out = args.out or ROOT / "results" / "real-blocks" / datetime.date.today().isoformat()
     command = (os.environ.get("REAL_BLOCKS_COMMAND") or " ".join(["python scripts/check_real_blocks.py",
                                                                    *sys.argv[1:]])).strip()
+    commit = _commit()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -618,8 +628,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error (exit {done.returncode})", flush=True)
                 continue
             row = json.loads(row_path.read_text())
+            row["commit"] = commit
             rows.append(row)
             print(" ".join(f"{k}={v['status']}" for k, v in row["steps"].items()), f"({row['seconds']} s)", flush=True)
+    if args.update:
+        earlier = json.loads((out / "report.json").read_text())
+        if earlier.get("versions", {}).get("torch") != versions["torch"]:
+            parser.error(f"--update: {out}/report.json was made with other package versions ({earlier.get('versions')})")
+        fresh = {row["model"]: row for row in rows}
+        at = re.search(r" at (\w+)", earlier.get("versions", {}).get("throughway", ""))  # reports before rows had one
+        kept = {row["model"]: {"commit": at.group(1) if at else "unknown", **row} for row in earlier["rows"]}
+        kept.update(fresh)
+        rows = [kept[name] for name in MODELS if name in kept]
+        command = f"{earlier['command']}; then {command}"
     write_report(rows, out, versions, command)
     print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
     failed = [row for row in rows if "error" in row or any(e["status"] == "fail" for e in row["steps"].values())]

@@ -4,20 +4,24 @@
 # package into it without dependencies, and run scripts/check_real_blocks.py there: its report goes to
 # results/real-blocks/<date>/ (or --out=DIR).
 #
-#   scripts/check_real_blocks.sh [--venv=/tmp/real-blocks-venv] [--out=DIR] [--models=NAME,NAME]
+#   scripts/check_real_blocks.sh [--venv=/tmp/real-blocks-venv] [--out=DIR] [--models=NAME,NAME] [--update]
+#
+# --update reruns only --models and replaces their rows in DIR/report.json (needs --out=DIR).
 #
 # The pip install downloads torch 2.14.1 with its CUDA libraries (a few GB) the first time; a venv that
 # already has the pinned versions is reused.
 set -euo pipefail
+INVOKED_FROM=$PWD
 cd "$(dirname "$0")/.."
 VENV=/tmp/real-blocks-venv
 ARGS=()
 for arg in "$@"; do
   case $arg in
     --venv=*) VENV=${arg#*=} ;;
-    --out=*) ARGS+=("--out" "${arg#*=}") ;;
+    --out=*) ARGS+=("--out" "$(cd "$INVOKED_FROM" && realpath -m "${arg#*=}")") ;;
     --models=*) ARGS+=("--models" "${arg#*=}") ;;
-    *) echo "check_real_blocks.sh: unknown argument '$arg'; accepted: --venv=PATH --out=DIR --models=NAME,NAME" >&2; exit 2 ;;
+    --update) ARGS+=("--update") ;;
+    *) echo "check_real_blocks.sh: unknown argument '$arg'; accepted: --venv=PATH --out=DIR --models=NAME,NAME --update" >&2; exit 2 ;;
   esac
 done
 case $VENV in

@@ -462,8 +462,10 @@ def _linear_out(block: nn.Module) -> bool:
 # downsample None means no shortcut, nn.Identity the identity, a ConvNormAct a projection
 register_block("timm.models.regnet.Bottleneck", "drop_path", shortcut="downsample", skip=_has_downsample,
                fold="conv3.bn", identity_when_closed=_linear_out)
+# PreBottleneck normalises first and adds the normalised input: x = norm1(x); drop_path(f(x)) + downsample(x), so a
+# closed branch leaves norm1(x) (a BatchNorm with its activation), not the block's input
 register_block("timm.models.regnet.PreBottleneck", "drop_path", shortcut="downsample", skip=_has_downsample,
-               fold="conv3")
+               fold="conv3", identity_when_closed=False)
 
 
 def _weight_standardised(conv: nn.Module) -> bool:
