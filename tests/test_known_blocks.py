@@ -21,7 +21,7 @@ from throughway.layers import block_spec
 from throughway.layers import blocks as block_registry
 from throughway.layers.adapters import fold_gates
 from throughway.layers.blocks import check_blocks, has_shortcut
-from throughway.layers.known_blocks import POST_ACTIVATION, decoder_layout, hugging_face_decoder_rule
+from throughway.layers.known_blocks import CLOSED_THROUGH, decoder_layout, hugging_face_decoder_rule
 
 
 def _run(model: nn.Module, x: Any) -> torch.Tensor:
@@ -291,7 +291,8 @@ def test_a_post_activation_block_is_left_unverified_and_checks_with_its_activati
     assert result.checked == () and set(result.unverified) == {"1", "2"}
     # With act2 the identity, the sum itself is the output: the registered end (bn2) is then verified.
     for block in (net[1], net[2]):
-        setattr(block, POST_ACTIVATION["timm.models.resnet.BasicBlock"], nn.Identity())
+        (activation,) = CLOSED_THROUGH["timm.models.resnet.BasicBlock"]
+        setattr(block, activation, nn.Identity())
     spec = block_spec(net[1])
     register_block(BasicBlock, "bn2", shortcut="downsample", check=(net, x))  # by class: wins over the name
     try:

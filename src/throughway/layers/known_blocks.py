@@ -18,10 +18,12 @@ How the entries were chosen, read from each class's `forward`:
   LayerNorm would be normalised away.
 - A block with an activation after the add (torchvision's and timm's ResNets, RegNet, ResNetV2's
   non-pre-activation `Bottleneck`: act(x + f(x))) does not return x with its branch closed but
-  act(x), which is x only for the non-negative inputs a ReLU network feeds it; its entry sets
-  `identity_when_closed=False`, so `check_blocks` reports it unverified rather than failing, and
-  `POST_ACTIVATION` names the activation, so that a check can replace it by the identity and verify
-  the branch end (scripts/check_real_blocks.py and the tests do).
+  act(x), which is x only for the non-negative inputs a ReLU network feeds it; nor does a post-norm
+  layer (BERT, OPT-350m: norm(x + f(x))) or RegNet's PreBottleneck, whose shortcut is norm1(x). Their
+  entries set `identity_when_closed=False`, so `check_blocks` reports them unverified rather than
+  failing, and `CLOSED_THROUGH` names the modules a closed block still applies to its input, so that a
+  check can replace them by the identity on a copy and verify the branch ends
+  (scripts/check_real_blocks.py and the tests do).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch import nn
 
 from .blocks import BlockSpec, register_block, register_rule
 
-__all__ = ["POST_ACTIVATION", "decoder_layout", "hugging_face_decoder_rule"]
+__all__ = ["CLOSED_THROUGH", "decoder_layout", "hugging_face_decoder_rule"]
 
 
 def _torch_encoder_prepare(layer: nn.Module) -> None:
@@ -76,15 +78,22 @@ def _hidden_size(layer: nn.Module) -> int:
                      f"width from; register it with width=...")
 
 
-# Post-activation blocks: the qualified class name → the attribute of the activation the forward applies
-# to the sum x + f(x). torchvision's BasicBlock / Bottleneck call `relu` inside the branch too.
-POST_ACTIVATION: Mapping[str, str] = {
-    "torchvision.models.resnet.BasicBlock": "relu",
-    "torchvision.models.resnet.Bottleneck": "relu",
-    "timm.models.resnet.BasicBlock": "act2",
-    "timm.models.resnet.Bottleneck": "act3",
-    "timm.models.regnet.Bottleneck": "act3",
-    "timm.models.resnetv2.Bottleneck": "act3",
+# The blocks that do not close to the identity: qualified class name → the modules a closed block still
+# applies to its input (an activation after the add, a norm of the sum or of the shortcut). With these
+# the identity, the block is x + f(x) and check_blocks can verify its branch ends. torchvision's ResNet
+# blocks call `relu` inside the branch too; OPT's norms are the post-norms only when do_layer_norm_before
+# is False (otherwise they normalise the branch's input, and replacing them changes only the branch).
+CLOSED_THROUGH: Mapping[str, tuple[str, ...]] = {
+    "torchvision.models.resnet.BasicBlock": ("relu",),
+    "torchvision.models.resnet.Bottleneck": ("relu",),
+    "timm.models.resnet.BasicBlock": ("act2",),
+    "timm.models.resnet.Bottleneck": ("act3",),
+    "timm.models.regnet.Bottleneck": ("act3",),
+    "timm.models.regnet.PreBottleneck": ("norm1",),
+    "timm.models.resnetv2.Bottleneck": ("act3",),
+    "transformers.models.bert.modeling_bert.BertLayer": ("attention.output.LayerNorm", "crossattention.output.LayerNorm",
+                                                         "output.LayerNorm"),
+    "transformers.models.opt.modeling_opt.OPTDecoderLayer": ("self_attn_layer_norm", "final_layer_norm"),
 }
 
 
