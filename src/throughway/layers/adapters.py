@@ -242,6 +242,11 @@ def _scale_weights(module: nn.Module, g: torch.Tensor, where: str) -> None:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"fold_gates: {where} ({type(module).__name__}) has no weight to fold the gate into")
+    if "StdConv" in type(module).__name__:
+        # timm's weight-standardised convolutions normalise their weight at every call: a scale folded
+        # into it would be undone, silently
+        raise ValueError(f"fold_gates: {where} is a {type(module).__name__}, which standardises its weight at "
+                         f"every call; a gate folded into it would be lost")
     bias = getattr(module, "bias", None)
     g = g.to(dtype=weight.dtype, device=weight.device)
     with torch.no_grad():
@@ -249,8 +254,9 @@ def _scale_weights(module: nn.Module, g: torch.Tensor, where: str) -> None:
             weight.mul_(g)
         elif type(module).__name__ == "Conv1D":  # transformers' Conv1D: y = x @ W + b, W of shape (in, out)
             weight.mul_(g.view(1, -1))
-        elif isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.modules.batchnorm._NormBase)):
-            weight.mul_(g.view(-1, *([1] * (weight.dim() - 1))))  # output channels first; a BatchNorm's γ is (C,)
+        elif isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or weight.dim() == 1:
+            # output channels first; a norm's γ (BatchNorm, LayerNorm, RMSNorm: weight·x̂ + bias) is (C,)
+            weight.mul_(g.view(-1, *([1] * (weight.dim() - 1))))
         else:
             raise ValueError(f"fold_gates: {where} is a {type(module).__name__}; a vector gate folds into a Linear, "
                              f"a convolution, a BatchNorm or transformers' Conv1D")
@@ -311,25 +317,33 @@ def fold_gates(model: nn.Module, targets: Sequence[str] | Callable[[BranchRef], 
             before = _first_tensor(call_model(model, example_input))
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     undo: list[Callable[[], None]] = []
-    for ref in chosen:
-        where = qualified_name(ref.block, ref.spec.fold[ref.key])
-        target = model.get_submodule(where)
-        for tensor in (getattr(target, "weight", None), getattr(target, "bias", None)):
-            if isinstance(tensor, torch.Tensor):
-                saved.append((tensor, tensor.detach().clone()))
-        g = cast(Callable[[], torch.Tensor], ref.gate.value)().detach()
-        _scale_weights(target, g, where)
-        undo.append(_remove_gate(model, ref))
+
+    def put_everything_back() -> None:
+        with torch.no_grad():
+            for tensor, copy in saved:
+                tensor.copy_(copy)
+        for put_back in reversed(undo):
+            put_back()
+
+    try:
+        for ref in chosen:
+            where = qualified_name(ref.block, ref.spec.fold[ref.key])
+            target = model.get_submodule(where)
+            for tensor in (getattr(target, "weight", None), getattr(target, "bias", None)):
+                if isinstance(tensor, torch.Tensor):
+                    saved.append((tensor, tensor.detach().clone()))
+            g = cast(Callable[[], torch.Tensor], ref.gate.value)().detach()
+            _scale_weights(target, g, where)
+            undo.append(_remove_gate(model, ref))
+    except Exception:
+        put_everything_back()  # all or nothing: a branch that cannot fold leaves the model as it was
+        raise
     if before is not None:
         with torch.no_grad():
             after = _first_tensor(call_model(model, example_input))
         difference = float((after.double() - before.double()).abs().max())
         if difference > 1e-4 * max(float(before.abs().max()), 1.0):
-            with torch.no_grad():
-                for tensor, copy in saved:
-                    tensor.copy_(copy)
-            for put_back in reversed(undo):
-                put_back()
+            put_everything_back()
             raise ValueError(f"fold_gates: folding changed the output by up to {difference:.3g}; the fold paths of "
                              f"{[ref.name for ref in chosen][:4]} do not produce their branches (weights and gates "
                              f"put back)")
@@ -401,6 +415,24 @@ def _read_tensors(source: str | Path | Mapping[str, torch.Tensor], keys: Sequenc
     return out
 
 
+def _saved_names(model: nn.Module, parameters: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """The name each gate parameter has in a file the model's library saved: its own name, or for a Hugging
+    Face model the name its save_pretrained writes (transformers 5 converts some models' names on the way
+    out: ViT's "layers.0" is saved as "encoder.layer.0"), read from the library's own conversion."""
+    names = {key: key for key in parameters}
+    if _hf_config(model) is None:
+        return names
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4.x saves under the model's own names
+        return names
+    for key, parameter in parameters.items():
+        converted = revert_weight_conversion(model, {key: parameter.detach()})  # type: ignore[arg-type]
+        if len(converted) == 1:
+            names[key] = next(iter(converted))
+    return names
+
+
 def restore_gates(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor],
                   record: Mapping[str, Any] | None = None) -> nn.Module:
     """Re-add the gates a saved gated model had and load their values, in place; return the model.
@@ -433,7 +465,9 @@ def restore_gates(model: nn.Module, source: str | Path | Mapping[str, torch.Tens
         gate = ref.gate
         for parameter_name, parameter in cast(nn.Module, gate).named_parameters():
             keys[f"{ref.gate_path}.{parameter_name}"] = parameter
-    tensors = _read_tensors(source, list(keys))
+    saved_names = _saved_names(model, keys)
+    found = _read_tensors(source, list(saved_names.values()))
+    tensors = {key: found[saved_names[key]] for key in keys}
     with torch.no_grad():
         for key, parameter in keys.items():
             saved = tensors[key]

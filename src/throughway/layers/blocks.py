@@ -714,7 +714,8 @@ def check_blocks(model: nn.Module, example_input: Any, blocks: Sequence[str] | N
         identity = spec.identity_when_closed
         closes_to_identity = identity(all_blocks[name]) if callable(identity) else identity
         if spec.kind in ("highway", "augmented") or not closes_to_identity:
-            why = "post-norm block" if not closes_to_identity else f"{spec.kind} block"
+            why = ("a module acts after the add (a post-norm or post-activation block)" if not closes_to_identity
+                   else f"{spec.kind} block")
             unverified.update({ref.name: f"{why}: closing it does not leave the identity" for ref in refs})
             continue
         if spec.prepare is not None:
