@@ -1,4 +1,4 @@
-"""Figures of `reproduce gate-family` (issue 24), drawn from its results.json summary alone
+"""Figures of `reproduce gate-family`, drawn from its results.json summary alone
 (`experiments.gate_family.summarize`): training loss by depth, and the layer-removal curves.
 
 Every curve is the mean over seeds with a band from the lowest to the highest seed: a single seed's

@@ -387,7 +387,8 @@ def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, pr
     names = [s.name for s in batch]
     try:
         damaged = damaged_finished_runs(batch, out) if resume else {}
-        if damaged:  # each damaged finished run fails alone; its batch-mates go on (issue 31, item 12)
+        if damaged:  # each damaged finished run fails alone; its batch-mates go on (one bad file must not
+            # cost the other runs of its stack)
             rest = [s for s in batch if s.name not in damaged]
             outcomes: list[tuple[list[str], str | None]] = [([name], error) for name, error in damaged.items()]
             return outcomes + (_batch_worker(rest, out, resume, threads, progress, compile) if rest else [])
