@@ -13,8 +13,8 @@
     throughway --version                     the installed version
 
 (This text is `throughway --help`'s description. The parser is built in cli.parser, each command's
-work is done in cli.commands; this module dispatches: bad input becomes a message and exit status 2, a bug of the toolkit its
-traceback and exit status 1, told apart as cli.errors says.)
+work is done in cli.commands; this module dispatches: bad input becomes a message and exit status 2,
+a bug of the toolkit its traceback and exit status 1, told apart as cli.errors says.)
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import contextlib
 import sys
 from typing import Callable, Sequence
 
-from .errors import error_message, is_input_error, report_bug
 from .commands import cmd_analyze, cmd_data, cmd_list, cmd_report, cmd_reproduce, cmd_sdi, cmd_train
+from .errors import error_message, is_input_error, report_bug
 from .parser import build_parser, command_of
 
 __all__ = ["main", "build_parser"]
