@@ -5,9 +5,11 @@
 #   test-suite.txt  the README's test command on another fresh clone of HEAD, timed once it is set up.
 # Both run as on a fresh machine: every cache that makes a second run faster is a new, empty folder of
 # their own (torch.compile's inductor and Triton caches, matplotlib's font cache, $XDG_CACHE_HOME, no
-# __pycache__ in a fresh clone). Two caches are the machine's, and each file says so: pip's download
-# cache (the set-up installs from it when it can; the test suite is timed after the set-up anyway) and
-# the MNIST data cache ($THROUGHWAY_DATA or ~/.cache/throughway: the main job reads MNIST from it).
+# __pycache__ in a fresh clone), the data cache included: $THROUGHWAY_DATA points into the new folder,
+# so the main job downloads MNIST (from PyPI) as a newcomer's first run does. Nothing of the user's is
+# read or deleted: the user's own data cache and $THROUGHWAY_DATA are left as they are. One cache is the
+# machine's, and each file says so: pip's download cache (the set-up installs from it when it can, so
+# torch is not downloaded again; the test suite is timed after the set-up anyway).
 # Usage: scripts/measure_timings.sh [main-job|test-suite|all]. Run it on a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,21 +19,23 @@ mkdir -p "$out"
 revision=$(git rev-parse --short HEAD)
 stamp() { echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "machine: $(nproc) cores, $(uname -m)"; }
 pip_cache=$(python3 -m pip cache dir 2>/dev/null || echo "$HOME/.cache/pip")
-caches_line="caches: cold (empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, MPLCONFIGDIR and XDG_CACHE_HOME in a new temporary folder; a fresh clone has no __pycache__); kept: pip's download cache ($pip_cache) and the data cache (${THROUGHWAY_DATA:-~/.cache/throughway})"
+caches_line="caches: cold (empty TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, MPLCONFIGDIR, XDG_CACHE_HOME and THROUGHWAY_DATA in a new temporary folder: the data set is downloaded; a fresh clone has no __pycache__); kept: pip's download cache ($pip_cache)"
 
 # A fresh clone of HEAD in a new temporary folder, with empty caches of its own; prints the folder.
 fresh() {
   local root
   root=$(mktemp -d)
   git clone -q . "$root/throughway"
-  mkdir -p "$root/cache/inductor" "$root/cache/triton" "$root/cache/matplotlib" "$root/cache/xdg"
+  mkdir -p "$root/cache/inductor" "$root/cache/triton" "$root/cache/matplotlib" "$root/cache/xdg" "$root/cache/data"
   echo "$root"
 }
-# Run a command in the clone of `fresh` with only its empty caches.
+# Run a command in the clone of `fresh` with only its empty caches (the data cache among them; the folder
+# is removed with the clone, so the user's own caches are never touched).
 in_clone() {
   local root=$1; shift
   (cd "$root/throughway" && env TORCHINDUCTOR_CACHE_DIR="$root/cache/inductor" TRITON_CACHE_DIR="$root/cache/triton" \
-     MPLCONFIGDIR="$root/cache/matplotlib" XDG_CACHE_HOME="$root/cache/xdg" PIP_CACHE_DIR="$pip_cache" "$@")
+     MPLCONFIGDIR="$root/cache/matplotlib" XDG_CACHE_HOME="$root/cache/xdg" THROUGHWAY_DATA="$root/cache/data" \
+     PIP_CACHE_DIR="$pip_cache" "$@")
 }
 
 if [ "$what" = main-job ] || [ "$what" = all ]; then

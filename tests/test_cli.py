@@ -68,6 +68,51 @@ def test_errors_are_clear_and_exit_2(tmp_path, fake_mnist_root, capsys):
         main(["reproduce", "mnist-depth", "--archs", "transformer"])
 
 
+def test_bad_input_is_one_line_and_exit_2_never_a_traceback(tmp_path, capsys):
+    # raised on purpose by a check deep in the package (models.registry), not by the parser
+    out = tmp_path / "run"
+    assert main(["train", "--model", "mlp_gated_residual", "--depth", "2", "--model-arg", "bn_momentum=5",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("throughway: error: ") and "bn_momentum=5" in err and "accepted" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_bug_of_the_toolkit_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
+    def typo(*args, **kwargs):
+        record = {"test_error_pct": 1.0}
+        return record["test_eror_pct"]  # what a typo in the package does: a KeyError no check meant
+
+    monkeypatch.setattr("throughway.analysis.sdi.sdi", typo)
+    assert main(["sdi", "--layer", "gated", "--width", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and 'record["test_eror_pct"]' in err  # the file and line
+    assert "KeyError: 'test_eror_pct'" in err and "throughway: error: test_eror_pct" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("throughway: internal error: this is a bug in throughway, not in your input")
+    assert "issue tracker" in last or "http" in last  # where to report it
+    assert "throughway sdi --layer gated --width 4" in last and "the traceback above" in last  # and what to send
+
+
+def test_an_exception_is_input_only_when_a_check_of_the_toolkit_raised_it():
+    from throughway.cli.errors import is_input_error, raised_on_purpose
+    from throughway.models import create_model
+    from throughway.train.callbacks import metrics_table
+
+    def caught(call):
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        raise AssertionError("no exception")
+
+    assert raised_on_purpose(caught(lambda: create_model("mlp_nope")))  # a check naming the accepted models
+    assert not raised_on_purpose(caught(lambda: metrics_table([None])))  # Python's TypeError inside the package
+    assert not raised_on_purpose(caught(lambda: {}["x"]))  # and outside it
+    assert not raised_on_purpose(KeyError("never raised"))  # no traceback: nothing says where it began
+    assert is_input_error(caught(lambda: open("/nonexistent/throughway"))) and is_input_error(MemoryError())
+
+
 def test_mnist_depth_estimate_projects_one_mixed_batch_per_depth(fake_mnist_root, capsys):
     # Issue 16: plain, residual and gated nets of one depth and every seed are one batch.
     assert main(["reproduce", "mnist-depth", "--estimate", "--depths", "2", "4", "--seeds", "2", "--epochs", "3",

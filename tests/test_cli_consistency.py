@@ -212,12 +212,45 @@ def test_a_study_shows_one_progress_line_per_batch_with_an_eta_and_nothing_when_
     bar.close()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and "3/10" in lines[0] and "10/10" in lines[1] and "batch d=2 done" in lines[0]
-    assert "<" in lines[0]  # elapsed<remaining: the ETA
+    assert "left" in lines[0]  # the time left, measured on the first batch
     quiet = io.StringIO()
     bar = StudyProgress(10, enabled=False, stream=quiet)
     bar.advance(10)
     bar.close()
     assert quiet.getvalue() == ""
+
+
+def test_a_studys_time_left_is_measured_by_work_not_by_counting_runs(monkeypatch):
+    """A study trains its deepest runs first: after a batch of 6 depth-100 runs (600 units of work in 60 s),
+    34 runs of 20 units each are left, 68 s at the measured pace; counting runs would say 340 s."""
+    from types import SimpleNamespace
+
+    from throughway.study import stacking
+
+    clock = [0.0]
+    monkeypatch.setattr(stacking, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    stream = io.StringIO()
+    bar = stacking.StudyProgress(40, "study: runs", stream=stream, total_work=6 * 100 + 34 * 20)
+    assert bar.remaining_s() is None  # nothing measured yet: no estimate
+    clock[0] = 60.0
+    bar.advance(6, "batch d=100 done", work=600)
+    assert bar.remaining_s() == pytest.approx(68.0)
+    assert "01:08 left" in stream.getvalue()
+    # a resumed study: runs finished before count as done, neither as work nor as time
+    resumed = io.StringIO()
+    bar = stacking.StudyProgress(40, "study: runs", stream=resumed, total_work=34 * 20, done_before=6)
+    clock[0] = 70.0
+    bar.advance(4, "batch d=50 done", work=80)
+    assert "10/40" in resumed.getvalue() and bar.remaining_s() == pytest.approx(10.0 * 600 / 80)
+
+
+def test_the_work_of_a_run_grows_with_its_depth_and_epochs():
+    from throughway.study.stacking import run_work
+    from throughway.train import RunConfig
+
+    shallow, deep = (RunConfig(model="mlp_gated_residual", depth=d, recipe="gresnet-mnist") for d in (2, 100))
+    assert run_work(deep) > 6 * run_work(shallow)  # 304,810 parameters against 45,061
+    assert run_work(dataclasses.replace(shallow, recipe_overrides={"epochs": 2})) * 50 == pytest.approx(run_work(shallow))
 
 
 def test_contention_is_one_for_a_single_worker():

@@ -124,6 +124,24 @@ def test_load_dataset_reads_the_cache_from_the_environment(fake_mnist_root):
     assert len(data.train) == 600
 
 
+def test_the_cache_root_honours_xdg_cache_home_after_throughway_data(tmp_path, monkeypatch):
+    from throughway.data.cache import data_root
+
+    monkeypatch.delenv("THROUGHWAY_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert data_root() == tmp_path / "home" / ".cache" / "throughway"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert data_root() == tmp_path / "xdg" / "throughway"
+    monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "mine"))  # the toolkit's own variable comes first
+    assert data_root() == tmp_path / "mine"
+    assert data_root(tmp_path / "given") == tmp_path / "given"  # and --data-dir before both
+    monkeypatch.delenv("THROUGHWAY_DATA")
+    for ignored in ("", "relative/cache"):  # the XDG specification: an empty or relative value is ignored
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert data_root() == tmp_path / "home" / ".cache" / "throughway"
+
+
 def test_unknown_dataset_and_cifar_without_folder():
     with pytest.raises(ValueError, match="accepted values"):
         load_dataset("svhn")

@@ -1,10 +1,14 @@
-"""Figures: one save helper writes PNG, SVG or PDF (`--format`), the TSDI figure labels its curves
-directly, and the conv highway figure carries the paper's 0.57% line (issue 14)."""
+"""Figures: one save helper writes PNG, SVG or PDF (`--format`), drawing them leaves the user's matplotlib
+backend alone, the TSDI figure labels its curves directly, and the conv highway figure carries the paper's
+0.57% line (the highway paper's CIFAR-10 result)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,35 @@ def test_unknown_figure_format_is_refused() -> None:
     with pytest.raises(ValueError, match=r"figure format='eps'.*\['png', 'svg', 'pdf'\]"):
         with figure_format("eps"):
             pass
+
+
+# In a fresh process: the user chose a backend ("svg", which no module of ours would pick) before importing
+# throughway; every report module is imported, a figure is drawn into a PNG, and the backend is still theirs.
+_BACKEND_KEPT = """
+import importlib, pkgutil, sys
+import matplotlib
+matplotlib.use("svg")
+import matplotlib.pyplot as plt
+import throughway.report
+for module in pkgutil.iter_modules(throughway.report.__path__):
+    importlib.import_module(f"throughway.report.{module.name}")
+assert matplotlib.get_backend() == "svg", f"importing throughway set the backend {matplotlib.get_backend()!r}"
+from throughway.report.conv_plots import plot_error_curves
+run = {"history": [{"epoch": 1, "train_error_pct": 3.0, "test_error_pct": 2.0}]}
+path = plot_error_curves({"run": run}, sys.argv[1], "title")
+assert path.read_bytes().startswith(b"\\x89PNG"), path
+assert matplotlib.get_backend() == "svg", f"drawing a figure set the backend {matplotlib.get_backend()!r}"
+assert plt.get_fignums() == [], "a figure drawn for a file was left open in pyplot"
+"""
+
+
+def test_importing_and_drawing_leave_the_users_matplotlib_backend(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "MPLBACKEND"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _BACKEND_KEPT, str(tmp_path / "curve.png")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "curve.png").is_file()
 
 
 def test_report_command_writes_vector_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

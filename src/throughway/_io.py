@@ -118,7 +118,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise ValueError(f"{path}: not valid JSON ({exc}); the file is damaged, delete it or rerun") from exc
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc}); the file is damaged, delete it or rerun") from exc
-    except RecursionError:  # "[" * 100000: Python's parser gives up (issue 31, item 10)
+    except RecursionError:  # "[" * 100000: Python's parser gives up; the file's fault, not a crash
         raise ValueError(f"{path}: JSON nested too deeply to read (arrays or objects inside each other beyond "
                          f"Python's recursion limit); the file was edited or damaged, delete it or rerun") from None
 

@@ -165,7 +165,7 @@ def sdi(layer: str, width: int, init: InitMoments | str = "he_normal", *, kernel
         raise ValueError(f"width={width!r}: must be a positive integer")
     if kernel_size is not None and kernel_size < 1:
         raise ValueError(f"kernel_size={kernel_size}: must be ≥ 1")
-    # A non-finite number would print a table of nan (issue 25, finding 10).
+    # A non-finite number would print a table of nan instead of an error naming the argument.
     for name, value in (("target", target), ("gate_bias", gate_bias), ("k_init", k_init), ("k_var", k_var)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
             raise ValueError(f"{name}={value!r} (--{name.replace('_', '-')}): accepted: a finite number")

@@ -106,7 +106,7 @@ def _check_poolable(loaded: Sequence[tuple[Path, dict[str, Any]]]) -> None:
     """ValueError naming two runs and the fields when runs of one row (same model and depth) differ
     in anything but the seed and execution options (width, recipe, epochs, dataset, model
     arguments, ...): their errors are not samples of one quantity, so a mean and a t-test over them
-    would mean nothing (issue 25, finding 7)."""
+    would mean nothing."""
     first: dict[tuple[Any, Any], tuple[Path, dict[str, Any]]] = {}
     for run_dir, results in loaded:
         config = {k: v for k, v in results["config"].items() if k not in _POOLED_FREELY}

@@ -52,7 +52,7 @@ def refuse_linked_output(folder: Path, what: str) -> None:
 def analysis_dir(run_dir: Path, out: str | os.PathLike[str] | None) -> Path:
     """`out`, or RUN_DIR/analysis, checked before anything is read: neither `out` nor the default folder
     inside the run is a symbolic link, nor is the run folder itself when the analysis goes inside it, since
-    the analysis would then overwrite files wherever the link points (issue 25, finding 2). Creates nothing."""
+    the analysis would then overwrite files wherever the link points. Creates nothing."""
     if out is not None:
         refuse_linked_output(Path(out), "--out")
         return Path(out)
@@ -76,7 +76,7 @@ def _checkpoint_model(run_dir: Path, results: dict[str, Any],
     A run that is training rewrites its checkpoint every epoch (a new file, then checkpoint.json, then
     the old file deleted), so the file is read once, its bytes checked and loaded (never re-read),
     and the epoch's record is taken from the same checkpoint.json, not from results.json (which
-    may still be one epoch behind: issue 25, finding 12). Every failure a concurrent write can cause
+    may still be one epoch behind). Every failure a concurrent write can cause
     says "try again"."""
     meta = read_checkpoint_meta(run_dir)  # validated: its file name cannot lead outside run_dir
     path = run_dir / meta["file"]
@@ -147,7 +147,7 @@ def load_run(run_dir: str | os.PathLike[str], device: str = "cpu",
 def _check_model_matches(model: torch.nn.Module, results: dict[str, Any], run_dir: Path) -> None:
     """ValueError naming both files when model.safetensors holds another model than results.json
     describes (its `model.config`, and `config.depth`): the analysis would otherwise report the
-    weights of one model under the other's name (issue 25, finding 6)."""
+    weights of one model under the other's name."""
     built = with_legacy_config(dict(run_config(model)))
     recorded_model = (results.get("model") or {}).get("config")
     recorded = with_legacy_config(dict(recorded_model)) if isinstance(recorded_model, dict) else {}
@@ -173,7 +173,7 @@ def load_run_data(results: dict[str, Any], device: str, data_dir: str | None) ->
 
     The data folder never comes from results.json: a run directory is untrusted, and its
     `config.data_dir` would choose where the toolkit downloads to and which labels it trusts
-    (issue 25, finding 1)."""
+    (a hand-edited one could point the download at any folder)."""
     config = results["config"]
     return load_dataset(config["dataset"], data_dir, train_on_full=config["train_on_full"], device=device,
                         limit=config["limit"])

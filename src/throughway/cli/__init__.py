@@ -13,7 +13,8 @@
     throughway --version                     the installed version
 
 (This text is `throughway --help`'s description. The parser is built in cli.parser, each command's
-work is done in cli.commands; this module dispatches and turns bad input into exit status 2.)
+work is done in cli.commands; this module dispatches: bad input becomes a message and exit status 2,
+a bug of the toolkit its traceback and exit status 1, told apart as cli.errors says.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 from typing import Callable, Sequence
 
 from .commands import cmd_analyze, cmd_data, cmd_list, cmd_report, cmd_reproduce, cmd_sdi, cmd_train
+from .errors import error_message, is_input_error, report_bug
 from .parser import build_parser, command_of
 
 __all__ = ["main", "build_parser"]
@@ -38,8 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `throughway` console script; returns the exit status.
 
     Parses `argv` with the parser of the sub-command being run (`command_of`: `train` imports no
-    experiment) and hands the arguments to that command's `cmd_*`, which checks what is its own; bad
-    input becomes a message and exit status 2."""
+    experiment) and hands the arguments to that command's `cmd_*`, which checks what is its own. Bad
+    input (an exception one of the toolkit's checks raised, or the machine's: a file, a full disk) becomes
+    "throughway: error: <message>" and exit status 2; any other exception is a bug of the toolkit: its
+    traceback, a line asking for a bug report, and exit status 1 (`cli.errors`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
@@ -49,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..study.runs import invoked_with
 
             contexts.enter_context(figure_format(getattr(args, "format", "png")))  # `--format` of the commands that draw
-            # a study's results.json records these arguments, not the process's sys.argv (issue 31, item 14)
+            # a study's results.json records the arguments it was given, not the process's sys.argv: main(argv) called
+            # from Python (or a test) would otherwise record the caller's own command line
             contexts.enter_context(invoked_with(argv))
         try:
             if getattr(args, "device", None) is not None and args.command != "train":  # train: in check_config
@@ -65,16 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted: finished epochs are checkpointed; rerun with --resume to continue", file=sys.stderr)
             return 130
-        except (ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
-            # Bad input (options, files, JSON), a held lock, a full disk: a message naming the option or the
-            # file, and exit 2. OSError covers FileNotFoundError, NotADirectoryError and _io.WriteError.
-            if isinstance(exc, KeyError) and exc.args:
-                message = exc.args[0]
-            elif isinstance(exc, OSError) and exc.filename is None and len(exc.args) == 2:
-                message = exc.args[1]  # WriteError: its message already names the file
-            else:
-                message = str(exc)
-            print(f"throughway: error: {message}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - every exception is told to the user, one way or the other
+            if not is_input_error(exc):  # the toolkit's own bug: its traceback, and where to report it
+                report_bug(exc, argv)
+                return 1
+            # Bad input (options, files, JSON), a held lock, a full disk: the message names the option or the
+            # file (cli.errors says how this is told apart from a bug).
+            print(f"throughway: error: {error_message(exc)}", file=sys.stderr)
             return 2
     parser.error(f"unknown command {args.command!r}")
     return 2

@@ -60,7 +60,7 @@ def _parse_model_args(items: Sequence[str], given: Sequence[str] = ("depth",)) -
 
 def _check_dataset_source(dataset: str, data_dir: str | None) -> None:
     """A dataset that cannot be downloaded (CIFAR) needs --data-dir holding its files: checked before the
-    run folder is created (issue 31, item 13)."""
+    run folder is created, so that a refused run leaves no empty folder behind."""
     from ..data.cifar import CIFAR_LAYOUT, missing_cifar_files
     from ..data.sources import load_arrays
 
@@ -143,7 +143,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         results = run_training(config, out, resume=args.resume, progress=not args.quiet, tensorboard=args.tensorboard)
     except BaseException:
         if created and main_process:
-            _remove_if_only_lock(out)  # a run refused before it wrote anything leaves no folder (issue 31, item 13)
+            _remove_if_only_lock(out)  # a run refused before it wrote anything leaves no folder
         raise
     finally:
         distributed.cleanup()
@@ -181,16 +181,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         check_specs(module.specs(config))
     from ..study.runs import study_lock
 
-    # one unsharded process per study folder (issue 25, finding 15); shards side by side (study.shards)
+    # one unsharded process per study folder (two would train the same runs and overwrite each other's
+    # summary); shards side by side (study.shards)
     with study_lock(out, getattr(config, "shard", None), getattr(config, "merge", False)):
-        try:
-            summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
-        except (KeyError, TypeError, AttributeError, IndexError) as exc:
-            # The study's files are untrusted input (issue 25, findings 13 and 14): the summary and each run's
-            # results.json are checked as they are read; what those checks miss is still said as the files' fault.
-            raise ValueError(f"{out / 'results.json'} (or a run's results.json under {out / 'runs'}): does not hold "
-                             f"what the study writes ({_what(exc)}); the file was edited or damaged: delete it (the "
-                             f"runs are kept) and rerun with --resume") from exc
+        # The study's files are checked as they are read (the summary, each run's results.json): an exception
+        # that no check raised is a bug of the study's code, shown with its traceback (cli.errors), never
+        # blamed on the files.
+        summary = module.run(config, out, resume=args.resume, jobs=jobs, progress=not args.quiet)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}; table: {out / 'table.md'}; figures in {out}/")
     errors = summary.get("errors") if isinstance(summary, dict) else None
@@ -232,7 +229,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         text = module.write_report(args.dir)
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         # results.json is untrusted input too: a field of the wrong type is the file's fault, said as such
-        # (a ValueError too, unless it names the file already: "invalid literal for int()", issue 25, finding 14).
+        # (a ValueError too, unless it names the file already: "invalid literal for int()" does not).
         if isinstance(exc, ValueError) and str(path) in str(exc):
             raise
         raise ValueError(f"{path}: does not hold a {name} summary as the study writes it ({_what(exc)}); the file was "

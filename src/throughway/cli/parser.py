@@ -85,8 +85,8 @@ def _finite_float(text: str) -> float:
 
 def _add_common(parser: argparse.ArgumentParser, threads: bool = True) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
-    parser.add_argument("--data-dir", help="dataset cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway); "
-                                           "for CIFAR the folder holding the official python batches")
+    parser.add_argument("--data-dir", help="dataset cache folder (default $THROUGHWAY_DATA, else "
+                                           "$XDG_CACHE_HOME/throughway or ~/.cache/throughway); for CIFAR the folder holding the official python batches")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     if not threads:  # the experiment's Config declares its own --threads (its single-process studies)
         return
@@ -336,4 +336,5 @@ def _add_data(data: argparse.ArgumentParser) -> None:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="fetch, verify and cache a dataset")
     fetch.add_argument("dataset", choices=["mnist", "fashion-mnist"], help="the dataset to fetch")
-    fetch.add_argument("--data-dir", help="cache folder (default $THROUGHWAY_DATA or ~/.cache/throughway)")
+    fetch.add_argument("--data-dir", help="cache folder (default $THROUGHWAY_DATA, else "
+                       "$XDG_CACHE_HOME/throughway or ~/.cache/throughway)")

@@ -3,7 +3,7 @@
 A cache folder holds one .npy file per array and a manifest with the SHA-256 of each, written last;
 every load checks the manifest's fields, each file's checksum, dtype, shape and label range, and a
 mismatch is an error that names the file (data.sources). The cache root is `--data-dir`, else
-$THROUGHWAY_DATA, else ~/.cache/throughway (`data_root`).
+$THROUGHWAY_DATA, else $XDG_CACHE_HOME/throughway, else ~/.cache/throughway (`data_root`).
 """
 
 from __future__ import annotations
@@ -62,14 +62,21 @@ class ArraySplits:
 
 
 def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache root: `data_dir` if given, else $THROUGHWAY_DATA, else ~/.cache/throughway."""
+    """The cache root: `data_dir` if given, else $THROUGHWAY_DATA, else $XDG_CACHE_HOME/throughway, else
+    ~/.cache/throughway.
+
+    XDG_CACHE_HOME is the XDG Base Directory specification's cache folder, which pip, torch and Hugging
+    Face honour too; as the specification says, an empty or relative value is ignored (~/.cache is its
+    default)."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
     env = os.environ.get("THROUGHWAY_DATA")
     if env:
         return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "throughway"
     return Path.home() / ".cache" / "throughway"
-
 
 
 def save_cache(folder: Path, splits: ArraySplits, source: str) -> None:

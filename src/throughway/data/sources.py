@@ -13,7 +13,7 @@ Where the data comes from on this platform (docs/design.md, "Data on this platfo
 
 Every cache folder holds a manifest with the SHA-256 of each array file; a mismatch on load is an
 error that names the file, never silently wrong data. The cache root is `--data-dir`, else
-$THROUGHWAY_DATA, else ~/.cache/throughway. The cache and its checks are in data.cache, the CIFAR
+$THROUGHWAY_DATA, else $XDG_CACHE_HOME/throughway, else ~/.cache/throughway (`data_root`). The cache and its checks are in data.cache, the CIFAR
 reader in data.cifar; this module reads MNIST and Fashion-MNIST, dispatches by name
 (`load_arrays`) and re-exports both modules' public names.
 """

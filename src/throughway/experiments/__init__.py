@@ -11,33 +11,21 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import highway_depth, mnist_depth
+from . import (cifar_gated, gate_family, gate_family_init, hessian_dynamics, hessian_init, highway_depth,
+               identity_distance, layer_drop, mnist_depth, sdi_table, shortcut_lr, transformer_gates, weight_norms)
 
-EXPERIMENTS: dict[str, ModuleType] = {mnist_depth.NAME: mnist_depth}
-EXPERIMENTS[highway_depth.NAME] = highway_depth
-from . import hessian_init  # noqa: E402  (issue 4)
-EXPERIMENTS[hessian_init.NAME] = hessian_init
-from . import hessian_dynamics  # noqa: E402  (issue 4)
-EXPERIMENTS[hessian_dynamics.NAME] = hessian_dynamics
-from . import shortcut_lr  # noqa: E402  (issue 4)
-EXPERIMENTS[shortcut_lr.NAME] = shortcut_lr
-from . import weight_norms  # noqa: E402  (issue 4)
-EXPERIMENTS[weight_norms.NAME] = weight_norms
-from . import sdi_table  # noqa: E402  (issue 4)
-EXPERIMENTS[sdi_table.NAME] = sdi_table
-from . import identity_distance  # noqa: E402  (issue 4)
-EXPERIMENTS[identity_distance.NAME] = identity_distance
-from . import cifar_gated  # noqa: E402  (issue 6)
-EXPERIMENTS[cifar_gated.NAME] = cifar_gated
-from . import gate_family  # noqa: E402  (issue 24)
-EXPERIMENTS[gate_family.NAME] = gate_family
-from . import gate_family_init  # noqa: E402  (issue 24)
-EXPERIMENTS[gate_family_init.NAME] = gate_family_init
-from . import transformer_gates  # noqa: E402  (ours: the 2017 gate in a transformer)
-EXPERIMENTS[transformer_gates.NAME] = transformer_gates
-from . import layer_drop  # noqa: E402  (ours: which layers a trained language model can lose)
-EXPERIMENTS[layer_drop.NAME] = layer_drop
-
+# Every experiment by its NAME, in the order `throughway list` and `reproduce --help` show them: the
+# papers' tables and figures first, then the studies beyond them.
+EXPERIMENTS: dict[str, ModuleType] = {module.NAME: module for module in (
+    mnist_depth, highway_depth,  # gated-residual-v2 Table 1; highway §3.1 figure 1
+    hessian_init, hessian_dynamics, shortcut_lr, weight_norms,  # Demystifying ResNet
+    sdi_table,  # gated-residual-v1 Table 1
+    identity_distance,  # beyond the papers: distance to identity along training
+    cifar_gated,  # gated-residual-v2 Tables 3 and 4 (CIFAR)
+    gate_family, gate_family_init,  # ours: ReZero, SkipInit and LayerScale beside the 2017 gate
+    transformer_gates,  # ours: the 2017 gate in a transformer
+    layer_drop,  # ours: which layers a trained language model can lose
+)}
 
 __all__ = ["EXPERIMENTS", "get_experiment"]
 

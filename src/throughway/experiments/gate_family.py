@@ -293,8 +293,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     # every study.runs.REFRESH_INTERVAL_S as stacks end, and always at the end.
     refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out),
                                      runs=specs(config))
-    # Whatever the seed count, the runs train through the one stacked path (issue 21: the seeds do not
-    # change the trainer).
+    # Whatever the seed count, the runs train through the one stacked path: were the trainer picked by the
+    # seed count, seed 0's run would differ between a 1-seed and a 5-seed study.
     return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
                                                       progress=progress, on_done=on_done, compile=config.compile,
                                                       shard=config.shard),

@@ -1,4 +1,4 @@
-"""The report of `reproduce gate-family` (issue 24): error, paired tests, gates at the end, removal curves.
+"""The report of `reproduce gate-family`: error, paired tests, gates at the end, removal curves.
 
 Everything here reads a finished (or partly finished) gate-family folder: the summary in results.json
 (`gate_family.summarize`), and for the gates and the removal curves the runs' model.safetensors. Each

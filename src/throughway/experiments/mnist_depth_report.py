@@ -412,7 +412,7 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
     return "\n".join(lines) + "\n"
 
 
-# Which epoch of a run gives the number that Table 1 would report (issue 23). gated-residual-v2 §3.1
+# Which epoch of a run gives the number that Table 1 would report. gated-residual-v2 §3.1
 # states neither the epoch nor the run behind Table 1; each selection here is one reading of it.
 SELECTIONS: dict[str, str] = {
     "last": "the last epoch",

@@ -66,7 +66,8 @@ HIGHWAY_PAPER_WIDTHS = {"mlp_plain": 71, "mlp_highway": 50}
 STEMS = ("linear", "dense")
 LEGACY_STEM = "dense"
 MLP_FAMILIES = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_augmented", "mlp_highway")
-# Families added with issue 24; they never existed without a "stem", so they are not in MLP_FAMILIES
+# The gate families (ReZero, LayerScale) came after the `stem` argument; they never existed without a
+# "stem", so they are not in MLP_FAMILIES
 # (whose members load as LEGACY_STEM when the config records none).
 GATE_FAMILY_MLPS = ("mlp_rezero", "mlp_layerscale")
 

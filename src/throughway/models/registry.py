@@ -83,7 +83,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# The numeric arguments whose range torch does not check (issue 25, finding 9): a BatchNorm momentum
+# The numeric arguments whose range torch does not check: a BatchNorm momentum
 # outside [0, 1] trains to 100% error, a negative ε fails only after the data is read, a non-finite
 # k or gate bias makes every output NaN. The accepted ranges, said in the message.
 _NUMERIC_ARGUMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {

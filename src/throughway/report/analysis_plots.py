@@ -16,15 +16,12 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.patches import Patch
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter  # noqa: E402
-
-from .figures import save_figure  # noqa: E402
+from .figures import save_figure, subplots
 
 __all__ = ["plot_k_by_block", "plot_removal_curves", "plot_highway_maps", "plot_class_differences", "plot_lesion"]
 
@@ -47,7 +44,7 @@ def plot_k_by_block(result: dict[str, Any], path: str | os.PathLike[str]) -> Pat
     index = np.arange(1, len(ks) + 1)
     dead = set(result.get("dead_blocks", []))
     colors = ["#d62728" if i in dead else _FAMILY_COLORS["gated"] for i in range(len(ks))]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.14 * len(ks) + 2), 3.8))
+    fig, ax = subplots(figsize=(max(6.0, 0.14 * len(ks) + 2), 3.8))
     ax.bar(index, ks, color=colors, width=0.8, label="k of the block")
     ax.axhline(result["k_mean"], color="black", linestyle="--", linewidth=1,
                label=f"mean k = {result['k_mean']:.3f}")
@@ -76,7 +73,7 @@ def plot_removal_curves(results: Sequence[dict[str, Any]], path: str | os.PathLi
     """Test accuracy (%) against the number of removed layers: one line per strategy and run, the
     random strategy as mean ± std over its orders (shaded), from `analyze prune` results (keys
     family, layers_per_block, full_accuracy_pct, greedy {accuracy_pct}, random {mean, std})."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    fig, ax = subplots(figsize=(7.0, 4.4))
     lowest = 100.0
     for result in results:
         color = _FAMILY_COLORS.get(str(result.get("family")), None)
@@ -115,7 +112,7 @@ def plot_removal_curves(results: Sequence[dict[str, Any]], path: str | os.PathLi
     return save_figure(fig, path)
 
 
-def _heatmap(ax: "plt.Axes", data: np.ndarray, title: str, cmap: str, vmin: float | None = None,
+def _heatmap(ax: Axes, data: np.ndarray, title: str, cmap: str, vmin: float | None = None,
              vmax: float | None = None) -> None:
     image = ax.imshow(data, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
                       extent=(0.5, data.shape[1] + 0.5, data.shape[0] + 0.5, 0.5))
@@ -133,7 +130,7 @@ def plot_highway_maps(result: dict[str, Any], path: str | os.PathLike[str]) -> P
     sample = result["sample"]
     gates = np.asarray(sample["gates"], float)
     outputs = np.asarray(sample["outputs"], float)
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.6), gridspec_kw={"wspace": 0.4})
+    fig, axes = subplots(1, 4, figsize=(18, 4.6), gridspec_kw={"wspace": 0.4})
     # The biases' own range: a scale symmetric about 0 would paint −2.5 and −1.7 the same blue.
     _heatmap(axes[0], biases, "transform gate biases b_T", "magma", float(biases.min()), float(biases.max()))
     _heatmap(axes[1], mean, f"mean T(x) over {result.get('mean_over', 'the data')}", "viridis", 0.0, 1.0)
@@ -154,7 +151,7 @@ def plot_class_differences(result: dict[str, Any], path: str | os.PathLike[str])
     labels = list(diffs)
     arrays = [np.asarray(diffs[k], float) for k in labels]
     span = max(float(np.abs(a).max()) for a in arrays) or 1.0
-    fig, axes = plt.subplots(1, len(arrays), figsize=(4.8 * len(arrays), 4.6), squeeze=False,
+    fig, axes = subplots(1, len(arrays), figsize=(4.8 * len(arrays), 4.6), squeeze=False,
                              gridspec_kw={"wspace": 0.4})
     for ax, label, data in zip(axes[0], labels, arrays):
         _heatmap(ax, data, f"class {label}: class mean T(x) − overall mean", "RdBu_r", -span, span)
@@ -171,7 +168,7 @@ def plot_lesion(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     errors = np.asarray(result["lesioned_error_pct"], float)
     index = np.arange(1, len(errors) + 1)
     color = _FAMILY_COLORS.get(str(result.get("family")), "#9467bd")
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.13 * len(errors) + 2), 4.0))
+    fig, ax = subplots(figsize=(max(6.0, 0.13 * len(errors) + 2), 4.0))
     unit = "highway layer" if result.get("family") == "highway" else "residual block"
     ax.plot(index, errors, marker="o", markersize=3.5, color=color, label=f"one {unit} lesioned")
     ax.axhline(result["unlesioned_error_pct"], color="black", linestyle="--", linewidth=1,

@@ -13,12 +13,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import matplotlib
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
-
-from .figures import save_figure  # noqa: E402
+from .figures import save_figure, subplots
 
 __all__ = ["plot_error_curves", "plot_k_by_block"]
 
@@ -32,8 +29,8 @@ def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLik
     that seeds share it; they then differ by marker); otherwise each run gets the next colour.
     `reference` = (error %, label) draws a paper's number as a black dotted line, labelled in the
     legend. The legend names each run once, by its test line."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = subplots(figsize=(6.4, 4.2))
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^v"
     uses: dict[str, int] = {}
     drawn = 0
@@ -70,7 +67,7 @@ def plot_error_curves(runs: Mapping[str, dict[str, Any]], path: str | os.PathLik
 
 def plot_k_by_block(runs: Mapping[str, dict[str, Any]], path: str | os.PathLike[str], title: str) -> Path:
     """Final k by block index (1-based) for each gated run; runs without k are skipped."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = subplots(figsize=(6.4, 3.6))
     drawn = 0
     for label, result in runs.items():
         history = result.get("history") or []

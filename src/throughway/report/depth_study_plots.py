@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .plots import ARCH_COLORS, plt, save_figure
+from .figures import save_figure, subplots
+from .plots import ARCH_COLORS
 
 __all__ = ["plot_training_curves", "mean_band", "plot_error_by_depth", "plot_k_by_block"]
 
@@ -43,7 +44,7 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
     architecture: the mean over seeds as a line, the band from the lowest to the highest seed."""
     config = summary["config"]
     depths, archs = config["depths"], config["archs"]
-    fig, axes = plt.subplots(1, len(depths), figsize=(3.2 * len(depths), 3.4), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(depths), figsize=(3.2 * len(depths), 3.4), sharey=True, squeeze=False)
     for ax, depth in zip(axes[0], depths):
         for arch in archs:
             curves = _curves(summary, arch, depth, "train_loss")
@@ -84,7 +85,7 @@ def plot_error_by_depth(summary: dict[str, Any], path: str | os.PathLike[str]) -
     on a linear axis, mean ± std over seeds, where their differences lie."""
     config = summary["config"]
     depths = config["depths"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = subplots(1, 2, figsize=(11, 4.2))
     for ax, archs in ((left, config["archs"]), (right, [a for a in ("residual", "gated") if a in config["archs"]])):
         for arch in archs:
             cells = sorted((c for c in summary["cells"] if c["arch"] == arch), key=lambda c: c["depth"])
@@ -122,7 +123,7 @@ def plot_k_by_block(summary: dict[str, Any], path: str | os.PathLike[str]) -> Pa
     """gated-residual-v2 figure 5 left: the final k of each residual block of the deepest gated net,
     one thin line per seed and their mean in bold; blocks with k ≤ 0 are dead (g(k) = 0, identity)."""
     gated = [c for c in summary["cells"] if c["arch"] == "gated" and c.get("per_seed")]
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    fig, ax = subplots(figsize=(7.5, 3.8))
     if not gated:
         ax.text(0.5, 0.5, "no finished gated run yet", ha="center", va="center", transform=ax.transAxes)
         return save_figure(fig, path)

@@ -1,9 +1,13 @@
-"""The one place figures are written: `save_figure`, and the file format it writes.
+"""The one place figures are made and written: `subplots` and `save_figure`, and the file format.
 
-Every plotting function of `throughway.report` names its output with a `.png` path and hands the
-figure to `save_figure`. Inside `with figure_format("svg"):` (or "pdf") the same call writes the
-vector file instead, beside where the PNG would be (`x.png` -> `x.svg`), so a command's
-`--format` reaches every figure without every plotting function taking a format argument.
+Every plotting function of `throughway.report` draws on a figure from `subplots`: a
+`matplotlib.figure.Figure` of its own, not one of pyplot's, so drawing a figure for a file neither
+needs nor changes the user's matplotlib backend (importing throughway never calls `matplotlib.use`;
+a notebook keeps its inline backend, a script its window, and no window opens for a file). It names
+its output with a `.png` path and hands the figure to `save_figure`. Inside `with figure_format("svg"):`
+(or "pdf") the same call writes the vector file instead, beside where the PNG would be (`x.png` ->
+`x.svg`), so a command's `--format` reaches every figure without every plotting function taking a
+format argument.
 """
 
 from __future__ import annotations
@@ -13,16 +17,13 @@ import contextvars
 import io
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # no display on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
+from .._io import atomic_write_bytes
 
-from .._io import atomic_write_bytes  # noqa: E402
-
-__all__ = ["FIGURE_FORMATS", "figure_format", "current_figure_format", "save_figure"]
+__all__ = ["FIGURE_FORMATS", "figure_format", "current_figure_format", "subplots", "save_figure"]
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
@@ -51,17 +52,30 @@ def current_figure_format() -> str:
     return _FORMAT.get()
 
 
-def save_figure(fig: "plt.Figure", path: str | os.PathLike[str], dpi: int = 130, fmt: str | None = None) -> Path:
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,
+             **kwargs: Any) -> tuple[Figure, Any]:
+    """A new figure and its axes, as `matplotlib.pyplot.subplots(nrows, ncols, figsize=..., **kwargs)`
+    returns them (`sharex`, `sharey`, `squeeze`, `subplot_kw`, `gridspec_kw`), on a `Figure` that pyplot
+    does not manage: no backend is chosen or changed, and nothing needs closing after `save_figure`."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 130, fmt: str | None = None) -> Path:
     """Write `fig` atomically and close it; return the path written.
 
     `fmt` (default: the current `figure_format`, "png" outside one) replaces the suffix of `path`,
     so `save_figure(fig, "a/b.png", fmt="pdf")` writes a/b.pdf. PNGs are rasterised at `dpi`; SVG
-    and PDF are vector files. The file appears whole or not at all."""
+    and PDF are vector files. The file appears whole or not at all. A figure of `subplots` is written
+    by matplotlib's file backends alone; one that pyplot made (a caller's own) is closed in pyplot too."""
     fmt = _checked(fmt if fmt is not None else _FORMAT.get())
     path = Path(path).with_suffix(f".{fmt}")
     buffer = io.BytesIO()
     # fixed metadata so that a redrawn vector figure is byte-identical to the last one
     metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt)
     fig.savefig(buffer, format=fmt, dpi=dpi, bbox_inches="tight", metadata=metadata)
-    plt.close(fig)
+    if fig.canvas.manager is not None:  # made by pyplot: release it there (a figure of `subplots` has none)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return atomic_write_bytes(path, buffer.getvalue())

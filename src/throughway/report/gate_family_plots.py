@@ -1,4 +1,4 @@
-"""Figures of `reproduce gate-family` (issue 24), drawn from its results.json summary alone
+"""Figures of `reproduce gate-family`, drawn from its results.json summary alone
 (`experiments.gate_family.summarize`): training loss by depth, and the layer-removal curves.
 
 Every curve is the mean over seeds with a band from the lowest to the highest seed: a single seed's
@@ -15,7 +15,7 @@ from typing import Any
 from matplotlib.ticker import NullLocator
 
 from .depth_study_plots import mean_band
-from .plots import plt, save_figure
+from .figures import save_figure, subplots
 
 __all__ = ["FAMILY_STYLE", "plot_training_curves", "plot_removal_curves", "plot_init_by_depth"]
 
@@ -41,7 +41,7 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
     no epoch yet are drawn as empty panels marked "pending"."""
     config = summary["config"]
     depths, families = config["depths"], config["families"]
-    fig, axes = plt.subplots(1, len(depths), figsize=(3.4 * len(depths), 3.6), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(depths), figsize=(3.4 * len(depths), 3.6), sharey=True, squeeze=False)
     for ax, depth in zip(axes[0], depths):
         drawn = False
         for family in families:
@@ -78,7 +78,7 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
     depths = [d for d in config["depths"] if d // 2 >= 2]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     families = [f for f in config["families"] if any(by.get((f, d), {}).get("removal") for d in depths)]
-    fig, axes = plt.subplots(1, max(1, len(depths)), figsize=(3.4 * max(1, len(depths)), 3.6), sharey=True,
+    fig, axes = subplots(1, max(1, len(depths)), figsize=(3.4 * max(1, len(depths)), 3.6), sharey=True,
                              squeeze=False)
     for ax, depth in zip(axes[0], depths):
         drawn = False
@@ -143,7 +143,7 @@ def plot_init_by_depth(summary: dict[str, Any], path: str | os.PathLike[str]) ->
               ("zero_fraction", "fraction of zero eigenvalues", False),
               ("nonzero_condition", "max|λ| / P10|λ|, non-zero λ", True),
               ("nonzero_index", "index (share of λ < 0), non-zero λ", False)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
     by = {(p["family"], p["depth"]): p for p in summary["points"]}
     depths = [d for d in config["depths"] if d > 0]
     for ax, (measure, label, log) in zip(axes[0], panels):

@@ -14,10 +14,7 @@ from typing import Any
 import matplotlib
 import matplotlib.ticker
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .figures import save_figure  # noqa: E402
+from .figures import save_figure, subplots
 
 __all__ = ["NETWORK_COLORS", "plot_condition_vs_depth", "plot_spectrum_vs_loss", "plot_index_vs_loss",
            "plot_gradient_and_index", "plot_lr_study", "plot_weight_norms", "plot_identity_distance"]
@@ -36,7 +33,7 @@ def plot_condition_vs_depth(summary: dict[str, Any], path: str | os.PathLike[str
     """Demystifying ResNet figure 4: initial condition number (mean ± std over runs) against depth,
     log scale; a second panel shows the n = 1, 2 condition numbers at the exact zero point (Theorem 2)."""
     theorem2 = summary.get("theorem2") or []
-    fig, axes = plt.subplots(1, 2 if theorem2 else 1, figsize=(11 if theorem2 else 6, 4.2), squeeze=False)
+    fig, axes = subplots(1, 2 if theorem2 else 1, figsize=(11 if theorem2 else 6, 4.2), squeeze=False)
     ax = axes[0][0]
     for network in summary["config"]["networks"]:
         # A mean over the runs whose condition number is defined would be biased: such depths show
@@ -94,7 +91,7 @@ def plot_condition_vs_depth(summary: dict[str, Any], path: str | os.PathLike[str
 
 def plot_spectrum_vs_loss(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Figure 5: max |λ| and 10th-percentile |λ| of the Hessian against the training loss (depth fixed)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = subplots(1, 2, figsize=(11, 4.2))
     for trace in summary["traces"]:
         network = trace["network"]
         points = trace["hessian"]
@@ -121,7 +118,7 @@ def plot_index_vs_loss(summary: dict[str, Any], path: str | os.PathLike[str]) ->
     """Figure 6 left: index (fraction of negative eigenvalues) against the training loss; points
     whose Hessian is singular to tolerance (index None: undefined) are left out, and the networks
     that have only such points are named in the figure."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = subplots(figsize=(6, 4.2))
     left_out = set()
     for trace in summary["traces"]:
         network = trace["network"]
@@ -150,7 +147,7 @@ def plot_gradient_and_index(summary: dict[str, Any], path: str | os.PathLike[str
     """Figure 6 right: gradient norm (every epoch) and index (at the Hessian epochs) along one run of
     the 2-shortcut network."""
     trace = next((t for t in summary["traces"] if t["network"] == "shortcut2-zero"), summary["traces"][0])
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = subplots(figsize=(6, 4.2))
     epochs = list(range(len(trace["gradient_norm"])))
     ax.plot(epochs, _none_to_nan(trace["gradient_norm"]), color="#2ca02c", label="gradient norm")
     ax.set_xlabel("epoch")
@@ -172,7 +169,7 @@ def plot_gradient_and_index(summary: dict[str, Any], path: str | os.PathLike[str
 
 def plot_lr_study(summary: dict[str, Any], path: str | os.PathLike[str], activation_label: str) -> Path:
     """Figures 7 and 8: best final loss against depth (left) and the learning rate that gave it (right)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = subplots(1, 2, figsize=(11, 4.2))
     # Linear networks cannot beat the least-squares loss, so their excess over it is what separates
     # the curves (a log scale of the loss itself hides it).
     excess = summary["config"].get("activation") == "linear" and summary.get("optimal_linear_loss") is not None
@@ -204,8 +201,8 @@ def plot_weight_norms(summary: dict[str, Any], path: str | os.PathLike[str]) -> 
     """Figure 3: average Frobenius norm of the weight matrices along training, one line per depth,
     one panel per activation setting."""
     panels = summary["config"]["activations"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    cmap = plt.get_cmap("viridis")
+    fig, axes = subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    cmap = matplotlib.colormaps["viridis"]
     depths = summary["config"]["depths"]
     for ax, activation in zip(axes[0], panels):
         for i, depth in enumerate(depths):
@@ -228,7 +225,7 @@ def plot_identity_distance(summary: dict[str, Any], path: str | os.PathLike[str]
     """Distance travelled from initialisation and distance to the nearest identity configuration,
     per epoch, one panel per architecture (beyond the papers: is SDI a surrogate for the path?)."""
     runs = summary["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 4.0), squeeze=False)
+    fig, axes = subplots(1, len(runs), figsize=(4.6 * len(runs), 4.0), squeeze=False)
     for ax, run in zip(axes[0], runs):
         records = run["distance"]
         epochs = [r["epoch"] for r in records]
@@ -262,7 +259,7 @@ def plot_tsdi_vs_width(summary: dict[str, Any], path: str | os.PathLike[str]) ->
     titles = {"paper": "paper's init: He, σ_b² = 2/n", "toolkit": "toolkit's init: Glorot, zero bias"}
     widths = summary["widths"]
     conventions = [c for c in ("paper", "toolkit") if c in summary["curves"]]
-    fig, axes = plt.subplots(1, len(conventions), figsize=(4.6 * len(conventions), 4.2), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(conventions), figsize=(4.6 * len(conventions), 4.2), sharey=True, squeeze=False)
     for ax, convention in zip(axes[0], conventions):
         curves = summary["curves"][convention]
         drawn: list[list[str]] = []  # groups of layers with identical curves, drawn once, labelled once

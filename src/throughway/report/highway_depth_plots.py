@@ -7,13 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from .figures import save_figure  # noqa: E402
+from .figures import save_figure, subplots
 
 __all__ = ["plot_figure1", "LAYER_COLORS"]
 
@@ -31,7 +27,7 @@ def plot_figure1(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     depth), right the mean of the top 10 trials (highway §3.1, figure 1), ranked as the summary's
     config says (rank: the lowest loss of any epoch; summaries without it: the last epoch's). Colour = depth, line style
     = architecture (dashed plain, solid highway)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(11, 4.2), sharey=True)
     ranked = {"best-loss": "lowest training loss of any epoch"}.get(summary.get("config", {}).get("rank", ""),
                                                                      "lowest final training loss")
     titles = (f"best trial ({ranked})", "mean of the top 10 trials")

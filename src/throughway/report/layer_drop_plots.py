@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .plots import plt, save_figure
+from .figures import save_figure, subplots
 
 __all__ = ["CRITERION_STYLES", "plot_layer_drop"]
 
@@ -38,7 +38,7 @@ def plot_layer_drop(summary: dict[str, Any], path: str | os.PathLike[str]) -> Pa
     config = summary["config"]
     families = {cell["family"]: cell for cell in summary["cells"]}
     shown = [f for f in ("gated", "gated-l1") if f in families] or list(families)[:1]
-    fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5 * (len(shown) + 1), 4.2))
+    fig, axes = subplots(1, len(shown) + 1, figsize=(5 * (len(shown) + 1), 4.2))
     top = None
     for axis, family in zip(axes, shown):
         for criterion, (color, style) in CRITERION_STYLES.items():

@@ -1,4 +1,4 @@
-"""What the experiments share (issue 15): how an experiment declares its options (`options`),
+"""What the experiments share: how an experiment declares its options (`options`),
 running a study's runs and its resume checks (`runs`), a study computed piece by piece into one
 results.json (`resumable`), grouping runs into stacks of models trained together (`stacking`), the
 shortcut-network data and settings of the Demystifying studies (`shortcut`) and the papers' reported

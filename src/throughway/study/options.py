@@ -205,7 +205,7 @@ def config_from_args(config_cls: type[T], args: argparse.Namespace, base: T | No
         elif given is not None:
             if isinstance(given, list):
                 # A study's lists are sets of values (depths, seeds, networks): a repeated value would
-                # train a run twice or count it twice in a row (issue 25, finding 8).
+                # train a run twice or count it twice in a row.
                 repeated = sorted({str(v) for v in given if given.count(v) > 1})
                 flag = meta["flag"] or "--" + f.name.replace("_", "-")
                 if repeated:

@@ -39,8 +39,8 @@ __all__ = ["RunSpec", "run_many", "study_lock", "invoked_with", "damaged_finishe
 # placed by tools/readme on the study's docs page.
 FINDINGS_FILE = "findings.md"
 
-# The thread count that `--threads` asks for, for this process and every worker it starts (issue 23: a
-# run re-runs bit for bit only with the thread count it was trained with; results.json records it).
+# The thread count that `--threads` asks for, for this process and every worker it starts (a run re-runs
+# bit for bit only with the thread count it was trained with; results.json records it).
 THREADS_ENV = "THROUGHWAY_THREADS"
 
 
@@ -129,7 +129,7 @@ def _worker(spec: RunSpec, out: str, resume: bool, threads: int, progress: bool,
     try:
         if resume and spec.name in (damaged := damaged_finished_runs([spec], out)):
             return spec.name, damaged[spec.name]
-        if progress:  # --quiet prints nothing (issue 25, finding 16)
+        if progress:  # --quiet prints nothing
             print(f"[{spec.name}] start", file=sys.stderr, flush=True)
         run_training(spec.config, Path(out) / spec.name, resume=resume, progress=progress)
         if after is not None:  # the study's own analysis of the run, in the worker that trained it
@@ -152,7 +152,7 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
 
     names = [spec.name for spec in specs]
     repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:  # a study list with a repeated value (issue 25, finding 8): refused before anything runs
+    if repeated:  # a study list with a repeated value: refused before anything runs (it would train twice)
         raise ValueError(f"runs {', '.join(repeated)}: listed more than once (a study option repeats a value); "
                          f"accepted: each run once")
     checked: set[Any] = set()
@@ -359,7 +359,7 @@ def config_from_json(config_cls: type, stored: dict[str, Any]) -> Any:
     return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in known})
 
 
-# "the mean of the last 10 epochs" (issue 12): a run's test error less sensitive to one epoch's noise.
+# "the mean of the last 10 epochs": a run's test error less sensitive to one epoch's noise.
 LAST_EPOCHS = 10
 
 
@@ -563,7 +563,7 @@ def check_study_folder(out: Path, name: str, config: dict[str, Any], resume: boo
     path = Path(out) / "results.json"
     if not path.is_file():
         return resume
-    previous = read_summary(path, name)  # issue 25, findings 13 and 14: checked, named on error
+    previous = read_summary(path, name)  # untrusted input: checked, the file named on error
     old = previous.get("config", {})
     ignored = {"device", "data_dir", "quick", "compile", "shard", "merge"}
     check_same_settings(old, config, sorted(set(old) & set(config) - ignored), out, error=FileExistsError)

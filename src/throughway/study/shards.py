@@ -216,7 +216,7 @@ def study_folder_lock(out: str | os.PathLike[str]) -> Iterator[None]:
 
     out = Path(out)
     runs = out / "runs"
-    if runs.is_symlink():  # the runs would be trained wherever it points (issue 25, finding 2)
+    if runs.is_symlink():  # the runs would be trained, and files overwritten, wherever it points
         raise ValueError(f"--out {out}: {runs} is a symbolic link (to {os.readlink(runs)}); refused, nothing was "
                          f"changed: replace it by a real folder, or choose another --out")
     created = not out.exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import heapq
 import multiprocessing
 import os
@@ -29,6 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from ..data import DataSplits, Split, load_dataset
+from ..train import RESULTS_FILE, read_results
 from ..train.batched import PER_MODEL_RECIPE_FIELDS, stack_key, train_stacked
 from ..train.stacked import StackedStep, StackedModels, StackedOptimizer
 from ..train.config import build_model, resolve_recipe
@@ -37,7 +39,7 @@ from .runs import RunSpec, check_specs, damaged_finished_runs, prepare_data, wor
 from .shards import check_shard_fresh, select_shard, shard_environment
 
 __all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
-           "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "compiles",
+           "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "run_work", "compiles",
            "COMPILE_MIN_STEPS"]
 
 
@@ -379,6 +381,17 @@ def _data_for(config: Any) -> Any:
     return _DATA_CACHE[key]
 
 
+def _finished_runs(specs: Sequence[RunSpec], out: str | os.PathLike[str]) -> set[str]:
+    """The names of `specs` whose run folder under `out` holds a finished run (results.json with a final
+    record): what a resumed study skips. A file that cannot be read counts as unfinished."""
+    finished = set()
+    for spec in specs:
+        with contextlib.suppress(OSError, ValueError):
+            if (Path(out) / spec.name / RESULTS_FILE).is_file() and read_results(Path(out) / spec.name).get("final"):
+                finished.add(spec.name)
+    return finished
+
+
 def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, progress: bool,
                   compile: bool | None = None) -> list[tuple[list[str], str | None]]:
     """Train `batch` (train_stacked); return (names, error or None) per outcome: the batch's, and on
@@ -387,7 +400,8 @@ def _batch_worker(batch: list[RunSpec], out: str, resume: bool, threads: int, pr
     names = [s.name for s in batch]
     try:
         damaged = damaged_finished_runs(batch, out) if resume else {}
-        if damaged:  # each damaged finished run fails alone; its batch-mates go on (issue 31, item 12)
+        if damaged:  # each damaged finished run fails alone; its batch-mates go on (one bad file must not
+            # cost the other runs of its stack)
             rest = [s for s in batch if s.name not in damaged]
             outcomes: list[tuple[list[str], str | None]] = [([name], error) for name, error in damaged.items()]
             return outcomes + (_batch_worker(rest, out, resume, threads, progress, compile) if rest else [])
@@ -410,33 +424,83 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-class StudyProgress:
-    """One progress bar over a study's runs, advanced as each batch ends, with tqdm's elapsed time and
-    ETA (from the runs finished so far). On a terminal it is a live tqdm bar; otherwise (a log file)
-    one line per finished batch in the same format. `enabled=False` (--quiet) prints nothing."""
+def run_work(config: Any) -> float:
+    """A run's work in the units `StudyProgress` estimates time from: its parameter count times its
+    epochs (the model built on the meta device: no memory). A step's arithmetic, forward, backward and
+    the evaluation alike, grows with the parameter count, and the runs of a study read the same data.
+    Not exact: many small layers cost more per parameter (results/mnist-depth: the depth-100 stack's
+    epoch took 11.5 times the depth-2 one's, for 6.8 times the parameters), so while a study's deepest
+    runs go first the time left errs long, by less than a factor of 2, where counting runs as equal
+    promised more than twice the time (the quick MNIST depth study, after its depth-100 batch)."""
+    from ..data.cache import DATASET_SHAPES
+    from ..data.loader import TEXT_DATASETS
+    from ..models import create_model
+    from ..train.config import model_kwargs_for
 
-    def __init__(self, total: int, label: str = "study", enabled: bool = True, stream: Any = None) -> None:
+    shape, classes = DATASET_SHAPES[config.dataset] if config.dataset in DATASET_SHAPES else \
+        ((), TEXT_DATASETS[config.dataset])
+    with torch.device("meta"):
+        model = create_model(config.model, **model_kwargs_for(config, shape, classes))
+    return float(sum(p.numel() for p in model.parameters()) * resolve_recipe(config).epochs)
+
+
+class StudyProgress:
+    """One progress bar over a study's runs, advanced as each batch ends: the runs done, the time
+    elapsed and the time left. On a terminal it is a live tqdm bar; otherwise (a log file) one line per
+    finished batch in the same format. `enabled=False` (--quiet) prints nothing.
+
+    The time left is measured, never guessed: it appears once a batch has trained (before that the bar
+    says so), and it is the seconds per unit of work measured so far times the work left, where a run's
+    work is `run_work` (the caller passes each batch's). Counting runs instead would be far off: a
+    study trains its deepest (costliest) runs first, so the first batches would promise far more time
+    than the study takes. Without `work` every run counts as one unit. A run finished before this process
+    started (a resumed study: `done_before`) counts as done but neither as work nor as time."""
+
+    def __init__(self, total: int, label: str = "study", enabled: bool = True, stream: Any = None,
+                 total_work: float | None = None, done_before: int = 0) -> None:
         from tqdm import tqdm
 
         self.total, self.label, self.enabled = total, label, enabled
         self.stream = stream if stream is not None else sys.stderr
-        self.done = 0
+        self.done = done_before
+        self.total_work = float(total - done_before) if total_work is None else float(total_work)
+        self.work_done = 0.0
         self.start = time.monotonic()
         live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._bar = tqdm(total=total, desc=label, unit="run", file=self.stream, dynamic_ncols=True) if live else None
+        self._bar = tqdm(total=total, initial=done_before, desc=label, unit="run", file=self.stream,
+                         dynamic_ncols=True, bar_format=self.BAR_FORMAT, postfix=self._estimate()) if live else None
 
-    def advance(self, runs: int, note: str = "") -> None:
-        """Count `runs` more runs as finished (one batch), and show the bar."""
+    # tqdm's own rate and time left count runs as equal: replaced by `_estimate` in the postfix
+    BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed} elapsed{postfix}]"
+
+    def remaining_s(self) -> float | None:
+        """Seconds left at the rate measured so far (work per second), or None before any work is done."""
+        if self.work_done <= 0:
+            return None
+        elapsed = time.monotonic() - self.start
+        return elapsed * max(0.0, self.total_work - self.work_done) / self.work_done
+
+    def _estimate(self, note: str = "") -> str:
+        from tqdm import tqdm
+
+        left = self.remaining_s()
+        estimate = "time left: after the first batch" if left is None else f"{tqdm.format_interval(left)} left"
+        return estimate + (f"; {note}" if note else "")
+
+    def advance(self, runs: int, note: str = "", work: float | None = None) -> None:
+        """Count `runs` more runs as finished (one batch) that did `work` (default: `runs` units), and show
+        the bar."""
         from tqdm import tqdm
 
         self.done += runs
+        self.work_done += float(runs if work is None else work)
         if self._bar is not None:
-            self._bar.set_postfix_str(note, refresh=False)
+            self._bar.set_postfix_str(self._estimate(note), refresh=False)
             self._bar.update(runs)
         elif self.enabled:
             meter = tqdm.format_meter(self.done, self.total, time.monotonic() - self.start, prefix=self.label,
-                                      unit="run", ncols=100)
-            print(meter + (f" ({note})" if note else ""), file=self.stream, flush=True)
+                                      unit="run", ncols=100, bar_format=self.BAR_FORMAT, postfix=self._estimate(note))
+            print(meter, file=self.stream, flush=True)
 
     def close(self) -> None:
         """End the bar (a live bar leaves its last state on screen)."""
@@ -479,14 +543,23 @@ def _run_batches(batches: list[list[RunSpec]], out: str | os.PathLike[str], *, r
     if threads is None:
         threads = worker_threads(jobs)
     errors: dict[str, str | None] = {}
-    bar = StudyProgress(len(specs), f"{Path(out).parent.name or 'study'}: runs", enabled=progress)
+    # the work each run still has to do (none for a run finished before: a resumed study)
+    finished = _finished_runs(specs, out) if resume else set()
+    work: dict[str, float] = {}
+    for batch in batches:
+        each = run_work(batch[0].config)  # a batch's members share the model's shape and the epochs (group_specs)
+        work.update({spec.name: 0.0 if spec.name in finished else each for spec in batch})
+    bar = StudyProgress(len(specs), f"{Path(out).parent.name or 'study'}: runs", enabled=progress,
+                        total_work=sum(work.values()), done_before=len(finished))
 
     def done(names: list[str], error: str | None) -> None:
         for name in names:
             errors[name] = error
             if on_done is not None:
                 on_done(name, error)
-        bar.advance(len(names), f"batch {names[0]} ... " + ("failed" if error else "done"))
+        trained = [name for name in names if name not in finished]
+        bar.advance(len(trained), f"batch {names[0]} ... " + ("failed" if error else "done"),
+                    work=sum(work[name] for name in trained))
 
     try:
         if jobs == 1:

@@ -76,7 +76,7 @@ from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results,
 from .state import History, TrainState
 
 __all__ = ["train_stacked", "stack_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS",
-           "train_batched", "batch_key"]  # the former names of train_stacked and stack_key (issue 33)
+           "train_batched", "batch_key"]  # the former names of train_stacked and stack_key
 
 # Model arguments that change only initial values, so models of one stack may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
@@ -195,7 +195,8 @@ def train_stacked(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
                              callbacks=callbacks, cuda_graph=cuda_graph)
 
 
-# The former names (before issue 33, "batch" meant a stack there): the same functions, no warning.
+# The former names (from when "batch" meant a stack, before it was kept for a mini-batch): the same
+# functions, no warning, so that code written against them still runs.
 train_batched = train_stacked
 batch_key = stack_key
 
@@ -207,7 +208,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     results: list[dict[str, Any] | None] = [None] * len(configs)
     todo: list[int] = []
     for i, (c, d) in enumerate(zip(configs, dirs)):
-        present = RunDir(d).artifacts()  # metrics.csv too: a user's file is never overwritten (issue 25, finding 3)
+        present = RunDir(d).artifacts()  # metrics.csv too: a user's file is never overwritten
         if present and not resume:
             raise RunExistsError(f"{d} already holds a run ({', '.join(present)}); pass --resume to continue "
                                  f"or skip it, or choose another --out")
@@ -215,7 +216,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
             existing = read_results(d)
             check_resumable(existing, c, d)
             if existing.get("final") is not None and saved is None:
-                check_finished_model(RunDir(d), existing)  # issue 25, finding 5
+                check_finished_model(RunDir(d), existing)  # a finished run whose model file is gone or damaged
                 results[i] = existing
                 if progress:
                     print(f"  {d}: finished earlier, skipped", file=sys.stderr, flush=True)
@@ -358,7 +359,8 @@ class _StackEngine:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk
         self.step = StackedStep(stack, optimizer, compile=compile)
-        # On a GPU the epoch is replays of one captured step (issue 35); the CPU keeps the eager step.
+        # On a GPU the epoch is replays of one captured step (no host synchronisation within an epoch); the
+        # CPU keeps the eager step.
         self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
         self.snap: dict[str, torch.Tensor] = {}

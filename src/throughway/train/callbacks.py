@@ -68,23 +68,28 @@ class ProgressPrinter:
             self._bar = None
 
     def on_epoch_start(self, state: TrainState) -> None:
-        """Open the epoch's bar (only on a terminal, and only when the epoch's length is known)."""
+        """Start the epoch's count (its bar opens after its first step: `on_step_end`)."""
         self._loss_sum, self._steps = 0.0, 0
-        if state.steps_per_epoch and self._out().isatty():
+
+    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
+        """Advance the bar; show the epoch's mean loss so far every 20 steps.
+
+        The bar (only on a terminal, and only when the epoch's length is known) opens once the epoch's
+        first step is done, with its clock starting then: the first step pays the warm-up (memory
+        allocation, a compilation: seconds to minutes), so tqdm's time left, extrapolated from the
+        steps it has timed, would otherwise promise an hour for an epoch of seconds."""
+        self._loss_sum += loss
+        self._steps += 1
+        if self._steps == 1 and state.steps_per_epoch and self._out().isatty():
             from tqdm import tqdm
 
             label = f"{self.label} " if self.label else ""
-            self._bar = tqdm(total=state.steps_per_epoch, desc=f"{label}epoch {state.epoch + 1}/{state.recipe.epochs}",
-                             leave=False, file=self._out())
-
-    def on_step_end(self, state: TrainState, step: int, loss: float) -> None:
-        """Advance the bar; show the epoch's mean loss so far every 20 steps."""
-        self._loss_sum += loss
-        self._steps += 1
-        if self._bar is not None:
+            self._bar = tqdm(total=state.steps_per_epoch, initial=1, leave=False, file=self._out(),
+                             desc=f"{label}epoch {state.epoch + 1}/{state.recipe.epochs}")
+        elif self._bar is not None:
             self._bar.update(1)
-            if self._steps % 20 == 1:
-                self._bar.set_postfix(loss=f"{self._loss_sum / self._steps:.4f}")
+        if self._bar is not None and self._steps % 20 == 1:
+            self._bar.set_postfix(loss=f"{self._loss_sum / self._steps:.4f}")
 
     def on_epoch_end(self, state: TrainState, record: dict[str, Any]) -> None:
         """Print the epoch's line: training loss, validation and test error, mean k, time."""

@@ -335,11 +335,12 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
         state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
     state_renames = _legacy_renamed({key: () for key in state}, target)
     state = {state_renames.get(key, key): value for key, value in state.items()}
-    # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault (issue 25, finding 9).
+    # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault, said so.
     tensors = target.state_dict()
     retyped = sorted(k for k, v in state.items() if k in tensors and v.dtype != tensors[k].dtype)
     if retyped and all(state[k].is_floating_point() and tensors[k].is_floating_point() for k in retyped):
-        # A good file and a module converted to another floating dtype (issue 31, item 11): the module's fault.
+        # A good file and a module converted to another floating dtype (model.double()): the module's fault,
+        # not the file's.
         first = retyped[0]
         raise ValueError(f"model: the {type(target).__name__} given as model= is {tensors[first].dtype} (tensor "
                          f"{first!r}; {len(retyped)} tensor(s) differ) but {path} holds {state[first].dtype}; "
@@ -398,7 +399,7 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
         config = json.loads(metadata["config"])
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: metadata field 'config' is not valid JSON ({exc})") from exc
-    except RecursionError:  # issue 31, item 10
+    except RecursionError:  # "[" * 100000: Python's parser gives up; the file's fault, not a crash
         raise ValueError(f"{path}: metadata field 'config' is JSON nested too deeply to read; the file was edited "
                          f"or damaged") from None
     gates = None

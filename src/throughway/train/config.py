@@ -93,7 +93,7 @@ def check_config(config: RunConfig) -> Recipe:
     with torch.device("meta"):
         skeleton = create_model(config.model, **kwargs)
     # A training batch of one has no variance for BatchNorm: torch fails only after the data is read
-    # and leaves results files behind (issue 25, finding 9).
+    # and leaves results files behind.
     if recipe.batch_size < 2 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in skeleton.modules()):
         raise ValueError(f"recipe_overrides.batch_size={recipe.batch_size} (--batch-size): model {config.model!r} has "
                          f"BatchNorm layers, which need at least 2 samples per batch; accepted: 2 or more")
@@ -146,7 +146,8 @@ def resolve_recipe(config: RunConfig) -> Recipe:
     base = get_recipe(config.recipe)
     overrides = config.recipe_overrides
     _finite("recipe_overrides", overrides)
-    # The one check of these rules: `throughway train` passes its options here unchecked (issue 33).
+    # The one check of these rules: `throughway train` passes its options here unchecked, so that a rule
+    # is written once and a Python caller gets the same check.
     if "momentum" in overrides and base.optimizer != "sgd":
         raise ValueError(f"recipe_overrides.momentum (--momentum) with recipe {base.name!r} (--recipe {base.name}): "
                          f"it trains with {base.optimizer}, which has no momentum option; momentum applies to SGD "
@@ -253,8 +254,8 @@ def config_differences(existing: dict[str, Any], config: RunConfig, source: Any)
     old = {**defaults, **recorded}
     new = config.to_dict()
     if config.model in MLP_FAMILIES and isinstance(old.get("model_kwargs"), dict):
-        # The first layer an MLP was built with: recorded in the model's config since issue 12,
-        # else the dense stem of every earlier run; compared as built, not as spelled.
+        # The first layer an MLP was built with: recorded in the model's config since the MLP families took
+        # a `stem` argument, else the dense stem of every earlier run; compared as built, not as spelled.
         built = (existing.get("model") or {}).get("config") or {}
         old["model_kwargs"] = {"stem": built.get("stem", LEGACY_STEM), **old["model_kwargs"]}
         new["model_kwargs"] = {"stem": model_entry(config.model).parameters()["stem"], **new["model_kwargs"]}

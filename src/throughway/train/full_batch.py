@@ -29,7 +29,7 @@ from .optim import update_rows
 from .recipes import Recipe
 from .state import History, TrainState
 
-__all__ = ["StackedGD", "train_full_batch", "BatchedGD"]  # BatchedGD: StackedGD's former name (issue 33)
+__all__ = ["StackedGD", "train_full_batch", "BatchedGD"]  # BatchedGD: StackedGD's former name
 
 
 class StackedGD:
@@ -130,7 +130,8 @@ class StackedGD:
         return model
 
 
-# The former name (before issue 33, "batched" meant a stack there): the same class, no warning.
+# The former name (from when "batched" meant a stack, before "batch" was kept for a mini-batch): the same
+# class, no warning, so that code written against it still runs.
 BatchedGD = StackedGD
 
 

@@ -325,7 +325,7 @@ class _RunFiles(ResultsFiles):
                  progress: bool = True) -> None:
         super().__init__(out_dir, results, write)
         self.resume = resume
-        self.progress = progress  # False (--quiet): no "resuming" line either (issue 25, finding 16)
+        self.progress = progress  # False (--quiet): no "resuming" line either; quiet means nothing on stderr
         # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
         self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
 

@@ -44,7 +44,7 @@ LOCK_FILE = ".lock.json"
 LOCK_TARGET = ".lock"
 # The only file names a checkpoint.json / batch.json may point to (what save_checkpoint writes).
 # Epochs are written with at least four digits (`e{epoch:04d}`), so a run of 10,000 epochs or more
-# writes five (issue 25, finding 4): the patterns accept four or more.
+# writes five: the patterns accept four or more, or such a run could not resume.
 CHECKPOINT_FILE = re.compile(r"checkpoint-e\d{4,}\.safetensors")
 BATCH_FILE = re.compile(r"batch-e\d{4,}\.safetensors")
 METRICS_FILE = "metrics.csv"
@@ -242,7 +242,8 @@ class RunDir:
             written = self.lock_file.read_bytes()
             yield self
         finally:
-            # Removed only by its owner: the file this process wrote, still as it wrote it (issue 25, finding 3).
+            # Removed only by its owner: the file this process wrote, still as it wrote it (never a user's
+            # file of the same name, nor another process's lock).
             with contextlib.suppress(OSError):
                 if written is not None and not self.lock_file.is_symlink() and self.lock_file.read_bytes() == written:
                     self.lock_file.unlink()

@@ -1,5 +1,5 @@
 """N small models of one shape held as stacked tensors: `StackedModels`, the stack that
-`train.batched` drives (issue 15: the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
+`train.batched` drives (the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
 and its computation: one step of every model (`StackedStep`), one epoch (`train_epoch`) and the
 evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_members`).
 
@@ -8,10 +8,10 @@ Activations are held feature-major, (N models, C channels, B samples), so that e
 Parameters live in one flat (N, P) matrix whose per-parameter views autograd fills in place.
 Plain, residual and gated residual MLPs of one depth share the gated residual layout
 (`canonical_name`) with a per-model shortcut and gate mask, so the gated residual paper's three
-architectures of one depth train as one stack (issue 16). ReZero (a scalar identity gate α) and
-LayerScale (a per-channel gate λ, held (N, C)) MLPs train in stacks of their own (issue 24).
+architectures of one depth train as one stack. ReZero (a scalar identity gate α) and
+LayerScale (a per-channel gate λ, held (N, C)) MLPs train in stacks of their own.
 On a GPU, `train.graphed.GraphedStep` runs `train_epoch`'s steps as replays of one captured CUDA
-graph, with the same totals (issue 35).
+graph, with the same totals (no host synchronisation within an epoch).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from .recipes import Recipe, parameter_groups
 
 __all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "compiled_forward", "own_name", "stack_family", "SUPPORTED_MODELS",
            "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
-           # The former names (before issue 33, "batch" meant a stack), the same objects:
+           # The former names (from when "batch" meant a stack), the same objects:
            "BatchedOptimizer", "BatchedStep", "batch_family"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented", "mlp_rezero",
                     "mlp_layerscale")
 # The gated residual paper's three MLPs of one depth share every Linear and BatchNorm shape and differ
-# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one stack can hold all three
-# (issue 16). Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
+# only in the shortcut (0 or 1) and the gate (g(k) or a fixed 1): one stack can hold all three, so
+# Table 1's architectures of one depth train together. Value: (shortcut, gated) of each block u = shortcut·x + gate·f_r(x).
 MIXABLE_MODELS: dict[str, tuple[bool, bool]] = {"mlp_plain": (False, False), "mlp_residual": (True, False),
                                                "mlp_gated_residual": (True, True)}
 _MIXED_FAMILY = "mlp_plain|mlp_residual|mlp_gated_residual"
@@ -675,7 +675,8 @@ class StackedOptimizer(torch.optim.Optimizer):
         return f"StackedOptimizer({self.kind}, {self.stack.n} models of {self.stack.size} values)"
 
 
-# The former names (before issue 33, "batch" meant a stack there): the same objects, no warning.
+# The former names (from when "batch" meant a stack, before it was kept for a mini-batch): the same
+# objects, no warning, so that code written against them still runs.
 BatchedOptimizer = StackedOptimizer
 BatchedStep = StackedStep
 batch_family = stack_family
