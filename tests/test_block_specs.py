@@ -453,3 +453,27 @@ def test_a_contract_block_of_a_users_own_is_one_registration():
         assert check_blocks(net, torch.randn(3, 4)).checked == ("0", "1")
     finally:
         unregister_block(Mine)
+
+
+@transformers_missing
+def test_restore_gates_reads_the_names_a_hugging_face_vit_saves_under(tmp_path):
+    # transformers 5 saves some models under converted names (ViT's layers.0 as encoder.layer.0)
+    import transformers
+
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=32, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+    add_gates(model, "relu")
+    with torch.no_grad():
+        for i, gate in enumerate(gate_parameters(model)):
+            gate.fill_(0.2 + 0.1 * i)
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        expected = model(x).last_hidden_state
+    model.save_pretrained(tmp_path / "vit")
+    loaded = transformers.ViTModel.from_pretrained(tmp_path / "vit", add_pooling_layer=False,
+                                                   attn_implementation="eager").eval()
+    restore_gates(loaded, tmp_path / "vit")
+    with torch.no_grad():
+        assert torch.equal(loaded(x).last_hidden_state, expected)

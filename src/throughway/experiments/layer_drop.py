@@ -103,7 +103,7 @@ NANOGPT_BABY = {"val_loss": 1.4697, "parameters": 10.65e6, "layers": 6, "width":
 class Config:
     """The study's settings (ours; see the module docstring); the defaults fit about 4 hours on 2 cores."""
 
-    layers: int = option(8, "transformer layers (two gated branches each)", quick=4, minimum=2)
+    layers: int = option(8, "transformer layers (two gated branches each)", quick=4, minimum=2, flag="--depth")
     width: int = option(128, "channels per token", quick=32, minimum=1)
     heads: int = option(4, "attention heads", quick=2, minimum=1)
     context: int = option(128, "characters per block", quick=32, minimum=2)
