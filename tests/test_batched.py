@@ -223,6 +223,16 @@ def test_a_batch_refuses_models_of_different_shapes(tmp_path, fake_mnist_root):
                       progress=False)
 
 
+def test_a_batch_refuses_a_per_step_schedule_before_reading_any_data(tmp_path, monkeypatch):
+    # a stack sets one rate per member per epoch: a warm-up + cosine schedule set per step is refused at once
+    monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "no-data-here"))
+    config = RunConfig(model="mlp_residual", depth=2, recipe="vit-mnist", model_kwargs={"width": 8})
+    with pytest.raises(ValueError, match=r"schedule='warmup-cosine', which sets the learning rate at every step; "
+                                         r"batched training sets one rate per epoch .* run_training"):
+        train_batched([config, dataclasses.replace(config, seed=1)], [tmp_path / "a", tmp_path / "b"], progress=False)
+    assert not (tmp_path / "a").exists()
+
+
 def test_highway_search_shards_are_disjoint_and_merge(tmp_path, fake_mnist_root):
     from throughway.experiments import get_experiment
 

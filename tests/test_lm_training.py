@@ -305,8 +305,9 @@ def test_a_text_runs_config_is_checked_before_any_data(text_root):
         check_config(lm_config(model="mlp_residual", model_kwargs={}))
     with pytest.raises(ValueError, match=r"model='gpt' is a causal language model; accepted datasets: \['shakespeare-char'\]"):
         check_config(lm_config(dataset="mnist"))
-    with pytest.raises(ValueError, match=r"schedule is a setting of the language-model path"):
+    with pytest.raises(ValueError, match=r"grad_clip is a setting of the language-model path"):
         check_config(RunConfig(model="mlp_residual", depth=2, recipe="nanogpt-char"))
+    check_config(RunConfig(model="mlp_residual", depth=2, recipe="vit-mnist"))  # fit sets a per-step schedule too
     with pytest.raises(ValueError, match=r"eval_blocks is a setting of the language-model path"):
         check_config(RunConfig(model="mlp_residual", depth=2, eval_blocks=3))
     with pytest.raises(ValueError, match=r"eval_blocks=0"):

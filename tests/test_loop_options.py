@@ -11,7 +11,8 @@ import torch
 
 from throughway.data import DataSplits, Split
 from throughway.models import create_model
-from throughway.train import RunConfig, fit, get_recipe, learning_rate_at, parameter_groups, run_training
+from throughway.train import (RunConfig, fit, get_recipe, learning_rate_at, learning_rate_at_step, parameter_groups,
+                              run_training)
 from throughway.train.loop import set_learning_rate
 
 
@@ -208,3 +209,59 @@ def test_channels_last_on_one_cpu_thread_is_refused_before_any_step():
     with _threads(1), pytest.raises(ValueError, match=r"channels_last=True on the CPU with 1 thread: .*blocks\.1\.shortcut"):
         fit(model, _images(), _recipe(), progress=False, channels_last=True)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+class _Rates:
+    """Records the learning rate each optimiser step used (read after the step: the rate it was taken at)."""
+
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+
+    def on_step_end(self, state, step, loss):
+        self.rates.append(state.optimizer.param_groups[0]["lr"])
+
+
+def test_fit_sets_a_per_step_schedule_at_every_step():
+    # warm-up and cosine decay per step (learning_rate_at_step), the language-model path's rule, in fit
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(40, 784, generator=g), torch.randint(0, 10, (40,), generator=g)
+    torch.manual_seed(0)
+    model = create_model("vit_patch", depth=1, width=8, heads=2)
+    recipe = get_recipe("vit-mnist", epochs=3, batch_size=8, warmup_steps=4)  # 5 steps an epoch, 15 in all
+    rates = _Rates()
+    history = fit(model, (x, y), recipe, [rates], progress=False)
+    expected = [learning_rate_at_step(recipe, s, 15) for s in range(15)]
+    assert rates.rates == pytest.approx(expected, rel=1e-12)
+    assert len(set(rates.rates)) == 15  # a new rate at every step: warm-up, then the cosine
+    assert [r["lr"] for r in history.epochs] == pytest.approx(expected[::5])  # each epoch's first step
+    assert rates.rates[3] == pytest.approx(recipe.lr * 4 / 5) and rates.rates[-1] < 0.05 * recipe.lr
+
+
+def test_a_resumed_run_continues_the_per_step_schedule(tmp_path, fake_mnist_root):
+    from conftest import Crash
+
+    config = RunConfig(model="vit_patch", depth=1, recipe="vit-mnist", epochs=3, limit=64,
+                       model_kwargs={"width": 8, "heads": 2}, recipe_overrides={"batch_size": 16, "warmup_steps": 3})
+    whole_rates, cut_rates, resumed_rates = _Rates(), _Rates(), _Rates()
+    whole = run_training(config, tmp_path / "whole", progress=False, callbacks=[whole_rates])
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config, tmp_path / "cut", progress=False, callbacks=[cut_rates, Crash(after=1)])
+    resumed = run_training(config, tmp_path / "cut", resume=True, progress=False, callbacks=[resumed_rates])
+    recipe = get_recipe("vit-mnist", batch_size=16, warmup_steps=3, epochs=3)  # 4 steps an epoch of 64 images
+    assert whole_rates.rates == pytest.approx([learning_rate_at_step(recipe, s, 12) for s in range(12)], rel=1e-12)
+    assert cut_rates.rates + resumed_rates.rates == whole_rates.rates  # the resumed run goes on from step 4
+    timing = {"epoch_time_s", "elapsed_s"}
+    assert ([{k: v for k, v in r.items() if k not in timing} for r in resumed["history"]]
+            == [{k: v for k, v in r.items() if k not in timing} for r in whole["history"]])
+
+
+def test_a_dataloader_without_a_length_is_refused_with_a_per_step_schedule():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ((torch.rand(784), torch.tensor(1)) for _ in range(8))
+
+    model = create_model("vit_patch", depth=1, width=8, heads=2)
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=4)
+    with pytest.raises(ValueError, match=r"schedule='warmup-cosine' sets the learning rate at every step .* a "
+                                         r"DataLoader without a length"):
+        fit(model, loader, get_recipe("vit-mnist", epochs=1), progress=False)

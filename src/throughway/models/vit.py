@@ -49,6 +49,11 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, num_classes)
 
+    def no_weight_decay(self) -> set[str]:
+        """The parameters weight decay leaves alone (timm's rule, read by recipes.param_groups): the position
+        embedding, a lookup table like nn.Embedding's weight."""
+        return {"position"}
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (N, C·H·W) or (N, C, H, W) to the last layer's tokens (N, T, width)."""
         if x.dim() == 2:

@@ -66,7 +66,7 @@ from ..data import DataSplits, load_dataset
 from .checkpoint import check_history, is_int, is_number
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
 from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_progress, run_loop
-from .recipes import Recipe, learning_rate_at
+from .recipes import SCHEDULES, STEP_SCHEDULES, Recipe, learning_rate_at
 from .rundir import BATCH_FILE, RunDir, member_file, write_rotating
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
 from .stacked import SUPPORTED_MODELS, StackedStep, StackedModels, StackedOptimizer, stack_family, train_epoch
@@ -121,6 +121,12 @@ def _check_stack(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> Non
         raise ValueError(f"model_kwargs differ in shape arguments within the batch ({sorted(shapes)}); only "
                          f"{sorted(INIT_ONLY_KWARGS)} may differ")
     for i, (c, r) in enumerate(zip(configs, recipes)):
+        if r.schedule in STEP_SCHEDULES:
+            # a stack sets one rate per member per epoch (StackedOptimizer's (N, 1) rates): no per-step schedule
+            raise ValueError(f"configs[{i}]: recipe {r.name!r} has schedule={r.schedule!r}, which sets the learning rate "
+                             f"at every step; batched training sets one rate per epoch and cannot follow it: train "
+                             f"these runs one by one with run_training (fit sets it per step), or use a per-epoch "
+                             f"schedule ({', '.join(s for s in SCHEDULES if s not in STEP_SCHEDULES)})")
         for option in ("amp", "channels_last", "compile"):
             if getattr(c, option, False):
                 raise ValueError(f"configs[{i}].{option}=True: not supported by batched training; train it alone")

@@ -21,7 +21,7 @@ import torch
 from ..data import DATASET_SHAPES, TEXT_DATASETS, DataSplits, TextSplits
 from ..models import LEGACY_STEM, MLP_FAMILIES, create_model, model_entry
 from .checkpoint import MAX_MODEL_PARAMETERS
-from .recipes import STEP_SCHEDULES, Recipe, get_recipe
+from .recipes import Recipe, get_recipe
 
 __all__ = ["RunConfig", "RunExistsError", "MAX_DEPTH", "check_config", "resolve_recipe", "check_device",
            "model_kwargs_for", "build_model", "check_resumable", "config_differences"]
@@ -129,8 +129,9 @@ def _check_text_rules(config: RunConfig, recipe: Recipe) -> None:
         return
     if language_model:
         raise ValueError(f"model={config.model!r} is a causal language model; accepted datasets: {sorted(TEXT_DATASETS)}")
-    per_step = {"schedule": recipe.schedule in STEP_SCHEDULES, "grad_clip": recipe.grad_clip > 0,
-                "steps_per_epoch": recipe.steps_per_epoch is not None, "eval_blocks": config.eval_blocks is not None}
+    # A per-step schedule (STEP_SCHEDULES) is followed by fit too; these settings are the language model's only.
+    per_step = {"grad_clip": recipe.grad_clip > 0, "steps_per_epoch": recipe.steps_per_epoch is not None,
+                "eval_blocks": config.eval_blocks is not None}
     for option, given in per_step.items():
         if given:
             raise ValueError(f"recipe {recipe.name!r} / config: {option} is a setting of the language-model path "

@@ -10,7 +10,9 @@ One epoch, in order; each numbered step is a separate piece of the loop, and eve
 run needs is a callback:
 
 1. `on_epoch_start(state)`; the learning rate of the recipe's schedule is set (unless the caller
-   gave its own optimizer).
+   gave its own optimizer). A schedule set per step (recipes.STEP_SCHEDULES: warm-up and cosine decay)
+   is set again before every step from `recipes.learning_rate_at_step(recipe, step, total steps)`, the
+   one rule the language-model path (train.lm) follows too; the epoch's record holds its first step's rate.
 2. For each mini-batch: forward, loss, then the **divergence check** (a step of the loop, not a
    callback, because it must run before the backward pass): a loss that is NaN or infinite ends the
    run cleanly: the history is kept, the run is marked diverged (`History.diverged_at`), and the
@@ -77,7 +79,7 @@ from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_channe
                      modes_kept, probe, rng_kept)
 from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
 from .optim import build_optimizer
-from .recipes import Recipe, get_recipe, learning_rate_at
+from .recipes import STEP_SCHEDULES, Recipe, get_recipe, learning_rate_at, learning_rate_at_step
 from .state import Callback, History, TrainState
 
 __all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
@@ -459,7 +461,9 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     `test_error_pct` (a Dataset given here is read once). `eval_data` is the older name of
     `test_data`. `recipe` is a Recipe or a registered recipe's name
     (use `get_recipe(name, epochs=...)` or `Recipe.replace` for variants); it gives the epochs, the
-    batch size, the optimiser and the learning-rate schedule. `loss_fn(outputs, y)` returns the
+    batch size, the optimiser and the learning-rate schedule (a per-step one, recipes.STEP_SCHEDULES, is
+    set before every step from `learning_rate_at_step` over the run's epochs × steps per epoch, and a
+    resumed run continues it from its step count; a DataLoader without a length is refused with it). `loss_fn(outputs, y)` returns the
     batch's mean loss (default: cross-entropy); the error percentages are recorded only when the
     outputs are (N, classes) scores for integer labels or for soft labels: floating (N, classes)
     class probabilities, which the default cross-entropy takes as torch's does, a row counted wrong
@@ -535,6 +539,11 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     n = 0 if isinstance(train, DataLoader) else len(train)
     starts = epoch_starts(n, recipe.batch_size, world)
     steps_per_epoch = _loader_length(train) if isinstance(train, DataLoader) else len(starts)
+    if schedule and recipe.schedule in STEP_SCHEDULES and steps_per_epoch is None:
+        raise ValueError(f"recipe {recipe.name!r}: schedule={recipe.schedule!r} sets the learning rate at every step "
+                         f"of {recipe.epochs} epochs, but data is a DataLoader without a length, so the steps are not "
+                         f"known; accepted: a DataLoader with a length (a map-style Dataset), in-memory data, or a "
+                         f"per-epoch schedule")
     state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:
         callbacks = [*callbacks, ProgressPrinter(label=label)]
@@ -632,12 +641,27 @@ class _ModuleEngine:
         self.first_epoch = state.epoch
         self.end_epoch()
 
-    def set_learning_rates(self, epoch: int) -> list[float]:
-        """The recipe's schedule, unless the caller's optimizer or scheduler sets the lr (it is then recorded)."""
-        if self.scheduler is not None and epoch > self.first_epoch:
-            self.scheduler.step()
+    def _per_step(self) -> bool:
+        """Whether the recipe's schedule is set at every step: a STEP_SCHEDULES schedule that no torch LR
+        scheduler has replaced (one attached since fit started, even within an epoch, rules from then on)."""
         if self.schedule and any("initial_lr" in group for group in self.optimizer.param_groups):
             self.schedule = False  # a torch LR scheduler attached since fit started (issue 31, item 7): it rules
+        return self.schedule and self.state.recipe.schedule in STEP_SCHEDULES
+
+    def _step_rate(self, step: int) -> float:
+        """The per-step schedule's rate of 0-based step `step` of the run's recipe.epochs × steps_per_epoch."""
+        recipe = self.state.recipe
+        return learning_rate_at_step(recipe, step, recipe.epochs * (self.state.steps_per_epoch or 0))
+
+    def set_learning_rates(self, epoch: int) -> list[float]:
+        """The recipe's schedule, unless the caller's optimizer or scheduler sets the lr (it is then recorded);
+        a per-step schedule records the rate of the epoch's first step and moves it at every step."""
+        if self.scheduler is not None and epoch > self.first_epoch:
+            self.scheduler.step()
+        if self._per_step():
+            lr = self._step_rate(self.state.step)
+            set_learning_rate(self.optimizer, lr)
+            return [lr]
         if self.schedule:
             lr = learning_rate_at(self.state.recipe, epoch)
             set_learning_rate(self.optimizer, lr)
@@ -742,6 +766,8 @@ class _ModuleEngine:
             if not math.isfinite(loss_value):
                 stats.diverged[0] = {"step": step, "loss": str(loss_value)}
                 break
+            if self._per_step():  # the rate of this step (state.step steps done before it, across resumes)
+                set_learning_rate(optimizer, self._step_rate(state.step))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self.check_gradients:  # before the first step: a loss that reaches no parameter trains nothing
