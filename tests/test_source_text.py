@@ -8,8 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "throughway"
 
 # Files still being rewritten elsewhere; their comments are replaced with the reasons next.
-NOT_YET = {"experiments/transformer_gates.py", "report/transformer_gates_plots.py", "train/recipes.py",
-           "train/loop.py", "layers/known_blocks.py"}
+NOT_YET: set[str] = set()
 
 # "issue 25", "issues 3-6", "Issue 31, item 10": a number the repository does not hold, which tells
 # a reader nothing about why the code is as it is.

@@ -7,10 +7,9 @@ backend is never chosen or changed). The MNIST depth study's figures are in repo
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt  # noqa: F401  (transformer_gates_plots still draws through it)
 
 from .figures import save_figure, subplots  # re-exported: save_figure used to live here
 
-__all__ = ["save_figure", "subplots", "ARCH_COLORS", "plt"]
+__all__ = ["save_figure", "subplots", "ARCH_COLORS"]
 
 ARCH_COLORS = {"plain": "#d62728", "residual": "#1f77b4", "gated": "#2ca02c", "highway": "#9467bd"}

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .plots import plt, save_figure
+from .figures import subplots
+from .plots import save_figure
 
 __all__ = ["FAMILY_COLORS", "CRITERION_STYLES", "LABELS", "plot_transformer_gates"]
 
@@ -40,7 +41,7 @@ def plot_transformer_gates(summary: dict[str, Any], path: str | os.PathLike[str]
     depth = max(config["depths"])
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     families = config["families"]
-    fig, axes = plt.subplots(1, 1 + len(families), figsize=(3.0 * (1 + len(families)), 3.6),
+    fig, axes = subplots(1, 1 + len(families), figsize=(3.0 * (1 + len(families)), 3.6),
                              gridspec_kw={"width_ratios": [0.8] + [1.0] * len(families)})
     errors = axes[0]
     for i, family in enumerate(families):

@@ -401,7 +401,7 @@ def _eval_batches(model: nn.Module, split: Split | DataLoader, batch_size: int,
 
 
 def _integer_labels(y: torch.Tensor) -> torch.Tensor:
-    """Integer labels of any width as int64 for cross-entropy (issue 31, item 1); other labels as they are."""
+    """Integer labels of any width as int64 for cross-entropy (an int32 or uint8 label of a user's dataset is valid input); other labels as they are."""
     return y if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool else y.long()
 
 
@@ -419,8 +419,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def _check_finite_inputs(splits: dict[str, Any]) -> None:
     """ValueError naming the split when the inputs of a tensor split hold NaN or infinite values: the
-    data's fault, said before training, not a divergence found after the first step (issue 25,
-    finding 11). A DataLoader is not scanned (it would be read an extra time)."""
+    data's fault, said before training, not a divergence found after the first step. A DataLoader is
+    not scanned (it would be read an extra time)."""
     for name, split in splits.items():
         if isinstance(split, Split) and split.x.is_floating_point():
             bad = ~torch.isfinite(split.x).flatten(1).all(dim=1) if split.x.dim() > 1 else ~torch.isfinite(split.x)
@@ -552,7 +552,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
                            loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
                            amp=amp, channels_last=channels_last, compile_model=compile_model, checked=checked,
                            dtype=dtype)
-    with modes_kept(model):  # the caller's training flags come back, module by module (issue 31, item 15)
+    with modes_kept(model):  # the caller's training flags come back, module by module (a frozen submodule stays in eval)
         run_loop(engine, [Member(state, callbacks)], recipe.epochs)
     return state.history
 
@@ -645,7 +645,7 @@ class _ModuleEngine:
         """Whether the recipe's schedule is set at every step: a STEP_SCHEDULES schedule that no torch LR
         scheduler has replaced (one attached since fit started, even within an epoch, rules from then on)."""
         if self.schedule and any("initial_lr" in group for group in self.optimizer.param_groups):
-            self.schedule = False  # a torch LR scheduler attached since fit started (issue 31, item 7): it rules
+            self.schedule = False  # a torch LR scheduler attached since fit started (a callback may add one): it rules
         return self.schedule and self.state.recipe.schedule in STEP_SCHEDULES
 
     def _step_rate(self, step: int) -> float:

@@ -114,8 +114,8 @@ class Recipe:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value!r}: must be a positive number")
-        # Counts are whole numbers, and every rate a finite number in its range (issue 25, finding 11:
-        # epochs=1.5, weight_decay=nan and a negative milestone_factor were accepted through the Python API).
+        # Counts are whole numbers, and every rate a finite number in its range (epochs=1.5,
+        # weight_decay=nan and a negative milestone_factor were once accepted through the Python API).
         for name in ("batch_size", "epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -244,7 +244,7 @@ RECIPES: dict[str, Recipe] = {
                "all 50,000 training images (full_train): `throughway train` trains this recipe on the full "
                "training set unless told --no-train-on-full (FULL_TRAINING_SET)",
                "ours as an option: --augment crop-flip --normalize mean --no-train-on-full (pad 4, per-channel "
-               "means, 45,000 images: this recipe's data before issue 23)",
+               "means, 45,000 images: this recipe's data before it followed the authors' files)",
                "model: highway_conv arch cifar10-19 / cifar100-19 (the authors' nets)"),
     ),
     "highway-conv-cifar-ours": Recipe(
