@@ -524,7 +524,7 @@ def write_report(rows: list[dict[str, Any]], out: Path, versions: dict[str, str]
     """report.json (everything) and report.md (one row per model, then the failures and n/a reasons)."""
     out.mkdir(parents=True, exist_ok=True)
     today = datetime.date.today().isoformat()
-    (out / "report.json").write_text(json.dumps({"date": today, "versions": versions, "command": command,
+    (out / "report.json").write_text(json.dumps({"date": today, "versions": versions, "invocation": command,
                                                  "rows": rows}, indent=1) + "\n")
     lines = [f"# The block registry on the real packages ({today})", "",
              f"`{command}`", "",
@@ -648,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = {row["model"]: {"commit": at.group(1) if at else "unknown", **row} for row in earlier["rows"]}
         kept.update(fresh)
         rows = [kept[name] for name in MODELS if name in kept]
-        command = f"{earlier['command']}; then {command}"
+        command = f"{earlier.get('invocation', earlier.get('command'))}; then {command}"
     write_report(rows, out, versions, command)
     print(f"wrote {out / 'report.md'} and {out / 'report.json'}")
     failed = [row for row in rows if "error" in row or any(e["status"] == "fail" for e in row["steps"].values())]
