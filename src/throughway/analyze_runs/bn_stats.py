@@ -24,7 +24,7 @@ from ..report.stats import mean_std, paired_t_test
 from ..train import evaluate
 from .run_files import finish_text, load_run_data, load_run, refuse_linked_output
 from ..study.papers import PAPER_TEST_ERROR
-from ..study.runs import command_line
+from ..study.command import command_line
 
 __all__ = ["analyze_bn_stats", "BN_STATS_FILE"]
 

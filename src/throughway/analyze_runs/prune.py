@@ -13,7 +13,8 @@ import torch
 from .._io import atomic_write_json, read_json
 from ..analysis.removal import check_prunable, layers_per_block, removal_curve, removal_order
 from ..report.analysis_plots import plot_removal_curves
-from .run_files import (PRUNE_FILE, test_accuracy, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
+from ..study.nets import test_accuracy
+from .run_files import (PRUNE_FILE, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
                             paper_caveat, paper_setting_differences, require_family, load_run)
 from ..study.papers import PAPER_TEST_ERROR
 from ..report.stats import mean_std

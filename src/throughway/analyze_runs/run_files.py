@@ -19,11 +19,11 @@ from ..analysis.blocks import find_blocks
 from ..analysis.gates import model_family
 from ..data import DATASET_SHAPES, DataSplits, load_dataset
 from ..models import create_model, model_entry, with_legacy_config
-from ..train import RESULTS_FILE, evaluate, load_model, read_results
+from ..train import RESULTS_FILE, load_model, read_results
 from ..train.config import MAX_DEPTH
-from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, read_checkpoint_meta
+from ..train.checkpoint import CHECKPOINT_JSON, MODEL_FILE, check_model_config, is_int, read_checkpoint_meta
 from ..study.papers import PAPER_MEAN_K
-from ..study.runs import command_line
+from ..study.command import command_line
 
 __all__ = ["load_run", "GATES_FILE", "PRUNE_FILE", "HIGHWAY_FILE", "LESION_FILE"]
 
@@ -190,11 +190,11 @@ def _check_run_config(results: dict[str, Any], path: Path) -> None:
     config.setdefault("limit", None)
     checks: dict[str, tuple[Callable[[Any], bool], str]] = {
         "dataset": (lambda v: v in DATASET_SHAPES, f"one of {sorted(DATASET_SHAPES)}"),
-        "depth": (lambda v: _is_int(v) and 1 <= v <= MAX_DEPTH, f"an integer from 1 to {MAX_DEPTH}"),
+        "depth": (lambda v: is_int(v) and 1 <= v <= MAX_DEPTH, f"an integer from 1 to {MAX_DEPTH}"),
         "train_on_full": (lambda v: isinstance(v, bool), "true or false"),
-        "limit": (lambda v: v is None or (_is_int(v) and v >= 2), "null or an integer ≥ 2"),
-        "seed": (lambda v: v is None or _is_int(v), "an integer"),
-        "epochs": (lambda v: v is None or (_is_int(v) and v >= 1), "null or an integer ≥ 1"),
+        "limit": (lambda v: v is None or (is_int(v) and v >= 2), "null or an integer ≥ 2"),
+        "seed": (lambda v: v is None or is_int(v), "an integer"),
+        "epochs": (lambda v: v is None or (is_int(v) and v >= 1), "null or an integer ≥ 1"),
     }
     for field, (ok, accepted) in checks.items():
         if field in config and not ok(config[field]):
@@ -202,11 +202,6 @@ def _check_run_config(results: dict[str, Any], path: Path) -> None:
                              f"(the file was edited or damaged)")
     if "dataset" not in config or "depth" not in config:
         raise ValueError(f"{path}: field 'config' lacks 'dataset' or 'depth'; the file was edited or damaged")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 
 def require_family(model: torch.nn.Module, run_dir: Path, accepted: Sequence[str], command: str) -> str:
@@ -235,11 +230,6 @@ def analysis_header(run_dir: Path, results: dict[str, Any], family: str, model: 
         "train_on_full": bool(config.get("train_on_full")),
         "run_final": results.get("final"),
     }
-
-
-
-def test_accuracy(split: Any) -> Callable[[torch.nn.Module], float]:
-    return lambda m: 100.0 - evaluate(m, split)[1]
 
 
 

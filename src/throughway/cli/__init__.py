@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as contexts:
         if args.command != "train":  # train's results.json records its config, and it draws no figure
             from ..report.figures import figure_format
-            from ..study.runs import invoked_with
+            from ..study.command import invoked_with
 
             contexts.enter_context(figure_format(getattr(args, "format", "png")))  # `--format` of the commands that draw
             # a study's results.json records the arguments it was given, not the process's sys.argv: main(argv) called
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 check_device(args.device)
             if getattr(args, "threads", None) is not None:  # before any data or model exists
-                from ..study.runs import set_threads
+                from ..study.workers import set_threads
 
                 set_threads(args.threads)
             if args.command in COMMANDS:

@@ -176,10 +176,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(module.estimate_text(config, jobs))
         return 0
     if hasattr(module, "specs"):  # every run's config, before anything is read or written
-        from ..study.runs import check_specs
+        from ..study.spec import check_specs
 
         check_specs(module.specs(config))
-    from ..study.runs import study_lock
+    from ..study.shards import study_lock
 
     # one unsharded process per study folder (two would train the same runs and overwrite each other's
     # summary); shards side by side (study.shards)
@@ -203,13 +203,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Remake a study's table and figures from DIR/results.json. Before anything is read or written: no
-    link is followed (DIR, its summary, its runs folder, a run folder: `study.runs.check_study_links`),
+    link is followed (DIR, its summary, its runs folder, a run folder: `study.folders.check_study_links`),
     the summary's config is checked against the study's option bounds (`study.options.check_stored_config`:
     a hand-edited `seeds` of 10**7 is refused at once), and each run folder under DIR/runs must hold the run
-    its name stands for in that config (`study.runs.check_run_folders`)."""
+    its name stands for in that config (`study.folders.check_run_folders`)."""
     from .._io import read_json_object
     from ..experiments import get_experiment
-    from ..study.runs import check_study_links
+    from ..study.folders import check_study_links
 
     path = Path(args.dir) / "results.json"
     check_study_links(args.dir)
@@ -241,8 +241,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _check_study_summary(module: Any, summary: dict[str, Any], path: Path) -> None:
     """A study summary's config within the study's option bounds, and each of its run folders (`path`'s
     folder's runs/) holding the run its name stands for (see `cmd_report`)."""
-    from ..study.options import check_stored_config
-    from ..study.runs import check_run_folders, config_from_json
+    from ..study.folders import check_run_folders
+    from ..study.options import check_stored_config, config_from_json
 
     config_cls = getattr(module, "Config", None)
     if config_cls is None or "config" not in summary:

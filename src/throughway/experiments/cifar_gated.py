@@ -28,16 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from ..data.sources import missing_cifar_files
-from ..train import RESULTS_FILE, RunConfig
-from ..study.options import config_from_args as study_config_from_args
-from ..study.options import option, MAX_SEEDS
-from ..study.runs import RunSpec, StudySummary, read_runs, remake_report, run_many
 from ..report.stats import format_mean_std, mean_std
-from ..study.shards import is_sharded, merge_option, shard_option
 from ..report.tables import table_header
+from ..study.options import MAX_SEEDS, StudyOptions, option
+from ..study.options import config_from_args as study_config_from_args
+from ..study.runner import Study, run_study
+from ..study.spec import RunSpec
+from ..study.summary import read_runs, remake_report
+from ..train import RunConfig
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "ARCHITECTURES", "VARIANTS", "PAPER", "specs", "run", "summarize",
-           "write_report", "config_from_args", "needs_data_message"]
+           "write_report", "STUDY", "config_from_args", "needs_data_message"]
 
 NAME = "cifar-gated"
 DESCRIPTION = "gated-residual-v2 Tables 3 and 4: ResNet n=5 and Wide ResNet (4,10) on CIFAR, original / gated / gated with k decay"
@@ -73,7 +74,7 @@ PAPER_SOURCE: dict[str, dict[str, str]] = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyOptions):
     """The comparison's settings; defaults are the paper's CIFAR-10 Table 3."""
 
     dataset: str = option("cifar10", "cifar10 (Table 3) or cifar100 (Table 4: wrn-4-10, original and gated, "
@@ -84,27 +85,16 @@ class Config:
     seeds: int = option(1, "seeds per configuration", minimum=1, maximum=MAX_SEEDS)
     limit: int | None = option(None, "keep only the first N images of each split (smoke tests)", quick=1000,
                                  minimum=1)
-    device: str = "cpu"
-    data_dir: str | None = None
     amp: bool = option(False, "bf16 autocast (GPU)")
     channels_last: bool = option(False, "NHWC memory format")
     compile: bool = option(False, "torch.compile the training forward")
-    shard: str = shard_option()
-    merge: bool = merge_option()
     # Evaluation in chunks of 1,000 images: for WRN-28-10, one 160-channel 32×32 feature map of 10,000
     # images is 6.5 GB in float32, and a block holds several at once.
     eval_batch_size: int = 1000
 
-    def __post_init__(self) -> None:
-        if self.dataset not in PAPER:
-            raise ValueError(f"dataset={self.dataset!r}; accepted values: {sorted(PAPER)}")
-        for field, chosen, known in (("archs", self.archs, ARCHITECTURES), ("variants", self.variants, VARIANTS)):
-            unknown = sorted(set(chosen) - set(known))
-            if unknown:
-                raise ValueError(f"{field}: {unknown} not known; accepted values: {list(known)}")
-        if self.seeds < 1 or (self.epochs is not None and self.epochs < 1) or self.eval_batch_size < 1:
-            raise ValueError(f"seeds={self.seeds}, epochs={self.epochs}, eval_batch_size={self.eval_batch_size}: "
-                             f"each must be ≥ 1")
+    def check(self) -> None:
+        if self.eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size={self.eval_batch_size}: must be ≥ 1")
 
 
 def run_name(arch: str, variant: str, seed: int) -> str:
@@ -201,28 +191,21 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return remake_report(out, table_markdown, [(errors, "figure6_error_curves.png"), (ks, "figure7_k_by_block.png")])
 
 
+# What the study machinery needs of the study (study.runner): one run per worker process.
+STUDY = Study(NAME, Config, specs, summarize, write_report, stacked=False)
+
+
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
-    """Train every run into `out`/runs (resumable), then write the summary, table and figures."""
-    out = Path(out)
+    """Train every run into `out`/runs (resumable), then write the summary, table and figures
+    (study.runner.run_study), once the CIFAR files are found in `config.data_dir`."""
     if config.data_dir is None:
         raise ValueError(needs_data_message(config.dataset))
     missing = missing_cifar_files(config.dataset, config.data_dir)
     if missing:
         raise FileNotFoundError(f"{config.data_dir} lacks {', '.join(str(m) for m in missing)}. "
                                 + needs_data_message(config.dataset))
-    summary_path = out / RESULTS_FILE
-    if summary_path.is_file() and not resume and not (is_sharded(config.shard) or config.merge):
-        raise FileExistsError(f"{out} already holds a {NAME} study; pass --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
-                                     runs=specs(config))
-
-    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
-                                                   progress=progress, on_done=on_done, shard=config.shard),
-                          merge=config.merge)
-
-
+    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 _NEEDS_DATA = ("cifar-gated needs CIFAR: pass --data-dir DIR, where DIR holds the official python version "

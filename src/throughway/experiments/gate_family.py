@@ -33,23 +33,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import read_json
-from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
-from ..study.options import config_from_args as study_config_from_args
-from ..study.options import check_known, check_residual_depths, MAX_SEEDS
-from ..study.options import option, quick_config
-from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean,
-                          read_runs, rebuild_from_runs, remake_report, run_status)
-from ..report.stats import format_mean_std, mean_std
-from ..study.shards import merge_option, shard_option
-from ..layers import cait_layerscale_init
+from ..report.stats import format_mean_std, gated_comparisons, last_epochs_mean, mean_std
+from ..report.tables import markdown_table
+from ..study.gate_families import FAMILIES, family_kwargs
+from ..study.options import MAX_SEEDS, StudyOptions, check_residual_depths, option, quick_config
+from ..study.runner import Study, rebuild_study, run_study
+from ..study.spec import RunSpec
+from ..study.stacking import add_estimate_options, depth_study_markdown, project_batches
+from ..study.summary import read_runs, remake_report, run_status
 from ..train import RunConfig, load_model
-from ..report.tables import table_header
-from .gate_family_report import (GATE_SYMBOL, REMOVAL_FILE, comparisons_markdown, findings_markdown, gate_record,
-                                 gate_values_markdown, gated_comparisons, removal_markdown, update_removal)
+from .gate_family_report import (GATE_SYMBOL, comparisons_markdown, findings_markdown, gate_record,
+                                 gate_values_markdown, removal_markdown, update_removal)
 
-__all__ = ["NAME", "DESCRIPTION", "FAMILIES", "family_kwargs", "GATE_KINDS", "Config", "QUICK", "run_name", "specs", "summarize",
-           "table_markdown", "report_markdown", "write_report", "report_finished", "run", "estimate", "estimate_text", "add_arguments", "config_from_args"]
+__all__ = ["NAME", "DESCRIPTION", "FAMILIES", "family_kwargs", "GATE_KINDS", "Config", "QUICK", "run_name", "specs",
+           "summarize", "table_markdown", "report_markdown", "write_report", "STUDY",
+           "report_finished", "run", "estimate", "estimate_text", "add_arguments"]
 
 NAME = "gate-family"
 DESCRIPTION = ("residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and their BatchNorm-free "
@@ -58,26 +56,8 @@ DESCRIPTION = ("residual, gated (relu(k)), ReZero (α), LayerScale (λ) MLPs and
 # the datasets of 28x28 grey images that the MLPs' 784 inputs fit
 DATASETS = ("mnist", "fashion-mnist")
 
-# family -> (registered model, model kwargs). "-nf": no BatchNorm in the branch (norm="none").
-FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "residual": ("mlp_residual", {}),
-    "gated": ("mlp_gated_residual", {}),
-    "rezero": ("mlp_rezero", {}),
-    "layerscale": ("mlp_layerscale", {}),
-    "residual-nf": ("mlp_residual", {"norm": "none"}),
-    "gated-nf": ("mlp_gated_residual", {"norm": "none"}),
-    "rezero-nf": ("mlp_rezero", {"norm": "none"}),
-}
-
-def family_kwargs(family: str, depth: int) -> dict[str, Any]:
-    """The model arguments of `family` at depth d: FAMILIES' own, and for LayerScale the study's ε, CaiT's
-    for d, the middle layers (ours, recorded since the study began; the toolkit's default counts the d/2
-    blocks): 0.1 at d = 2, 10; 1e-5 at d = 20; 1e-6 at d = 50, 100."""
-    model, kwargs = FAMILIES[family]
-    if model == "mlp_layerscale":
-        return {**kwargs, "k_init": cait_layerscale_init(depth)}
-    return dict(kwargs)
-
+# The families (study.gate_families.FAMILIES, shared with gate-family-init) and their model arguments by depth
+# (family_kwargs: CaiT's LayerScale ε for d).
 
 # The gate of each family's blocks: "relu" (k ≤ 0 closes the gate: a dead gate), "identity" (α or λ
 # may turn negative: a negative gate, not a dead one), None (ungated).
@@ -87,11 +67,12 @@ GATE_KINDS: dict[str, str | None] = {"residual": None, "gated": "relu", "rezero"
 
 
 @dataclass(frozen=True)
-class Config:
-    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol."""
+class Config(StudyOptions):
+    """The study's settings; the defaults are the gated-residual-v2 MNIST protocol. The depths are kept
+    shallowest first (the order the runs train in, and the one results.json records)."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (run shallowest first)",
-                                     quick=(2, 10), minimum=0)
+                                     quick=(2, 10), minimum=0, check=check_residual_depths)
     families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
     epochs: int = option(100, "epochs per run (gated-residual-v2: 100)", quick=2, minimum=1)
     seeds: int = option(5, "seeds per cell: mean ± std, best seed, paired tests of gated against each family",
@@ -107,17 +88,10 @@ class Config:
     compile: bool | None = option(None, "torch.compile each batch's training step; default: only the batches that "
                                         "train at least 10,000 steps (CPU: about 100 s of compilation per batch; "
                                         "not bitwise equal to eager)", quick=False)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
 
-    def __post_init__(self) -> None:
-        check_known("families", self.families, FAMILIES)
-        check_residual_depths(self.depths)
-        if self.seeds < 1 or self.epochs < 1:
-            raise ValueError("seeds and epochs must be ≥ 1")
+    def check(self) -> None:
+        object.__setattr__(self, "depths", tuple(sorted(self.depths)))  # shallowest first, however given
 
 
 # random removal orders per net (beside the one smallest-|gate|-first order)
@@ -135,17 +109,11 @@ def run_name(family: str, depth: int, seed: int) -> str:
 def specs(config: Config) -> list[RunSpec]:
     """One RunSpec per (depth, family, seed), SHALLOWEST depth first: batches keep this order, so a
     study stopped early leaves whole shallow depths finished (the deep ones cost the most)."""
-    out = []
-    for depth in sorted(config.depths):
-        for family in config.families:
-            model, kwargs = FAMILIES[family][0], family_kwargs(family, depth)
-            for seed in range(config.seeds):
-                out.append(RunSpec(run_name(family, depth, seed), RunConfig(
-                    model=model, depth=depth, dataset=config.dataset, recipe=config.recipe, epochs=config.epochs,
-                    seed=seed, train_on_full=config.train_on_full, device=config.device, limit=config.limit,
-                    data_dir=config.data_dir, model_kwargs={"width": config.width, **kwargs},
-                )))
-    return out
+    return [RunSpec(run_name(family, depth, seed), RunConfig(
+        model=FAMILIES[family][0], depth=depth, dataset=config.dataset, recipe=config.recipe, epochs=config.epochs,
+        seed=seed, train_on_full=config.train_on_full, device=config.device, limit=config.limit,
+        data_dir=config.data_dir, model_kwargs={"width": config.width, **family_kwargs(family, depth)}))
+        for depth in config.depths for family in config.families for seed in range(config.seeds)]
 
 
 def _run_record(family: str, result: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -171,18 +139,18 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
     the validation error, the mean of the last `LAST_EPOCHS` epochs, the mean scalar gate, each
     finished seed's numbers (`per_seed`) and each run's state; for the gated families also `gates`
     (each finished seed's gates at the end, read from its model.safetensors:
-    gate_family_report.gate_record) and `removal` (each seed's layer-removal record found in
-    `out`/removal.json). `curves` holds each run's training loss per epoch. `comparisons` holds, per
-    depth and family, the paired t-test of gated − that family over the seeds both finished
-    (gate_family_report.gated_comparisons; the report judges them as one family: gate_family_report.
+    gate_family_report.gate_record) and `removal` (each seed's layer-removal record in `out`/removal.json,
+    where the records of gated runs finished since are added first: `gate_family_report.update_removal`,
+    which evaluates each such net once). `curves` holds each run's training loss per epoch. `comparisons`
+    holds, per depth and family, the paired t-test of gated − that family over the seeds both finished
+    (report.stats.gated_comparisons; the report judges them as one family: gate_family_report.
     comparisons). A cell is keyed "arch" as in mnist-depth so that its tools apply.
     """
     out = Path(out)
-    removal_path = out / REMOVAL_FILE
-    removal = read_json(removal_path) if removal_path.is_file() else {}
+    removal = _update_removal(config, out)
     cells = []
     curves: dict[str, Any] = {}
-    for depth in sorted(config.depths):
+    for depth in config.depths:
         for family in config.families:
             per_seed, status, gates, removals = [], [], [], []
             names = [run_name(family, depth, seed) for seed in range(config.seeds)]
@@ -211,7 +179,6 @@ def summarize(config: Config, out: str | os.PathLike[str]) -> dict[str, Any]:
                 "per_seed": per_seed, "runs": status, "gates": gates, "removal": removals,
             })
     summary: dict[str, Any] = {"experiment": NAME, "config": asdict(config), "cells": cells, "curves": curves}
-    summary["config"]["depths"] = sorted(config.depths)
     summary["comparisons"] = [row for other in config.families if other != "gated" and "gated" in config.families
                               for row in gated_comparisons(summary, other)]
     return summary
@@ -229,10 +196,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
     finished seeds, the best seed and their number; "pending" where no seed has finished."""
     families = summary["config"]["families"]
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
-    lines = [*table_header(["d", *families])]
-    for depth in summary["config"]["depths"]:
-        lines.append(f"| {depth} | " + " | ".join(_cell_text(by[(f, depth)]) for f in families) + " |")
-    return "Test error (%) at the last epoch, mean ± std over seeds (best seed, finished seeds)\n\n" + "\n".join(lines) + "\n"
+    rows = [[depth, *(_cell_text(by[(f, depth)]) for f in families)] for depth in summary["config"]["depths"]]
+    return ("Test error (%) at the last epoch, mean ± std over seeds (best seed, finished seeds)\n\n"
+            + markdown_table(["d", *families], rows) + "\n")
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
@@ -254,13 +220,20 @@ def write_report(out: str | os.PathLike[str]) -> str:
                          findings=findings_markdown)
 
 
-def _update_removal(config: Config, out: Path, redo_shared_orders: bool = False) -> None:
+def _update_removal(config: Config, out: Path, redo_shared_orders: bool = False) -> dict[str, Any]:
     """Layer-removal records of the gated families' finished runs that removal.json lacks (with
-    `redo_shared_orders`, also those made when every net of a depth drew the same random orders)."""
+    `redo_shared_orders`, also those made when every net of a depth drew the same random orders); returns
+    every record of removal.json by run name."""
     gated = [(spec.name, asdict(spec.config)) for spec in specs(config)
              if spec.name.rsplit("-d", 1)[0] in GATE_SYMBOL and spec.config.depth >= 2]
-    update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir,
-                   redo_shared_orders=redo_shared_orders)
+    return update_removal(out, gated, orders=REMOVAL_ORDERS, device=config.device, data_dir=config.data_dir,
+                          redo_shared_orders=redo_shared_orders)
+
+
+# What the study machinery needs of the study (study.runner): the runs of a depth train as stacks
+# (train.batched), whatever the seed count; the summary (with the removal curves of the runs finished since) and
+# the figures are rewritten at most every study.summary.REFRESH_INTERVAL_S as stacks end, and always at the end.
+STUDY = Study(NAME, Config, specs, summarize, write_report)
 
 
 def report_finished(out: str | os.PathLike[str], *, redo_shared_orders: bool = False) -> dict[str, Any]:
@@ -271,34 +244,15 @@ def report_finished(out: str | os.PathLike[str], *, redo_shared_orders: bool = F
     the exact baseline: gate_family_report.update_removal), then table.md and the figures. For rendering
     a study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
     rewrites results.json."""
-    return rebuild_from_runs(out, Config, summarize, write_report,
-                             lambda config, folder: _update_removal(config, folder, redo_shared_orders), specs=specs)
+    return rebuild_study(STUDY, out, lambda config, folder: _update_removal(config, folder, redo_shared_orders))
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train every run of the study into `out`/runs (resumable; the runs of a depth train as stacked
-    batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends."""
-    out = Path(out)
-    new = json_config(config)
-    new["depths"] = sorted(new["depths"])
-    resume = check_study_folder(out, NAME, new, resume, config.shard, config.merge)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def summary_with_removal() -> dict[str, Any]:
-        _update_removal(config, out)
-        return summarize(config, out)
-
-    # A stack's runs end together: the summary (with its removal curves) and figures are rewritten at most
-    # every study.runs.REFRESH_INTERVAL_S as stacks end, and always at the end.
-    refresh = StudySummary.for_study(out, config, summary_with_removal, lambda: write_report(out),
-                                     runs=specs(config))
-    # Whatever the seed count, the runs train through the one stacked path: were the trainer picked by the
-    # seed count, seed 0's run would differ between a 1-seed and a 5-seed study.
-    return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
-                                                      progress=progress, on_done=on_done, compile=config.compile,
-                                                      shard=config.shard),
-                          merge=config.merge)
+    batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends
+    (study.runner.run_study)."""
+    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
@@ -324,7 +278,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The study's command-line options: one per Config field, and --estimate (study.stacking)."""
     add_estimate_options(parser, Config)
 
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config the command line asks for: --quick's values, then every explicit option."""
-    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)

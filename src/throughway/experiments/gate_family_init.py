@@ -40,16 +40,14 @@ from ..analysis.distance import block_identity_distance
 from ..analysis.hessian import SingularHessianWarning, exact_hessian, spectrum_summary
 from ..analysis.spectrum import condition_number
 from ..layers import VectorGate
-from ..models import create_model
-from ..study.options import option, MAX_SEEDS
-from ..study.options import check_known, check_residual_depths
-from ..study.resumable import ResumableStudy
-from ..study.runs import remake_report
+from ..study.options import MAX_SEEDS, check_residual_depths, option
+from ..study.resumable import ResumableOptions, ResumableStudy
+from ..study.summary import remake_report
 from ..report.stats import format_mean_std, mean_std
-from ..study.shards import merge_option, shard_option
+from ..study.nets import seeded_model
 from ..study.shortcut import whitened_data
 from ..report.tables import table_header
-from .gate_family import FAMILIES, family_kwargs
+from ..study.gate_families import FAMILIES, family_kwargs
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "distance_to_identity", "hessian_cell", "summarize", "table_markdown",
            "write_report", "run"]
@@ -60,11 +58,11 @@ DESCRIPTION = ("the gate families at initialisation (no training): distance to i
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(ResumableOptions):
     """Settings (see the module docstring)."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (even)", quick=(2, 6),
-                                     minimum=0)
+                                     minimum=0, check=check_residual_depths)
     families: tuple[str, ...] = option(tuple(FAMILIES), "families", choices=tuple(FAMILIES))
     seeds: int = option(3, "initialisations per family and depth", quick=2, minimum=1, maximum=MAX_SEEDS)
     width: int = option(50, "units per layer of the nets whose distance to identity is measured (the study's)",
@@ -73,15 +71,6 @@ class Config:
                                 quick=3, minimum=1)
     samples: int = option(128, "whitened MNIST training images the Hessian's loss averages over", quick=32,
                           minimum=2)
-    threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        check_known("families", self.families, FAMILIES)
-        check_residual_depths(self.depths)
 
 
 def _key(family: str, depth: int, seed: int) -> str:
@@ -228,27 +217,19 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         return study.save_shared("cells", cells, lambda every: dict(data=data.description, cells=every,
                                                                     points=summarize(config, every)))
 
-    position = -1
-    for depth in sorted(config.depths):
-        for seed in range(config.seeds):
-            for family in config.families:
-                key = _key(family, depth, seed)
-                position += 1
-                if key in cells or not study.in_shard(position):
-                    continue
-                name, kwargs = FAMILIES[family][0], family_kwargs(family, depth)
-                torch.manual_seed(seed)
-                net = create_model(name, depth=depth, width=config.width, **kwargs)
-                distance = distance_to_identity(net)
-                torch.manual_seed(seed)
-                proxy = create_model(name, depth=depth, width=config.hessian_width, in_features=x.shape[1],
-                                     **kwargs).to(device=config.device)
-                hessian = hessian_cell(proxy, x, labels)
-                cells[key] = {"family": family, "depth": depth, "seed": seed, "distance_to_identity": distance,
-                              "hessian": hessian}
-                save()
-                c = hessian["condition"]
-                study.progress(f"{key}: distance {distance:.4g}, condition "
-                               f"{'undefined' if c is None else f'{c:.4g}'}, zero {hessian['zero_fraction']:.3f} "
-                               f"(P = {hessian['size']}, {hessian['seconds']:.1f} s, CPU {hessian['cpu_seconds']:.1f} s)")
+    pieces = ((_key(family, depth, seed), (family, depth, seed))
+              for depth in sorted(config.depths) for seed in range(config.seeds) for family in config.families)
+    for key, (family, depth, seed) in study.pending(pieces, cells):
+        name, kwargs = FAMILIES[family][0], family_kwargs(family, depth)
+        distance = distance_to_identity(seeded_model(name, seed, depth=depth, width=config.width, **kwargs))
+        proxy = seeded_model(name, seed, config.device, depth=depth, width=config.hessian_width,
+                             in_features=x.shape[1], **kwargs)
+        hessian = hessian_cell(proxy, x, labels)
+        cells[key] = {"family": family, "depth": depth, "seed": seed, "distance_to_identity": distance,
+                      "hessian": hessian}
+        save()
+        c = hessian["condition"]
+        study.progress(f"{key}: distance {distance:.4g}, condition "
+                       f"{'undefined' if c is None else f'{c:.4g}'}, zero {hessian['zero_fraction']:.3f} "
+                       f"(P = {hessian['size']}, {hessian['seconds']:.1f} s, CPU {hessian['cpu_seconds']:.1f} s)")
     return study.finish(save, write_report)

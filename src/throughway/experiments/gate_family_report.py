@@ -36,15 +36,16 @@ from ..analysis.blocks import find_blocks
 from ..analysis.removal import prune, removable_blocks, removal_curve, removal_order
 from ..data import load_dataset
 from ..layers import find_branches
-from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE, TOO_FEW,
-                           format_interval, format_mean_std, format_p, judge, judged, mean_std, paired_by_seed)
+from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE,
+                            TOO_FEW, difference_text, format_interval, format_mean_std, format_p, gated_comparisons,
+                            judge, judged, mean_std, paired_by_seed)
 from ..train import load_model
-from ..train.loop import evaluate
 from ..report.tables import paired_cells, paired_columns, table_header
+from ..study.nets import test_accuracy
 
 __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "REMOVAL_SEED", "MAX_EXACT_SUBSETS",
-           "gated_comparisons", "judge", "comparisons", "pairwise_comparisons", "comparisons_markdown",
-           "paired_columns", "paired_cells", "difference_text", "block_gates", "gate_record", "gate_values_markdown", "removal_seed",
+           "judge", "comparisons", "pairwise_comparisons", "comparisons_markdown",
+           "paired_columns", "paired_cells", "block_gates", "gate_record", "gate_values_markdown", "removal_seed",
            "removal_record", "update_removal", "removal_comparisons", "removal_baseline", "removal_markdown",
            "findings_markdown", "removal_rows", "removal_prose", "errors_prose", "finished_depths", "first_epoch_prose"]
 
@@ -56,24 +57,7 @@ MODEL_FILE = "model.safetensors"
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Paired t-tests of gated against each other family
-
-def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gated") -> list[dict[str, Any]]:
-    """Per depth, the paired t-test (report.stats.paired_t_test, two-sided, with its 95% interval and
-    detectable difference) of `reference` − `other` last-epoch test error over the seeds both finished:
-    {"depth", "a", "b", "seeds", "test"}. No verdict: a verdict needs the family's correction (`report.stats.judge`,
-    `comparisons`)."""
-    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
-    rows = []
-    for depth in summary["config"]["depths"]:
-        if (reference, depth) not in by or (other, depth) not in by:
-            continue
-        first = {r["seed"]: r["test_error_pct"] for r in by[(reference, depth)]["per_seed"]}
-        second = {r["seed"]: r["test_error_pct"] for r in by[(other, depth)]["per_seed"]}
-        seeds, test = paired_by_seed(first, second)
-        rows.append({"depth": depth, "a": reference, "b": other, "seeds": seeds, "test": test.to_dict()})
-    return rows
-
+# Paired t-tests of gated against each other family (report.comparisons.gated_comparisons: one per depth)
 
 def comparisons(summary: dict[str, Any], reference: str = "gated") -> list[dict[str, Any]]:
     """The paired tests of `reference` against every other family at every depth (`gated_comparisons`,
@@ -246,10 +230,6 @@ def removal_record(model: nn.Module, metric: Callable[[nn.Module], float], order
             "half_share_greedy": share(greedy), "half_share_random": baseline}
 
 
-def _test_accuracy(split: Any) -> Callable[[nn.Module], float]:
-    return lambda model: 100.0 - evaluate(model, split)[1]
-
-
 def update_removal(out: str | os.PathLike[str], runs: Sequence[tuple[str, dict[str, Any]]], *, orders: int = 3,
                    device: str = "cpu", data_dir: str | None = None, seed: int = REMOVAL_SEED,
                    redo_shared_orders: bool = False) -> dict[str, Any]:
@@ -275,7 +255,7 @@ def update_removal(out: str | os.PathLike[str], runs: Sequence[tuple[str, dict[s
         split = splits[key]
         model = load_model(model_path, device=device)
         model.eval()
-        records[name] = removal_record(model, _test_accuracy(split), orders=orders, seed=removal_seed(name, seed))
+        records[name] = removal_record(model, test_accuracy(split), orders=orders, seed=removal_seed(name, seed))
         atomic_write_json(path, records)
     return records
 
@@ -409,14 +389,6 @@ def _verdict_phrase(row: dict[str, Any]) -> str:
     rezero" or "rezero better than gated"."""
     winner = row["verdict"].replace(" better", "")
     return f"{winner} better than {row['b'] if winner == row['a'] else row['a']}"
-
-
-def difference_text(row: dict[str, Any], digits: int = 2) -> str:
-    """A judged row's (`report.stats.judge`) mean difference a − b with its 95% interval and both p values, in points."""
-    test = row["test"]
-    return (f"{row['a']} − {row['b']} {test['mean_difference']:+.{digits}f} points, {CONFIDENCE:.0%} CI "
-            f"{format_interval(test['ci_low'], test['ci_high'], f'+.{digits}f')}, p = {format_p(test['p_value'])}, "
-            f"{CORRECTION} p = {format_p(row['p_corrected'])}")
 
 
 def _detectable(rows: list[dict[str, Any]], scale: float = 1.0) -> str:

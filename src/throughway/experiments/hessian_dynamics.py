@@ -28,12 +28,12 @@ from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
 from ..report.tables import table_head
 from ..study.options import option, MAX_SEEDS
-from ..study.runs import read_summary, remake_report
+from ..study.folders import read_summary
+from ..study.summary import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..train import TrainState
 from ..train.full_batch import BatchedGD, train_full_batch
-from ..study.resumable import ResumableStudy
-from ..study.shards import merge_option, shard_option
+from ..study.resumable import ResumableOptions, ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs", "findings_markdown",
            "figures56_contrary_pairs"]
@@ -48,7 +48,7 @@ PAPER_STATEMENT = ("Figure 5: the condition numbers of 2-shortcut networks at di
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(ResumableOptions):
     """Settings of the study (see the module docstring)."""
 
     depth: int = option(16, "network depth L (paper: 16)", quick=4, minimum=1)
@@ -60,11 +60,6 @@ class Config:
     lr: float = option(0.01, "learning rate", minimum=0)
     hessian_points: int = option(30, "number of log-spaced epochs with an exact Hessian", quick=3, minimum=1)
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
-    threads: int = option(1, "torch threads", minimum=1)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
 
 
 def hessian_epochs(epochs: int, points: int) -> list[int]:

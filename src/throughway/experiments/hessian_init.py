@@ -27,13 +27,15 @@ import torch
 
 from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, gradient_norm, spectrum_summary, squared_error_loss
-from ..models import create_model
-from ..study.options import option, MAX_SEEDS
-from ..study.runs import config_from_json, read_summary, remake_report
+from ..study.options import MAX_SEEDS, check_even_depths, option
+from ..study.folders import read_summary
+from ..study.options import config_from_json
+from ..study.summary import remake_report
 from ..report.stats import format_mean_std, mean_std
+from ..models import create_model
+from ..study.nets import seeded_model
 from ..study.shortcut import network_kwargs, whitened_data
-from ..study.resumable import ResumableStudy
-from ..study.shards import merge_option, shard_option
+from ..study.resumable import ResumableOptions, ResumableStudy
 from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
@@ -47,33 +49,26 @@ PAPER_STATEMENT = ("Figure 4: 2-shortcut linear networks have constant condition
                    "slower than Xavier.")
 
 
+def _check_theorem2_depths(depths: tuple[int, ...]) -> None:
+    bad = [d for d in depths if d % 6]
+    if bad:
+        raise ValueError(f"{bad} are not multiples of 6 (units of 1, 2 and 3 layers)")
+
+
 @dataclass(frozen=True)
-class Config:
+class Config(ResumableOptions):
     """Settings; the paper's figure uses 10 runs per point (its depths were lost in conversion)."""
 
-    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", quick=(2, 4, 8), minimum=2)
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", quick=(2, 4, 8), minimum=2,
+                                     check=check_even_depths)
     networks: tuple[str, ...] = option(("xavier", "orthogonal", "shortcut2-zero"), "network kinds",
                                        choices=("xavier", "orthogonal", "shortcut1-zero", "shortcut2-zero"))
     runs: int = option(10, "initialisations (seeds) per point (paper: 10)", quick=2, minimum=1, flag="--seeds",
                        aliases=("--runs",), maximum=MAX_SEEDS)
     zero_scale: float = option(1e-4, "the small multiple of Xavier of the zero init", minimum=0)
     theorem2_depths: tuple[int, ...] = option((6, 12, 24, 48), "depths of the Theorem 2 check (multiples of 6; "
-                                                               "none to skip it)", quick=(6,), minimum=1, empty_ok=True)
-    threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.runs < 1:
-            raise ValueError("runs must be ≥ 1")
-        bad = [d for d in self.depths if d < 2 or d % 2]
-        if bad:
-            raise ValueError(f"depths: {bad} invalid; each depth must be an even integer ≥ 2")
-        bad = [d for d in self.theorem2_depths if d % 6]
-        if bad:
-            raise ValueError(f"theorem2_depths: {bad} invalid; each must be a multiple of 6 (units of 1, 2 and 3)")
+                                                               "none to skip it)", quick=(6,), minimum=1, empty_ok=True,
+                                             check=_check_theorem2_depths)
 
 
 def _cell_key(network: str, depth: int, seed: int) -> str:
@@ -262,26 +257,19 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if config.theorem2_depths and stale and not config.merge:
         theorem2 = theorem2_check(config.theorem2_depths, x, y)
         save()
-    position = -1
-    for depth in sorted(config.depths):
-        for seed in range(config.runs):
-            for network in config.networks:
-                key = _cell_key(network, depth, seed)
-                position += 1
-                if key in cells or not study.in_shard(position):
-                    continue
-                started = time.perf_counter()
-                torch.manual_seed(seed)
-                model = create_model("shortcut_net", **network_kwargs(network, depth, zero_scale=config.zero_scale)).to(config.device)
-                h = exact_hessian(model, squared_error_loss, x, y)
-                formed = time.perf_counter() - started
-                eig = torch.linalg.eigvalsh(h)
-                cells[key] = {"network": network, "depth": depth, "seed": seed,
-                              **spectrum_summary(eig).to_dict(),
-                              "hessian_seconds": formed, "total_seconds": time.perf_counter() - started}
-                save()
-                c = cells[key]["condition"]
-                study.progress(f"{key}: condition {c if c is None else f'{c:.4g}'} "
-                               f"({cells[key]['total_seconds']:.1f} s)")
+    pieces = ((_cell_key(network, depth, seed), (network, depth, seed))
+              for depth in sorted(config.depths) for seed in range(config.runs) for network in config.networks)
+    for key, (network, depth, seed) in study.pending(pieces, cells):
+        started = time.perf_counter()
+        model = seeded_model("shortcut_net", seed, config.device,
+                             **network_kwargs(network, depth, zero_scale=config.zero_scale))
+        h = exact_hessian(model, squared_error_loss, x, y)
+        formed = time.perf_counter() - started
+        eig = torch.linalg.eigvalsh(h)
+        cells[key] = {"network": network, "depth": depth, "seed": seed, **spectrum_summary(eig).to_dict(),
+                      "hessian_seconds": formed, "total_seconds": time.perf_counter() - started}
+        save()
+        c = cells[key]["condition"]
+        study.progress(f"{key}: condition {c if c is None else f'{c:.4g}'} ({cells[key]['total_seconds']:.1f} s)")
     return study.finish(save, write_report)
 

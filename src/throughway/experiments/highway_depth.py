@@ -67,17 +67,18 @@ import os
 import random
 import sys
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..layers.init import INIT_SCHEMES
 from ..train import RESULTS_FILE, RunConfig, RunExistsError, read_results
-from ..study.stacking import add_estimate_options, project_batches, projection_markdown, run_batched
-from ..study.options import option, quick_config, MAX_SEEDS
-from ..study.stacking import group_specs
-from ..study.runs import (RunSpec, StudySummary, check_run_results, check_same_settings, json_config,
-                          read_summary, remake_report)
-from ..study.shards import merge_option, parse_shard, select_shard, shard_option
+from ..study.folders import check_same_settings, read_summary
+from ..study.options import MAX_SEEDS, StudyOptions, json_config, option, quick_config
+from ..study.shards import parse_shard, select_shard
+from ..study.spec import RunSpec
+from ..study.stacking import add_estimate_options, group_specs, project_batches, projection_markdown, run_batched
+from ..study.summary import StudySummary, check_run_results, remake_report
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, findings_markdown, observations,
                                    ranked_loss, table_markdown)
 
@@ -119,25 +120,22 @@ FIGURE1_EPOCHS = 400
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyOptions):
     """The study's settings; the defaults are the paper's scale (FIGURE1_EPOCHS): 100 trials per
     architecture and depth, all 60,000 training images, 400 epochs."""
 
-    layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
-                                     quick=(10, 20), flag="--depths", aliases=("--layers",))
+    layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100; each ≥ 2: "
+                                                        "the first plain layer plus one more or more)",
+                                     quick=(10, 20), flag="--depths", aliases=("--layers",), minimum=2)
     archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
     trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4,
-                        maximum=MAX_SEEDS)
+                         minimum=1, maximum=MAX_SEEDS)
     epochs: int = option(FIGURE1_EPOCHS, "epochs per trial (ours, an unchecked recollection of figure 1's x-axis; "
-                                         "the text does not state it)", quick=2)
+                                         "the text does not state it)", quick=2, minimum=1)
     search_seed: int = option(0, "seed of the random search")
     train_on_full: bool = True
     limit: int | None = option(None, "keep only the first N samples of each split", quick=3000)
-    device: str = "cpu"
-    data_dir: str | None = None
-    max_batch: int = option(64, "most trials trained together in one batch")
-    shard: str = shard_option()
-    merge: bool = merge_option()
+    max_batch: int = option(64, "most trials trained together in one batch", minimum=1)
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
     init: str = option("normalized", "weight init (normalized: Glorot uniform for tanh, He normal for ReLU nets)",
                        choices=INIT_CHOICES)
@@ -150,22 +148,6 @@ class Config:
     rank: str = option("best-loss", "what ranks the trials: best-loss (the lowest training loss of any epoch, the "
                                     "paper's 'best training set error achieved') or last-loss (the last epoch's)",
                        choices=tuple(RANKINGS))
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.archs) - set(ARCHITECTURES))
-        if unknown:
-            raise ValueError(f"archs: {unknown} not known; accepted values: {list(ARCHITECTURES)}")
-        if any(layer < 2 for layer in self.layers):
-            raise ValueError(f"layers={self.layers}: each must be ≥ 2 (the first plain layer plus ≥ 1 more)")
-        if self.trials < 1 or self.epochs < 1 or self.max_batch < 1:
-            raise ValueError("trials, epochs and max_batch must be ≥ 1")
-        if self.init not in INIT_CHOICES:
-            raise ValueError(f"init={self.init!r}; accepted values: {list(INIT_CHOICES)}")
-        if self.gate_bias not in GATE_BIAS_SAMPLING:
-            raise ValueError(f"gate_bias={self.gate_bias!r}; accepted values: {list(GATE_BIAS_SAMPLING)}")
-        if self.rank not in RANKINGS:
-            raise ValueError(f"rank={self.rank!r}; accepted values: {list(RANKINGS)}")
-        parse_shard(self.shard)
 
 
 # What --quick runs (the fields' quick values): 10 and 20 layers, 4 trials, 2 epochs, 3000 images.
@@ -314,8 +296,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                             fields, out)
     out.mkdir(parents=True, exist_ok=True)
     # Rewritten as batches end (at most once a minute), so a long search can be read while it runs.
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
-                                     min_interval_s=60, runs=specs(config))
+    refresh = StudySummary(out, config, summarize, write_report, min_interval_s=60, runs=specs(config))
 
     if not config.merge:
         mine = specs(config, config.shard)
@@ -325,7 +306,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
                                  f"(e.g. {started[0]}); pass --resume to continue them, or choose another --out")
         run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
                     max_batch=config.max_batch, compile=config.compile,
-                    on_done=lambda n, e: refresh(n, e, force=False), shard=config.shard)
+                    on_done=partial(refresh, force=False), shard=config.shard)
     summary = refresh()
     assert summary is not None
     if refresh.errors:

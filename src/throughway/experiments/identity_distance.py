@@ -25,13 +25,12 @@ import torch
 
 from ..analysis.distance import IdentityDistance
 from ..data import load_dataset
-from ..models import create_model
+from ..study.nets import seeded_model
 from ..train import get_recipe
 from ..train.loop import fit
-from ..study.options import option
-from ..study.runs import remake_report
-from ..study.resumable import ResumableStudy
-from ..study.shards import merge_option, shard_option
+from ..study.options import check_even_depths, option
+from ..study.summary import remake_report
+from ..study.resumable import ResumableOptions, ResumableStudy
 from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
@@ -43,31 +42,19 @@ ARCHS = {"plain": "mlp_plain", "residual": "mlp_residual", "gated": "mlp_gated_r
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(ResumableOptions):
     """Settings: a small, quick study (a few epochs, small d)."""
 
     archs: tuple[str, ...] = option(("plain", "residual", "gated"), "architectures", choices=tuple(ARCHS))
-    depth: int = option(10, "d, middle layers (even)", quick=2, minimum=0)
+    depth: int = option(10, "d, middle layers (even)", quick=2, minimum=2, check=check_even_depths)
     width: int = option(50, "units per layer", minimum=1)
     epochs: int = option(4, "epochs", quick=1, minimum=1)
     recipe: str = "gresnet-mnist"
     seed: int = 0
     limit: int | None = option(None, "keep only the first N samples of each split", quick=5000, minimum=1)
-    threads: int = option(1, "torch threads", minimum=1)
     stem: str = option("linear", "first layer: linear (gated-residual-v1 §4.1: 'a linear layer with 50 neurons') or "
                                  "dense (Dot-BN-ReLU, as results/sdi/identity-distance was made)",
                        choices=("linear", "dense"))
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.archs) - set(ARCHS))
-        if unknown:
-            raise ValueError(f"archs: {unknown} not known; accepted values: {list(ARCHS)}")
-        if self.depth % 2 or self.depth < 2:
-            raise ValueError(f"depth={self.depth}: must be an even integer ≥ 2")
 
 
 def _pearson(a: list[float], b: list[float]) -> float | None:
@@ -169,8 +156,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         if arch in runs or not study.in_shard(position):
             continue
         started = time.perf_counter()
-        torch.manual_seed(config.seed)
-        model = create_model(ARCHS[arch], depth=config.depth, width=config.width, stem=config.stem).to(config.device)
+        model = seeded_model(ARCHS[arch], config.seed, config.device, depth=config.depth, width=config.width,
+                             stem=config.stem)
         callback = IdentityDistance()
         history = fit(model, data, recipe, [callback], seed=config.seed, progress=False)
         runs[arch] = {"arch": arch, "model": ARCHS[arch], "depth": config.depth, "history": history.epochs,

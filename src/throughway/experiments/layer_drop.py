@@ -49,13 +49,12 @@ import os
 import time
 import zlib
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, read_json
+from .._io import atomic_write_json, read_json
 from ..analysis import prune
 from ..analysis.importance import angular_spans, importance_order, span_removal_curve
 from ..analysis.removal import removal_curve
@@ -66,17 +65,17 @@ from ..models import create_model
 from ..report.stats import (CORRECTION, MIN_PAIRS_FOR_VERDICT, format_interval, format_mean_std, format_p, judge,
                             mean_std, paired_by_seed)
 from ..report.tables import table_header
-from ..study.options import add_options, check_known, option, quick_config
-from ..study.options import config_from_args as study_config_from_args
-from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, read_runs, rebuild_from_runs,
-                          run_many, run_status)
-from ..study.shards import merge_option, shard_option
-from ..train import RESULTS_FILE, RunConfig, get_recipe, load_model
+from ..study.nets import seeded_model
+from ..study.options import StudyOptions, add_options, option, quick_config
+from ..study.runner import Study, rebuild_study, run_study
+from ..study.spec import RunSpec
+from ..study.summary import read_runs, remake_report, run_status
+from ..train import RunConfig, get_recipe, load_model
 from ..train.lm import bits_per_character, causal_lm_loss, evaluate_lm, fit_lm, lm_logits
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "CRITERIA", "Config", "QUICK", "run_name", "specs", "analyse_run",
-           "summarize", "families_of", "table_markdown", "findings_markdown", "report_markdown", "write_report", "run",
-           "report_finished", "estimate", "estimate_text", "add_arguments", "config_from_args"]
+           "summarize", "families_of", "table_markdown", "findings_markdown", "report_markdown", "write_report", "STUDY",
+           "run", "report_finished", "estimate", "estimate_text", "add_arguments"]
 
 NAME = "layer-drop"
 DESCRIPTION = ("ours: which layers a trained character-level GPT can lose: the 2017 gate (with and without a "
@@ -100,7 +99,7 @@ NANOGPT_BABY = {"val_loss": 1.4697, "parameters": 10.65e6, "layers": 6, "width":
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyOptions):
     """The study's settings (ours; see the module docstring); the defaults fit about 4 hours on 2 cores."""
 
     layers: int = option(8, "transformer layers (two gated branches each)", quick=4, minimum=2, flag="--depth")
@@ -122,14 +121,9 @@ class Config:
     heal_lr: float = option(3e-4, "constant learning rate of the fine-tune (ours)", minimum=0)
     limit: int | None = option(None, "keep only the first N characters of each split (smoke tests)", quick=60000,
                                minimum=1000)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
 
-    def __post_init__(self) -> None:
-        check_known("families", self.families, FAMILIES)
+    def check(self) -> None:
         if self.steps % self.eval_every:
             raise ValueError(f"steps={self.steps} is not a multiple of eval_every={self.eval_every}: an epoch of the "
                              f"training loop is the steps between two evaluations")
@@ -261,11 +255,6 @@ def analyse_run(config: Config, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         record["healing"] = healing
     atomic_write_json(path, record)
     return record
-
-
-def _after_training(config: Config, spec: RunSpec, run_dir: Path) -> None:
-    # run_many's `after`: the analysis in the worker that trained the run
-    analyse_run(config, spec, run_dir)
 
 
 # ---- the summary --------------------------------------------------------------------------------------
@@ -477,47 +466,32 @@ def write_report(out: str | os.PathLike[str]) -> str:
     """Remake table.md, findings.md and layer_drop.png from `out`/results.json alone; return the table text."""
     from ..report.layer_drop_plots import plot_layer_drop
 
-    out = Path(out)
-    summary = read_json(out / RESULTS_FILE)
-    plot_layer_drop(summary, out / "layer_drop.png")
-    atomic_write_text(out / "findings.md", findings_markdown(summary))
-    text = report_markdown(summary)
-    atomic_write_text(out / "table.md", text)
-    return text
+    return remake_report(out, report_markdown, [(plot_layer_drop, "layer_drop.png")], findings=findings_markdown)
+
+
+# What the study machinery needs of the study (study.runner): one run per worker process, analysed in the worker
+# that trained it (resumable: a finished run is analysed if its dropping.json is missing); the summary and the
+# report rewritten at most every 30 s as runs end, and at the end.
+STUDY = Study(NAME, Config, specs, summarize, write_report, stacked=False, analyse=analyse_run, min_interval_s=30.0)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
-    """Train every run into `out`/runs and analyse it in the same worker (resumable: a finished run is
-    analysed if its dropping.json is missing), rewriting the summary and the report as runs end."""
-    out = Path(out)
-    resume = check_study_folder(out, NAME, json_config(config), resume, config.shard, config.merge)
-    out.mkdir(parents=True, exist_ok=True)
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
-                                     min_interval_s=30.0, runs=specs(config))
-    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
-                                                   progress=progress, on_done=on_done, shard=config.shard,
-                                                   after=partial(_after_training, config)),
-                          merge=config.merge)
+    """Train every run into `out`/runs and analyse it in the same worker (study.runner.run_study)."""
+    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Rebuild `out`/results.json and the report from the run folders as they stand, without training
-    (analysing any finished run not analysed yet)."""
-    def analyse_missing(config: Config, folder: Path) -> None:
-        for spec in specs(config):
-            if (folder / "runs" / spec.name / "model.safetensors").is_file():
-                analyse_run(config, spec, folder / "runs" / spec.name)
-
-    return rebuild_from_runs(out, Config, summarize, write_report, analyse_missing, specs=specs)
+    (analysing any finished run not analysed yet: study.runner.rebuild_study)."""
+    return rebuild_study(STUDY, out)
 
 
 # ---- --estimate -----------------------------------------------------------------------------------------
 
 def _step_seconds(config: Config, steps: int) -> float:
-    torch.manual_seed(0)
-    model = create_model("gpt", depth=config.layers, width=config.width, heads=config.heads, context=config.context,
-                         gate="relu")
+    model = seeded_model("gpt", 0, depth=config.layers, width=config.width, heads=config.heads,
+                         context=config.context, gate="relu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     block = torch.randint(0, 85, (config.batch_size, config.context + 1))
     times = []
@@ -565,7 +539,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimate", action="store_true",
                         help="train nothing: time one training step and print the projected duration")
 
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config the command line asks for: --quick's values, then every explicit option."""
-    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)

@@ -20,23 +20,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_text, environment_info
+from .._io import atomic_write_text
 from ..models import STEMS
-from ..train import RESULTS_FILE, RunConfig
-from ..study.options import option, quick_config, MAX_SEEDS
-from ..study.options import check_known, check_residual_depths
+from ..report.stats import LAST_EPOCHS, last_epochs_mean, mean_std
+from ..study.folders import read_summary
+from ..study.options import MAX_SEEDS, StudyOptions, check_residual_depths, option, quick_config
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
-from ..study.options import config_from_args as study_config_from_args
-from ..study.stacking import add_estimate_options, project_batches, depth_study_markdown, run_batched
-from ..report.stats import mean_std
+from ..study.runner import Study, run_study
+from ..study.spec import RunSpec
+from ..study.stacking import add_estimate_options, depth_study_markdown, project_batches
+from ..study.summary import REFRESH_INTERVAL_S, StudySummary, read_runs, remake_report, run_status
+from ..train import RESULTS_FILE, RunConfig
 from .mnist_depth_report import (batchnorm_ablation_markdown, differences_from_paper, findings_markdown,
                                  paired_comparisons, selection_report_markdown, stem_ablation_markdown, table_markdown)
-from ..study.runs import (LAST_EPOCHS, REFRESH_INTERVAL_S, RunSpec, StudySummary, check_study_folder, json_config, last_epochs_mean, read_runs,
-                          read_summary, remake_report, run_status)
-from ..study.shards import merge_option, shard_option
 
 __all__ = ["Config", "QUICK", "ARCHITECTURES", "PAPER_TEST_ERROR", "PAPER_MEAN_K", "specs", "run", "summarize",
-           "write_report", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
+           "write_report", "STUDY", "NAME", "estimate", "estimate_text", "paired_comparisons", "findings_markdown", "middle_minus_ends", "table_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "LAST_EPOCHS",
            "differences_from_paper"]
 
@@ -60,11 +59,11 @@ BATCHNORM_CONSTANTS: dict[str, dict[str, float]] = {"torch": {}, "keras": {"bn_m
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyOptions):
     """The study's settings; the defaults are the paper's (except `train_on_full`, see docs/reproductions/mnist-depth.md)."""
 
     depths: tuple[int, ...] = option((2, 10, 20, 50, 100), "values of d, the middle layers (paper: 2 10 20 50 100)",
-                                     minimum=0)
+                                     minimum=0, check=check_residual_depths)
     archs: tuple[str, ...] = option(("plain", "residual", "gated", "highway"), "architectures to train",
                                     choices=tuple(ARCHITECTURES))
     epochs: int = option(100, "epochs per run (paper: 100)", quick=2, minimum=1)
@@ -86,21 +85,7 @@ class Config:
                                         "train at least 10,000 steps (the full study: about 100 s of compilation "
                                         "per batch for a measured 1.5x faster step; not bitwise equal to eager)",
                                   quick=False)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
-
-    def __post_init__(self) -> None:
-        check_known("archs", self.archs, ARCHITECTURES)
-        check_residual_depths(self.depths)
-        if self.batchnorm not in BATCHNORM_CONSTANTS:
-            raise ValueError(f"batchnorm: {self.batchnorm!r} not known; accepted values: {list(BATCHNORM_CONSTANTS)}")
-        if self.stem not in STEMS:
-            raise ValueError(f"stem: {self.stem!r} not known; accepted values: {list(STEMS)}")
-        if self.seeds < 1 or self.epochs < 1:
-            raise ValueError("seeds and epochs must be ≥ 1")
 
 
 # What --quick runs (the fields' quick values): every depth and architecture for 2 epochs and 2
@@ -213,24 +198,20 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return table
 
 
+# What the study machinery needs of the study (study.runner): the nets of one depth (every architecture and seed)
+# train together as one stack (train.batched: per-model semantics of fit, one ordinary run directory each),
+# whatever the number of seeds, so that a one-seed study trains through the same code as a five-seed one; the
+# summary, table and figures are rewritten as stacks end (at most every REFRESH_INTERVAL_S), so that those of a
+# long study can be read while it runs.
+STUDY = Study(NAME, Config, specs, summarize, write_report)
+
+
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train every run of the study (or of its shard, `config.shard`) into `out`/runs (resumable), then
-    write the summary, table and figure from every run under `out`/runs; with `config.merge`, only the latter."""
-    out = Path(out)
-    resume = check_study_folder(out, NAME, json_config(config), resume, config.shard, config.merge)
-    out.mkdir(parents=True, exist_ok=True)
-    # Rewritten as each run ends, so table and figures of a long study can be read while it runs.
-    # A batch's runs end together: one rewrite for all of them (the figures take seconds), not one per run.
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
-                                     runs=specs(config))
-    # The nets of one depth (every architecture and seed) train together as one batched computation
-    # (train.batched: per-model semantics of fit, one ordinary run directory each), whatever the
-    # number of seeds, so that a one-seed study trains through the same code as a five-seed one.
-    return refresh.around(lambda on_done: run_batched(specs(config), out / "runs", resume=resume, jobs=jobs,
-                                                      progress=progress, on_done=on_done, compile=config.compile,
-                                                      shard=config.shard),
-                          merge=config.merge)
+    write the summary, table and figure from every run under `out`/runs; with `config.merge`, only the latter
+    (study.runner.run_study)."""
+    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
@@ -246,8 +227,7 @@ def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:
     # first has ended) and at the end: time one such rewrite, of the study before any run.
     with tempfile.TemporaryDirectory(prefix="throughway-estimate-") as folder:
         began = time.perf_counter()
-        StudySummary(Path(folder) / "results.json", lambda: summarize(config, Path(folder)),
-                     lambda: write_report(folder), environment_info(config.device))()
+        StudySummary(folder, config, summarize, write_report)()
         report_s = time.perf_counter() - began
     rewrites = 1 + min(len(projection["batches"]), int(projection["wall_s"] / REFRESH_INTERVAL_S))
     for key in ("fixed_s", "serial_s", "wall_s"):
@@ -265,7 +245,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The study's command-line options: one per Config field, and --estimate (study.stacking)."""
     add_estimate_options(parser, Config)
 
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config the command line asks for: --quick's values, then every explicit option."""
-    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)

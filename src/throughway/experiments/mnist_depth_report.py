@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE, correct,
+from ..report.stats import (LAST_EPOCHS, CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE, correct,
                             correct_family, equivalence_test, format_interval, format_mean_std, format_p, judged, mean_std,
                             paired_by_seed)
 from ..report.stats import verdict as test_verdict
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
-from ..study.runs import LAST_EPOCHS, read_runs
+from ..study.summary import read_runs
 from ..report.tables import paired_cells, paired_columns, table_header
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "paired_comparisons", "comparison_family", "table_markdown", "findings_markdown", "stem_ablation_markdown",

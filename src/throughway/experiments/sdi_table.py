@@ -26,7 +26,8 @@ from typing import Any
 from .._io import atomic_write_json, environment_info
 from ..analysis.sdi import InitMoments, monte_carlo_sdi, paper_tsdi, sdi, sigmoid
 from ..study.options import option
-from ..study.runs import command_line, remake_report
+from ..study.command import command_line
+from ..study.summary import remake_report
 from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",

@@ -28,12 +28,11 @@ import torch
 from .._io import read_json
 from ..study.options import config_from_args as study_config_from_args
 from ..study.options import option, MAX_SEEDS
-from ..study.runs import remake_report
+from ..study.summary import remake_report
 from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whitened_data
 from ..train import History
 from ..train.full_batch import BatchedGD, train_full_batch
-from ..study.resumable import ResumableStudy
-from ..study.shards import merge_option, shard_option
+from ..study.resumable import ResumableOptions, ResumableStudy
 from ..report.tables import table_header
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU",
@@ -53,7 +52,7 @@ PAPER_STATEMENT = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(ResumableOptions):
     """Settings; `activation` "linear" reproduces figure 7, "relu" figure 8."""
 
     activation: str = option("linear", "linear networks (figure 7) or ReLUs at mid positions (figure 8); relu "
@@ -68,20 +67,6 @@ class Config:
     subset: int | None = option(None, "ReLU networks: train on the first N whitened images", quick=1000, minimum=1,
                                  flag="--limit", aliases=("--subset",))
     zero_scale: float = option(1e-4, "multiple of Xavier of the zero init", minimum=0)
-    threads: int = option(1, "torch threads", minimum=1)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.activation not in ("linear", "relu"):
-            raise ValueError(f"activation={self.activation!r} is not known; accepted values: ['linear', 'relu']")
-        unknown = sorted(set(self.networks) - set(NETWORKS))
-        if unknown:
-            raise ValueError(f"networks: {unknown} not known; accepted values: {list(NETWORKS)}")
-        if self.epochs < 1 or self.seeds < 1:
-            raise ValueError("epochs and seeds must be ≥ 1")
 
 
 LINEAR = Config()

@@ -73,14 +73,13 @@ import os
 import time
 import zlib
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch.nn import functional as F
 
-from .._io import atomic_write_json, atomic_write_text, read_json
+from .._io import atomic_write_json, read_json
 from ..analysis import prune
 from ..analysis.blocks import find_blocks, gate_value
 from ..analysis.importance import angular_spans, importance_order
@@ -89,21 +88,21 @@ from ..data import load_dataset
 from ..layers import find_branches
 from ..models import create_model
 from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, SIGNIFICANCE, TOO_FEW,
-                            format_interval, format_mean_std, format_p, judge, mean_std, paired_by_seed)
+                            difference_text, format_interval, format_mean_std, format_p, gated_comparisons, judge,
+                            mean_std, paired_by_seed)
 from ..report.tables import paired_cells, paired_columns, table_header
-from ..study.options import MAX_SEEDS, add_options, check_known, option, quick_config
-from ..study.options import config_from_args as study_config_from_args
-from ..study.runs import (RunSpec, StudySummary, check_study_folder, json_config, read_runs, rebuild_from_runs,
-                          run_many, run_status)
-from ..study.shards import merge_option, shard_option
-from ..train import RESULTS_FILE, RunConfig, get_recipe, load_model
-from ..train.loop import epoch_starts, evaluate
-from .gate_family_report import difference_text, gated_comparisons
+from ..study.nets import seeded_model, test_accuracy
+from ..study.options import MAX_SEEDS, StudyOptions, add_options, option, quick_config
+from ..study.runner import Study, rebuild_study, run_study
+from ..study.spec import RunSpec
+from ..study.summary import read_runs, remake_report, run_status
+from ..train import RunConfig, get_recipe, load_model
+from ..train.loop import epoch_starts
 
 __all__ = ["NAME", "DESCRIPTION", "FAMILIES", "CRITERIA", "REFERENCE", "WEIGHTS", "Config", "QUICK", "run_name",
            "specs", "random_seed", "analyse_run", "summarize", "checkpoints", "table_markdown", "findings_markdown",
-           "orders_prose", "report_markdown", "write_report", "run", "report_finished", "estimate", "estimate_text",
-           "add_arguments", "config_from_args"]
+           "orders_prose", "report_markdown", "write_report", "STUDY", "run", "report_finished", "estimate",
+           "estimate_text", "add_arguments"]
 
 NAME = "transformer-gates"
 DESCRIPTION = ("ours: which layers of a trained vision transformer can go: the 2017 gate (relu(k) via add_gates), "
@@ -133,11 +132,11 @@ REFERENCE = {"source": "s-chh/PyTorch-Scratch-Vision-Transformer-ViT (GitHub, co
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(StudyOptions):
     """The study's settings (ours; see the module docstring); the defaults fit about 2 hours on 2 cores."""
 
-    depths: tuple[int, ...] = option((6,), "transformer layers (two gated branches each); one set of runs per value",
-                                     quick=(4,), minimum=2)
+    depths: tuple[int, ...] = option((6,), "transformer layers (two gated branches each; layers/4 and layers/2 are "
+                                           "removed); one set of runs per value", quick=(4,), minimum=2)
     families: tuple[str, ...] = option(tuple(FAMILIES), "families to train", choices=tuple(FAMILIES))
     epochs: int = option(20, "epochs per run (the cosine schedule spans them)", quick=2, minimum=1)
     seeds: int = option(5, "seeds per family: mean ± std and paired tests", quick=2, minimum=1, maximum=MAX_SEEDS)
@@ -148,17 +147,9 @@ class Config:
     calibration_images: int = option(1024, "training images the data-dependent criteria are computed on", quick=128,
                                      minimum=1)
     recipe: str = option("vit-mnist", "training recipe (AdamW, warm-up, cosine decay per step)", cli=False)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
     quick: bool = option(False, "made by --quick", quick=True, cli=False)
 
-    def __post_init__(self) -> None:
-        check_known("families", self.families, FAMILIES)
-        if not self.depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 2 for d in self.depths):
-            raise ValueError(f"depths={self.depths!r}: expected one or more layer counts >= 2 (layers/4 and layers/2 "
-                             f"are removed)")
+    def check(self) -> None:
         if self.width % self.heads:
             raise ValueError(f"width={self.width} is not divisible by heads={self.heads}")
 
@@ -250,7 +241,7 @@ def analyse_run(config: Config, spec: RunSpec, run_dir: str | os.PathLike[str]) 
         if key not in cache:
             names: list[str] = sorted(key, key=lambda name: position[name])
             net = prune(model, names) if names else model
-            cache[key] = 100.0 - evaluate(net, data.test)[1]
+            cache[key] = test_accuracy(data.test)(net)
         return cache[key]
 
     calibration = _calibration_seed(spec.name)
@@ -293,11 +284,6 @@ def analyse_run(config: Config, spec: RunSpec, run_dir: str | os.PathLike[str]) 
         record["gates"] = _gate_record(model, family)
     atomic_write_json(path, record)
     return record
-
-
-def _after_training(config: Config, spec: RunSpec, run_dir: Path) -> None:
-    # run_many's `after`: the analysis in the worker that trained the run
-    analyse_run(config, spec, run_dir)
 
 
 # ---- the summary --------------------------------------------------------------------------------------
@@ -601,47 +587,31 @@ def write_report(out: str | os.PathLike[str]) -> str:
     table text."""
     from ..report.transformer_gates_plots import plot_transformer_gates
 
-    out = Path(out)
-    summary = read_json(out / RESULTS_FILE)
-    plot_transformer_gates(summary, out / "transformer_gates.png")
-    atomic_write_text(out / "findings.md", findings_markdown(summary))
-    text = report_markdown(summary)
-    atomic_write_text(out / "table.md", text)
-    return text
+    return remake_report(out, report_markdown, [(plot_transformer_gates, "transformer_gates.png")], findings=findings_markdown)
+
+
+# What the study machinery needs of the study (study.runner): one run per worker process, analysed in the worker
+# that trained it (resumable: a finished run is analysed if its analysis.json is missing); the summary and the
+# report rewritten at most every 30 s as runs end, and at the end.
+STUDY = Study(NAME, Config, specs, summarize, write_report, stacked=False, analyse=analyse_run, min_interval_s=30.0)
 
 
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
-    """Train every run into `out`/runs and analyse it in the same worker (resumable: a finished run is
-    analysed if its analysis.json is missing), rewriting the summary and the report at most every 30 s as
-    runs end, and at the end."""
-    out = Path(out)
-    resume = check_study_folder(out, NAME, json_config(config), resume, config.shard, config.merge)
-    out.mkdir(parents=True, exist_ok=True)
-    refresh = StudySummary.for_study(out, config, lambda: summarize(config, out), lambda: write_report(out),
-                                     min_interval_s=30.0, runs=specs(config))
-    return refresh.around(lambda on_done: run_many(specs(config), out / "runs", resume=resume, jobs=jobs,
-                                                   progress=progress, on_done=on_done, shard=config.shard,
-                                                   after=partial(_after_training, config)),
-                          merge=config.merge)
+    """Train every run into `out`/runs and analyse it in the same worker (study.runner.run_study)."""
+    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
     """Rebuild `out`/results.json and the report from the run folders as they stand, without training
-    (analysing any finished run not analysed yet)."""
-    def analyse_missing(config: Config, folder: Path) -> None:
-        for spec in specs(config):
-            if (folder / "runs" / spec.name / "model.safetensors").is_file():
-                analyse_run(config, spec, folder / "runs" / spec.name)
-
-    return rebuild_from_runs(out, Config, summarize, write_report, analyse_missing, specs=specs)
+    (analysing any finished run not analysed yet: study.runner.rebuild_study)."""
+    return rebuild_study(STUDY, out)
 
 
 # ---- --estimate -----------------------------------------------------------------------------------------
 
 def _step_seconds(config: Config, depth: int, steps: int) -> float:
-    torch.manual_seed(0)
-    model = create_model("vit_patch", depth=depth, width=config.width, heads=config.heads, gate="relu")
+    model = seeded_model("vit_patch", 0, depth=depth, width=config.width, heads=config.heads, gate="relu")
     recipe = get_recipe(config.recipe)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     x, y = torch.rand(recipe.batch_size, 784), torch.randint(0, 10, (recipe.batch_size,))
@@ -708,7 +678,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimate", action="store_true",
                         help="train nothing: time one training step per depth and print the projected duration")
 
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The Config the command line asks for: --quick's values, then every explicit option."""
-    return study_config_from_args(Config, args, device=args.device, data_dir=args.data_dir)

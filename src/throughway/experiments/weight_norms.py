@@ -20,12 +20,11 @@ from typing import Any
 import torch
 
 from ..report.tables import table_head
-from ..study.options import option
-from ..study.runs import remake_report
+from ..study.options import check_even_depths, option
+from ..study.summary import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..train.full_batch import BatchedGD, train_full_batch
-from ..study.resumable import ResumableStudy
-from ..study.shards import merge_option, shard_option
+from ..study.resumable import ResumableOptions, ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -37,10 +36,11 @@ PAPER_STATEMENT = ("Figures 2 and 3: the deeper a residual network is, the small
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(ResumableOptions):
     """Settings (see the module docstring)."""
 
-    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even)", quick=(2, 4), minimum=2)
+    depths: tuple[int, ...] = option((2, 4, 8, 16, 32, 64), "network depths L (even: 2-shortcut units)",
+                                     quick=(2, 4), minimum=2, check=check_even_depths)
     activations: tuple[str, ...] = option(("linear", "relu"), "networks to train", choices=("linear", "relu"))
     lr: float = option(0.1, "learning rate", minimum=0)
     epochs: int = option(1000, "epochs of the linear networks", quick=20, minimum=1)
@@ -49,19 +49,6 @@ class Config:
                                       flag="--relu-limit", aliases=("--relu-subset",))
     seed: int = 0
     zero_scale: float = 1e-4
-    threads: int = option(1, "torch threads", minimum=1)
-    shard: str = shard_option()
-    merge: bool = merge_option()
-    device: str = "cpu"
-    data_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        bad = sorted(set(self.activations) - {"linear", "relu"})
-        if bad:
-            raise ValueError(f"activations: {bad} not known; accepted values: ['linear', 'relu']")
-        odd = [d for d in self.depths if d % 2]
-        if odd:
-            raise ValueError(f"depths: {odd} must be even (2-shortcut units)")
 
 
 def table_markdown(summary: dict[str, Any]) -> str:

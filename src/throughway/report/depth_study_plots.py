@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .figures import save_figure, subplots
+from .figures import mean_band, save_figure, subplots
 from .plots import ARCH_COLORS
 
-__all__ = ["plot_training_curves", "mean_band", "plot_error_by_depth", "plot_k_by_block"]
+__all__ = ["plot_training_curves", "plot_error_by_depth", "plot_k_by_block"]
 
 
 def _curves(summary: dict[str, Any], arch: str, depth: int, key: str) -> list[list[float]]:
@@ -25,18 +25,6 @@ def _curves(summary: dict[str, Any], arch: str, depth: int, key: str) -> list[li
         if curve and curve["epoch"]:
             out.append([v if v is not None else math.nan for v in curve[key]])
     return out
-
-
-def mean_band(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
-    """Mean, minimum and maximum over curves, epoch by epoch, over the curves that reach that epoch."""
-    length = max(len(c) for c in curves)
-    mean, low, high = [], [], []
-    for i in range(length):
-        values = [c[i] for c in curves if i < len(c) and math.isfinite(c[i])]
-        mean.append(sum(values) / len(values) if values else math.nan)
-        low.append(min(values) if values else math.nan)
-        high.append(max(values) if values else math.nan)
-    return mean, low, high
 
 
 def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:

@@ -1,4 +1,6 @@
-"""The one place figures are made and written: `subplots` and `save_figure`, and the file format.
+"""The one place figures are made and written: `subplots` and `save_figure`, and the file format; and what
+every study's figures draw alike: the mean over seeds with its band (`mean_band`), one legend above the
+panels (`figure_legend`).
 
 Every plotting function of `throughway.report` draws on a figure from `subplots`: a
 `matplotlib.figure.Figure` of its own, not one of pyplot's, so drawing a figure for a file neither
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,7 +26,8 @@ from matplotlib.figure import Figure
 
 from .._io import atomic_write_bytes
 
-__all__ = ["FIGURE_FORMATS", "figure_format", "current_figure_format", "subplots", "save_figure"]
+__all__ = ["FIGURE_FORMATS", "figure_format", "current_figure_format", "subplots", "save_figure", "mean_band",
+           "figure_legend"]
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
@@ -79,3 +83,32 @@ def save_figure(fig: Figure, path: str | os.PathLike[str], dpi: int = 130, fmt: 
 
         plt.close(fig)
     return atomic_write_bytes(path, buffer.getvalue())
+
+
+def mean_band(curves: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
+    """Mean, minimum and maximum over curves (one per seed), epoch by epoch, over the curves that reach that
+    epoch and are finite there: every figure's line (the mean over seeds) and its band (lowest to highest seed)."""
+    length = max(len(c) for c in curves)
+    mean, low, high = [], [], []
+    for i in range(length):
+        values = [c[i] for c in curves if i < len(c) and math.isfinite(c[i])]
+        mean.append(sum(values) / len(values) if values else math.nan)
+        low.append(min(values) if values else math.nan)
+        high.append(max(values) if values else math.nan)
+    return mean, low, high
+
+
+def figure_legend(fig: Figure, axes: Any, ncol: int = 7) -> None:
+    """One legend above the panels of `fig` for all of `axes`: each label once (its first word names the
+    line: "gated (n=5)" in one panel and "gated (n=3)" in another are one entry), at most `ncol` a row."""
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label.split(" ")[0] not in [x.split(" ")[0] for x in labels]:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), ncol), bbox_to_anchor=(0.5, 1.04),
+                   frameon=False, fontsize="small")
+

@@ -14,8 +14,7 @@ from typing import Any
 
 from matplotlib.ticker import NullLocator
 
-from .depth_study_plots import mean_band
-from .figures import save_figure, subplots
+from .figures import figure_legend, mean_band, save_figure, subplots
 
 __all__ = ["FAMILY_STYLE", "plot_training_curves", "plot_removal_curves", "plot_init_by_depth"]
 
@@ -41,19 +40,20 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
     no epoch yet are drawn as empty panels marked "pending"."""
     config = summary["config"]
     depths, families = config["depths"], config["families"]
+    curves = {(family, depth): _depth_curves(summary, family, depth) for depth in depths for family in families}
     fig, axes = subplots(1, len(depths), figsize=(3.4 * len(depths), 3.6), sharey=True, squeeze=False)
     for ax, depth in zip(axes[0], depths):
         drawn = False
         for family in families:
-            curves = _depth_curves(summary, family, depth)
-            if not curves:
+            seeds = curves[(family, depth)]
+            if not seeds:
                 continue
-            mean, low, high = mean_band(curves)
+            mean, low, high = mean_band(seeds)
             epochs = list(range(1, len(mean) + 1))
             style = FAMILY_STYLE.get(family, {})
-            ax.plot(epochs, mean, label=f"{family} (n={len(curves)})", marker="o" if len(mean) < 10 else None,
+            ax.plot(epochs, mean, label=f"{family} (n={len(seeds)})", marker="o" if len(mean) < 10 else None,
                     markersize=3, **style)
-            if len(curves) > 1:
+            if len(seeds) > 1:
                 ax.fill_between(epochs, low, high, color=style.get("color"), alpha=0.15, linewidth=0)
             drawn = True
         ax.set_title(f"d = {depth}")
@@ -64,7 +64,7 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
         ax.set_xlabel("epoch")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("train cross-entropy")
-    _legend(fig, axes[0])
+    figure_legend(fig, axes[0])
     fig.suptitle("MNIST training loss by depth and gate family: mean over seeds, band lowest to highest seed",
                  y=1.12)
     return save_figure(fig, path)
@@ -108,7 +108,7 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
         ax.set_ylim(0, 1.05)
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("test accuracy kept (share of full net)")
-    _legend(fig, axes[0])
+    figure_legend(fig, axes[0])
     fig.suptitle("Layer removal: smallest |gate| first (line, band over seeds) and random order (dotted)", y=1.12)
     return save_figure(fig, path)
 
@@ -116,19 +116,6 @@ def plot_removal_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -
 def _pending(ax: Any) -> None:
     """Mark an empty panel: no seed of its depth has finished yet."""
     ax.text(0.5, 0.5, "pending", transform=ax.transAxes, ha="center", va="center", color="grey", fontsize="large")
-
-
-def _legend(fig: Any, axes: Any) -> None:
-    handles: list[Any] = []
-    labels: list[str] = []
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label.split(" ")[0] not in [x.split(" ")[0] for x in labels]:
-                handles.append(handle)
-                labels.append(label)
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 7), bbox_to_anchor=(0.5, 1.04),
-                   frameon=False, fontsize="small")
 
 
 def plot_init_by_depth(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -171,7 +158,7 @@ def plot_init_by_depth(summary: dict[str, Any], path: str | os.PathLike[str]) ->
         ax.set_xlabel("depth d")
         ax.set_title(label, fontsize="medium")
         ax.grid(True, which="both", alpha=0.3)
-    _legend(fig, axes[0])
+    figure_legend(fig, axes[0])
     fig.suptitle(f"Gate families at initialisation, mean ± std over {config['seeds']} seeds (Hessian of the "
                  f"cross-entropy: width-{config['hessian_width']} proxies, {config['samples']} whitened MNIST images)",
                  y=1.12)

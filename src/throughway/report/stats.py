@@ -27,11 +27,12 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 __all__ = ["PairedTest", "EquivalenceTest", "SIGNIFICANCE", "CONFIDENCE", "POWER", "CORRECTION",
-           "MIN_PAIRS_FOR_VERDICT", "NO_DIFFERENCE", "TOO_FEW", "mean_std", "format_mean_std",
+           "MIN_PAIRS_FOR_VERDICT", "NO_DIFFERENCE", "TOO_FEW", "mean_std", "format_mean_std", "LAST_EPOCHS",
+           "last_epochs_mean",
            "regularized_incomplete_beta", "student_t_sf", "student_t_cdf", "student_t_ppf", "noncentral_t_cdf",
            "paired_power", "minimum_detectable_difference", "paired_t_test", "paired_by_seed", "equivalence_test",
            "bonferroni", "holm", "correct", "judged", "correct_family", "verdict", "judge", "paired_verdict",
-           "format_interval", "format_p", "no_difference_text"]
+           "format_interval", "format_p", "no_difference_text", "gated_comparisons", "difference_text"]
 
 # The level at which a difference is called significant in the reports (two-sided; on the corrected p).
 SIGNIFICANCE = 0.05
@@ -75,6 +76,16 @@ def format_mean_std(stat: Mapping[str, Any], fmt: str = ".2f", std_fmt: str | No
         return text
     text += f" ± {format(stat['std'], std_fmt or fmt)}"
     return text + (f" (n={stat['n']})" if count else "")
+
+
+# "the mean of the last 10 epochs": a run's test error less sensitive to one epoch's noise.
+LAST_EPOCHS = 10
+
+
+def last_epochs_mean(history: Sequence[dict[str, Any]], key: str = "test_error_pct") -> float | None:
+    """The mean of `key` over the last `LAST_EPOCHS` records of a run's `history` that hold it; None if none do."""
+    tail = [h[key] for h in history[-LAST_EPOCHS:] if h.get(key) is not None]
+    return sum(tail) / len(tail) if tail else None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -484,3 +495,28 @@ def no_difference_text(test: PairedTest | Mapping[str, Any], fmt: str = "+.2f") 
     """The words for a test that does not reject: "no difference detected; 95% CI [a, b]"."""
     return (f"{NO_DIFFERENCE}; {CONFIDENCE:.0%} CI "
             f"{format_interval(_field(test, 'ci_low'), _field(test, 'ci_high'), fmt)}")
+
+
+def gated_comparisons(summary: dict[str, Any], other: str, reference: str = "gated") -> list[dict[str, Any]]:
+    """Per depth of the summary's config, the paired t-test (`stats.paired_t_test`, two-sided, with its 95%
+    interval and detectable difference) of `reference` − `other` last-epoch test error over the seeds both
+    finished: {"depth", "a", "b", "seeds", "test"}. No verdict: a verdict needs the family's correction
+    (`stats.judge`)."""
+    by = {(c["family"], c["depth"]): c for c in summary["cells"]}
+    rows = []
+    for depth in summary["config"]["depths"]:
+        if (reference, depth) not in by or (other, depth) not in by:
+            continue
+        first = {r["seed"]: r["test_error_pct"] for r in by[(reference, depth)]["per_seed"]}
+        second = {r["seed"]: r["test_error_pct"] for r in by[(other, depth)]["per_seed"]}
+        seeds, test = paired_by_seed(first, second)
+        rows.append({"depth": depth, "a": reference, "b": other, "seeds": seeds, "test": test.to_dict()})
+    return rows
+
+
+def difference_text(row: dict[str, Any], digits: int = 2) -> str:
+    """A judged row's (`stats.judge`) mean difference a − b with its 95% interval and both p values, in points."""
+    test = row["test"]
+    return (f"{row['a']} − {row['b']} {test['mean_difference']:+.{digits}f} points, {CONFIDENCE:.0%} CI "
+            f"{format_interval(test['ci_low'], test['ci_high'], f'+.{digits}f')}, p = {format_p(test['p_value'])}, "
+            f"{CORRECTION} p = {format_p(row['p_corrected'])}")

@@ -11,7 +11,13 @@ An experiment's `Config` is a frozen dataclass whose fields are declared with `o
 `nargs`, choices and help from the declaration), `config_from_args(Config, args)` builds the config
 (the `quick` values when `--quick` is given, then every option the user set), and
 `quick_config(Config)` is the --quick variant. The config recorded in results.json is
-`dataclasses.asdict(config)`: nothing is declared twice, and adding an option is one line.
+`json_config(config)`: nothing is declared twice, and adding an option is one line.
+
+The options every study of many runs shares (`--shard`, `--merge`, and the `device` and `data_dir`
+every command sets) are declared once, by `StudyOptions`, the base of such a study's Config; its
+`__post_init__` checks every option field against its declaration (type, choices, bounds, `check`)
+and then the study's own rules (`StudyOptions.check`), so a Config built from Python is refused as
+the command line would refuse it.
 
 One idea has one name across the studies: `--seeds` is a count, `--limit` the first N samples,
 `--depths` the depths, `--mc-samples` Monte Carlo draws; an older spelling stays accepted as a
@@ -33,10 +39,15 @@ import math
 import sys
 import types
 import typing
-from typing import Any, Iterable, Sequence, TypeVar, Union
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Sequence, TypeVar, Union
+
+from .._io import json_safe
+from .shards import parse_shard, resolve_shard
 
 __all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK", "DeprecatedAlias",
-           "check_known", "check_residual_depths", "check_stored_config", "MAX_SEEDS", "MAX_VALUES"]
+           "StudyOptions", "SHARED_OPTIONS", "check_options", "check_known", "check_residual_depths", "check_even_depths",
+           "check_stored_config", "json_config", "config_from_json", "MAX_SEEDS", "MAX_VALUES"]
 
 T = TypeVar("T")
 NO_QUICK: Any = object()  # the field keeps its default under --quick
@@ -52,7 +63,8 @@ MAX_VALUES = 1_000
 def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[Any] | None = None,
            cli: bool = True, flag: str | None = None, minimum: float | None = None, empty_ok: bool = False,
            negatable: bool = True, aliases: Sequence[str] = (), count: bool = False,
-           convert: Any = None, maximum: float | None = None) -> Any:
+           convert: Any = None, maximum: float | None = None,
+           check: Callable[[Any], object] | None = None) -> Any:
     """A dataclass field that is also a command-line option.
 
     `default` is the paper's value (tuples for sequences: the dataclass is frozen); `help` is the
@@ -68,14 +80,16 @@ def option(default: Any, help: str, *, quick: Any = NO_QUICK, choices: Sequence[
     values, `--seeds 0 1 2`, still name the seeds, as recorded commands do); `convert(text)` reads a
     str field's value from the command line instead of the type (a ValueError there is exit 2 naming
     the option: `--shard auto` becomes i/N so, study.shards). A tuple field holds at most `MAX_VALUES`
-    values. The same bounds are checked on a config read back from a study's summary
+    values. `check(value)` raises ValueError where a value the declaration allows is still wrong (odd
+    residual depths: `check_residual_depths`). The same bounds are checked on every Config a study
+    builds (`StudyOptions`, `check_options`) and on a config read back from a study's summary
     (`check_stored_config`).
     """
     metadata = {_META: {"help": help, "quick": quick, "choices": tuple(choices) if choices is not None else None,
                         "cli": cli, "flag": flag, "minimum": minimum, "maximum": maximum, "empty_ok": empty_ok,
                         "negatable": negatable,
                         "aliases": tuple(aliases), "count": count,
-                        "convert": convert}}
+                        "convert": convert, "check": check}}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -138,7 +152,8 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
     can tell what the user set."""
     hints = typing.get_type_hints(config_cls)
     has_quick = False
-    for f, meta in option_fields(config_cls):
+    # the study's own options first, then those every study shares (StudyOptions: --shard, --merge)
+    for f, meta in sorted(option_fields(config_cls), key=lambda field: field[0].name in SHARED_OPTIONS):
         if not meta["cli"]:
             continue
         has_quick |= meta["quick"] is not NO_QUICK
@@ -234,6 +249,14 @@ def check_residual_depths(depths: Sequence[int]) -> None:
         raise ValueError(f"depths: {bad} invalid; each d must be an even integer ≥ 0 (residual blocks hold 2 layers)")
 
 
+def check_even_depths(depths: int | Sequence[int]) -> None:
+    """ValueError naming the depths (one, or several) that are odd: nets built of two-layer units (residual blocks,
+    2-shortcut units) have an even depth."""
+    odd = [d for d in ([depths] if isinstance(depths, int) else depths) if d % 2]
+    if odd:
+        raise ValueError(f"depths {odd} are odd; accepted: even depths (the net is built of two-layer units)")
+
+
 _KIND_NAMES = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
 
 
@@ -261,41 +284,134 @@ def _stored_value_problem(value: Any, kind: Any, meta: dict[str, Any]) -> str | 
     return None
 
 
+def _field_problem(meta: dict[str, Any], annotation: Any, value: Any) -> str | None:
+    """Why `value` (JSON-like: a list for a tuple field) is not one an `option(...)` field declared with
+    `meta` and of type `annotation` accepts, or None: the type, a list for a tuple field (one or more values
+    unless `empty_ok`; at most `MAX_VALUES`, or a `count` field's `maximum`; distinct), null only for an
+    optional field, the choices, `minimum` and `maximum`, then the declaration's own `check`."""
+    kind, is_tuple, optional = _base_type(annotation)
+    if value is None:
+        return None if optional else "accepted: a value (the field is not optional)"
+    values = value if is_tuple else [value]
+    if is_tuple:
+        if not isinstance(value, list):
+            return "accepted: a list"
+        limit = meta["maximum"] if meta.get("count") and meta.get("maximum") is not None else MAX_VALUES
+        if len(value) > limit:
+            return f"holds {len(value)} values; accepted: at most {limit:g}"
+        if not value and not meta.get("empty_ok"):
+            return "accepted: one or more values"
+        if len({_json_key(v) for v in value}) != len(value):
+            return "accepted: distinct values"
+    for element in values:
+        problem = _stored_value_problem(element, kind, meta)
+        if problem:
+            return problem
+    if meta.get("check") is not None:
+        try:
+            meta["check"](tuple(value) if is_tuple else value)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 def check_stored_config(config_cls: type, stored: Any, source: Any) -> None:
     """Check a study's config read back from a file (`source`, its summary's 'config') against the bounds
     its options declare, before anything uses it to name or read runs: each `option(...)` field present
     has the declared type (a list for a tuple field, null only for an optional one), its choices,
     `minimum` and `maximum` (a `count` field's maximum bounds how many values it holds), distinct list
-    values and at most `MAX_VALUES` of them. ValueError naming `source`, the field 'config.<name>' and
-    what is accepted: a hand-edited `seeds` of 10**7 is refused at once instead of walking run names
-    for minutes."""
+    values and at most `MAX_VALUES` of them (`_field_problem`, as `check_options` checks a Config).
+    ValueError naming `source`, the field 'config.<name>' and what is accepted: a hand-edited `seeds`
+    of 10**7 is refused at once instead of walking run names for minutes."""
     if not isinstance(stored, dict):
         raise ValueError(f"{source}: field 'config' holds {type(stored).__name__}; accepted: an object")
-    hints = typing.get_type_hints(config_cls)
+    hints = _hints(config_cls)
     for f, meta in option_fields(config_cls):
         if f.name not in stored:
             continue
         value = stored[f.name]
-        kind, is_tuple, optional = _base_type(hints[f.name])
-        where = f"{source}: field 'config.{f.name}' is {str(value)[:60]}"
-        if value is None:
-            if optional:
-                continue
-            raise ValueError(f"{where}; accepted: a value (the field is not optional); the file was edited or damaged")
-        values = value if is_tuple else [value]
-        if is_tuple:
-            if not isinstance(value, list):
-                raise ValueError(f"{where}; accepted: a list; the file was edited or damaged")
-            limit = meta["maximum"] if meta.get("count") and meta.get("maximum") is not None else MAX_VALUES
-            if len(value) > limit:
-                raise ValueError(f"{source}: field 'config.{f.name}' holds {len(value)} values; accepted: at most "
-                                 f"{limit:g}; the file was edited or damaged")
-            if len({_json_key(v) for v in value}) != len(value):
-                raise ValueError(f"{where}; accepted: distinct values; the file was edited or damaged")
-        for element in values:
-            problem = _stored_value_problem(element, kind, meta)
-            if problem:
-                raise ValueError(f"{where}; {problem}; the file was edited or damaged")
+        problem = _field_problem(meta, hints[f.name], value)
+        if problem is None:
+            continue
+        if problem.startswith("holds "):
+            raise ValueError(f"{source}: field 'config.{f.name}' {problem}; the file was edited or damaged")
+        raise ValueError(f"{source}: field 'config.{f.name}' is {str(value)[:60]}; {problem}; the file was edited "
+                         f"or damaged")
+
+
+def check_options(config: Any) -> None:
+    """Check every `option(...)` field of the Config dataclass `config` against its declaration, as
+    `check_stored_config` checks a stored one (`_field_problem`: type, choices, bounds, distinct values,
+    the declaration's `check`): ValueError "<field>=<value>: <what is accepted>". What a Config built from
+    Python meets that the command line checks as it parses (`StudyOptions.__post_init__` calls it)."""
+    hints = _hints(type(config))
+    for f, meta in sorted(option_fields(type(config)), key=lambda field: field[0].name in SHARED_OPTIONS):
+        value = getattr(config, f.name)
+        problem = _field_problem(meta, hints[f.name], list(value) if isinstance(value, tuple) else value)
+        if problem is not None:
+            raise ValueError(f"{f.name}={value!r}: {problem}")
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(config_cls: type) -> dict[str, Any]:
+    """The resolved annotations of a Config class (read once per class)."""
+    if config_cls not in _HINTS:
+        _HINTS[config_cls] = typing.get_type_hints(config_cls)
+    return _HINTS[config_cls]
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """The options every study of many runs or pieces shares, declared once: the base of its Config.
+
+        @dataclass(frozen=True)
+        class Config(StudyOptions):
+            epochs: int = option(100, "epochs per run (paper: 100)", quick=2, minimum=1)
+
+    `shard` (`--shard i/N | auto`: train only shard i of N, study.shards) and `merge` (`--merge`: train
+    nothing, write the summary of every run on disk) are options; `device` and `data_dir` are set by the
+    command's own `--device` and `--data-dir`. Building a Config checks every option field against its
+    declaration (`check_options`), then, where the Config defines one, its method `check(self)`: the study's
+    own rules beyond what its options declare (e.g. a width divisible by the heads), a ValueError naming the
+    fields; it may also put a field in its one form (gate-family's depths shallowest first, set with
+    `object.__setattr__`)."""
+
+    shard: str = option("1/1", "train only shard i of N (i = 1..N): the study's stacked batches dealt in turn, so "
+                               "shards may run at the same time into one --out; auto: i and N from a job array "
+                               "(SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, SGE_TASK_ID, PBS_ARRAY_INDEX with "
+                               "THROUGHWAY_SHARD_COUNT and THROUGHWAY_SHARD_FIRST; docs/cluster.md)",
+                        convert=resolve_shard, check=parse_shard)
+    merge: bool = option(False, "train nothing: write the summary, table and figures from every run under --out "
+                                "(all shards)", negatable=False)
+    device: str = "cpu"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        check = getattr(self, "check", None)
+        if check is not None:
+            check()
+
+
+# The fields StudyOptions declares for every study (listed after a study's own in --help).
+SHARED_OPTIONS = frozenset(f.name for f in dataclasses.fields(StudyOptions))
+
+
+def json_config(config: Any) -> dict[str, Any]:
+    """A study's config (a dataclass) as its results.json stores it and reads it back: `asdict`, tuples as
+    lists (`_io.json_safe`, the conversion every JSON file of the package goes through). The one way a
+    config becomes JSON: what `folders.check_study_folder` and `folders.stored_study` compare with the
+    stored config."""
+    return dict(json_safe(asdict(config)))
+
+
+def config_from_json(config_cls: type, stored: dict[str, Any]) -> Any:
+    """The inverse of `json_config`: a `config_cls` from a stored JSON config, with the fields it knows
+    (others, e.g. of a newer version, are left out) and lists as tuples."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    return config_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items() if k in known})
 
 
 def _json_key(value: Any) -> str:

@@ -9,11 +9,13 @@ share: the resume check of what the file already holds (`stored_study`), the sum
     study = ResumableStudy(out, NAME, config, ("epochs", "lr"), resume)
     cells = study.stored_part("cells", {})
     def save(): return study.save(cells=cells, points=summarize(config, cells))
-    for key in ...: cells[key] = ...; save(); study.progress(f"{key}: ...")
+    for key, (depth, seed) in study.pending(((f"d{d}-s{s}", (d, s)) for d in depths for s in seeds), cells):
+        cells[key] = ...; save(); study.progress(f"{key}: ...")
     return study.finish(save, write_report)
 
-A study whose Config declares `shard` and `merge` (study.shards) computes only its shard's pieces
-(`in_shard(position)`: pieces i, i + N, ... in the study's order, each a batch of one) and saves with
+Such a study's Config derives from `ResumableOptions` (the options of every study, and the torch threads
+of this one process). Its shard (study.shards) computes only its part of the pieces (`pending`, or
+`in_shard(position)`: pieces i, i + N, ... in the study's order, each a batch of one) and saves with
 `save_shared("cells", cells, parts)`: under the summary lock it records its own pieces in
 `out`/shards/<i>-of-<N>/cells.json and writes results.json from the pieces of every shard, so shards
 run at the same time into one folder (the same contract as the studies of run directories).
@@ -23,17 +25,29 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Container, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
 from .._io import atomic_write_json, environment_info, read_json_object
-from .runs import command_line, stored_study
+from .command import command_line
+from .folders import stored_study
+from .options import StudyOptions, option
 from .shards import SHARDS_FOLDER, is_sharded, parse_shard, shard_folder, summary_lock
 
-__all__ = ["ResumableStudy"]
+__all__ = ["ResumableStudy", "ResumableOptions"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ResumableOptions(StudyOptions):
+    """The options of every study (`options.StudyOptions`) and `threads`, the torch threads of a study
+    computed piece by piece in this one process (the command's own --threads is for worker processes)."""
+
+    threads: int = option(1, "torch threads (1: best on a shared machine)", minimum=1)
 
 
 class ResumableStudy:
@@ -70,6 +84,15 @@ class ResumableStudy:
             return True
         i, n = parse_shard(self.shard)
         return position % n == i - 1
+
+    def pending(self, pieces: Iterable[tuple[str, T]], done: Container[str]) -> Iterator[tuple[str, T]]:
+        """The (key, piece) pairs of `pieces` (every piece of the study, in its order) that this process
+        computes now: those whose key `done` lacks (a resumed study keeps what it computed) and in this
+        process's shard (`in_shard` of the piece's position among all of them). `done` is read as each
+        piece comes, so a dict filled in the loop counts."""
+        for position, (key, piece) in enumerate(pieces):
+            if key not in done and self.in_shard(position):
+                yield key, piece
 
     def save_shared(self, key: str, own: dict[str, Any], parts: Callable[[dict[str, Any]], dict[str, Any]],
                     stored_as: Callable[[Any], dict[str, Any]] = dict) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """A study split into shards that run at the same time, on one machine or on a cluster's job array.
 
-Every study of many runs declares the two fields (`study.options`):
+Every study of many runs has the two options of `study.options.StudyOptions`, the base of its Config:
 
-    shard: str = shard_option()     # --shard i/N | auto
-    merge: bool = merge_option()    # --merge
+    shard: str      # --shard i/N | auto (resolved here: `resolve_shard`)
+    merge: bool     # --merge
 
 and hands `config.shard` to `run_batched` / `run_many` (which train only this shard's part) and to
 `StudySummary` (which writes the shared summary under the summary lock). `throughway reproduce`
@@ -49,9 +49,8 @@ from typing import Any, Iterator, Mapping, Sequence, TypeVar
 
 from .._io import atomic_write_json
 from ..train.distributed import SHARD_ENV
-from .options import option
 
-__all__ = ["parse_shard", "resolve_shard", "shard_option", "merge_option", "select_shard", "study_lock",
+__all__ = ["parse_shard", "resolve_shard", "select_shard", "study_lock",
            "summary_lock", "shard_folder", "write_shard_state", "shard_states", "shard_environment", "check_shard_fresh",
            "SCHEDULERS", "SHARD_COUNT_ENV", "SHARD_FIRST_ENV", "SHARDS_FOLDER"]
 
@@ -154,26 +153,6 @@ def resolve_shard(text: str, env: Mapping[str, str] | None = None) -> str:
     if not 1 <= index <= count:
         raise ValueError(f"--shard auto: ${id_var}={task} is outside the array's {count} tasks numbered from {first}")
     return f"{index}/{count}"
-
-
-def _shard_type(text: str) -> str:
-    return resolve_shard(text)
-
-
-def shard_option() -> Any:
-    """The `shard` field of a study's Config: `--shard i/N` or `--shard auto` (resolved to i/N from a
-    job array's environment when the command line is read, so the config records the shard)."""
-    return option("1/1", "train only shard i of N (i = 1..N): the study's stacked batches dealt in turn, so shards "
-                         "may run at the same time into one --out; auto: i and N from a job array (SLURM_ARRAY_TASK_ID "
-                         "and SLURM_ARRAY_TASK_COUNT, SGE_TASK_ID, PBS_ARRAY_INDEX with THROUGHWAY_SHARD_COUNT and "
-                         "THROUGHWAY_SHARD_FIRST; docs/cluster.md)",
-                  convert=_shard_type)
-
-
-def merge_option() -> Any:
-    """The `merge` field of a study's Config: `--merge`, train nothing, write the summary of every run on disk."""
-    return option(False, "train nothing: write the summary, table and figures from every run under --out (all "
-                          "shards)", negatable=False)
 
 
 def select_shard(batches: Sequence[T], shard: str | None) -> list[T]:
@@ -382,7 +361,7 @@ def shard_environment(shard: str | None) -> Iterator[None]:
 def check_shard_fresh(names: Sequence[str], runs_dir: str | os.PathLike[str], shard: str | None,
                       resume: bool) -> None:
     """RunExistsError when a sharded study's shard, not resumed, finds some of its runs `names` already
-    in `runs_dir` (an unsharded study checks its summary instead, `runs.check_study_folder`)."""
+    in `runs_dir` (an unsharded study checks its summary instead, `folders.check_study_folder`)."""
     if resume or not is_sharded(shard):
         return
     from ..train import RESULTS_FILE, RunExistsError

@@ -35,7 +35,8 @@ from ..train.batched import PER_MODEL_RECIPE_FIELDS, stack_key, train_stacked
 from ..train.stacked import StackedStep, StackedModels, StackedOptimizer
 from ..train.config import build_model, resolve_recipe
 from .options import add_options
-from .runs import RunSpec, check_specs, damaged_finished_runs, prepare_data, worker_threads
+from .spec import RunSpec, check_specs
+from .workers import damaged_finished_runs, prepare_data, worker_threads
 from .shards import check_shard_fresh, select_shard, shard_environment
 
 __all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
