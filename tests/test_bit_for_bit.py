@@ -63,7 +63,7 @@ def test_the_reference_run_reruns_bit_for_bit(tmp_path):
 def test_train_takes_threads_and_records_it_with_the_cpu_and_the_datas_checksums(tmp_path, fake_mnist_root,
                                                                                   monkeypatch):
     from throughway.cli import main
-    from throughway.study.runs import THREADS_ENV, worker_threads
+    from throughway.study.workers import THREADS_ENV, worker_threads
 
     monkeypatch.setenv(THREADS_ENV, "")    # unset for worker_threads; restored (removed) after the test
     previous = torch.get_num_threads()

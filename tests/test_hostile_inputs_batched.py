@@ -169,7 +169,7 @@ def test_a_study_option_every_run_would_refuse_is_an_error_before_anything_is_wr
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the data was read before the study's options were checked")
 
-    monkeypatch.setattr("throughway.study.runs.prepare_data", refuse)
+    monkeypatch.setattr("throughway.study.stacking.prepare_data", refuse)
     out = tmp_path / "study"
     assert main([*_replace(STUDY, option), "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip() == f"throughway: error: {named}"

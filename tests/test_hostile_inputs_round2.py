@@ -358,7 +358,7 @@ def test_8_a_study_list_with_a_repeated_value_is_refused_before_anything_runs(tm
 
 
 def test_8_check_specs_refuses_a_run_listed_twice():
-    from throughway.study.runs import RunSpec, check_specs
+    from throughway.study.spec import RunSpec, check_specs
 
     spec = RunSpec("gated-d2-s0", CONFIG)
     with pytest.raises(ValueError, match="runs gated-d2-s0: listed more than once"):
@@ -368,12 +368,12 @@ def test_8_check_specs_refuses_a_run_listed_twice():
 # -- 15. one process per study folder ---------------------------------------------------------------
 
 def test_15_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tmp_path, capsys, monkeypatch):
-    from throughway.study.runs import study_lock
+    from throughway.study.shards import study_lock
 
     def refuse(*args, **kwargs):
         raise AssertionError("the second process read data or trained")
 
-    monkeypatch.setattr("throughway.study.runs.prepare_data", refuse)
+    monkeypatch.setattr("throughway.study.stacking.prepare_data", refuse)
     out = tmp_path / "study"
     out.mkdir()
     with study_lock(out):  # the first process (a separate open file description: flock's unit)
@@ -578,14 +578,15 @@ def test_11_nan_inputs_are_named_as_the_data_not_a_divergence():
 # -- 16. --quiet is quiet; prune names a meta-device model ------------------------------------------
 
 def test_16_quiet_prints_no_start_or_done_lines(tmp_path, capsys, monkeypatch):
-    from throughway.study import runs
+    from throughway.study import workers
+    from throughway.study.spec import RunSpec
 
-    monkeypatch.setattr(runs, "run_training", lambda *a, **k: None)
-    spec = runs.RunSpec("gated-d2-s0", CONFIG)
+    monkeypatch.setattr(workers, "run_training", lambda *a, **k: None)
+    spec = RunSpec("gated-d2-s0", CONFIG)
     capsys.readouterr()
-    assert runs._worker(spec, str(tmp_path), False, 1, False) == ("gated-d2-s0", None)
+    assert workers._worker(spec, str(tmp_path), False, 1, False) == ("gated-d2-s0", None)
     assert capsys.readouterr().err == ""
-    runs._worker(spec, str(tmp_path), False, 1, True)
+    workers._worker(spec, str(tmp_path), False, 1, True)
     assert capsys.readouterr().err == "[gated-d2-s0] start\n[gated-d2-s0] done\n"
 
 

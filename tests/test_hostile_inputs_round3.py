@@ -364,7 +364,7 @@ def test_12_a_damaged_finished_run_fails_alone_and_the_advice_retrains_only_it(t
 
 
 def test_14_command_line_is_the_parsed_arguments_inside_main_and_sys_argv_outside():
-    from throughway.study.runs import command_line, invoked_with
+    from throughway.study.command import command_line, invoked_with
 
     with invoked_with(["reproduce", "sdi", "--out", "a b"]):
         assert command_line() == "throughway reproduce sdi --out 'a b'"

@@ -178,8 +178,8 @@ def _static_import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     return graph
 
 
-# Circles still owed, each with the reason it stays (none: study.runs ⇄ study.shards went when the study
-# folder's lock moved beside the shards' locks).
+# Circles still owed, each with the reason it stays (none: the study machinery's circle with study.shards went
+# when the study folder's lock moved beside the shards' locks).
 CIRCLES_OWED: list[set[str]] = []
 
 

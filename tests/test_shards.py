@@ -16,6 +16,7 @@ import pytest
 from throughway.cli import main
 from throughway.cli.parser import build_parser
 from throughway.experiments import EXPERIMENTS, get_experiment
+from throughway.study.options import config_from_args
 from throughway.study.stacking import group_specs
 from throughway.study.shards import resolve_shard, select_shard
 from conftest import MNIST_DEPTH_SMALL_ARGV
@@ -56,8 +57,8 @@ def test_shards_are_whole_batches_dealt_in_turn_and_cover_the_study_once(fake_mn
 
 def test_every_study_of_many_runs_declares_shard_and_merge(capsys):
     # Every study of many runs or pieces (all but sdi-table: one table of closed forms, seconds) offers
-    # --shard and --merge. A new study gets both by declaring `shard: str = shard_option()` and
-    # `merge: bool = merge_option()` (study.shards) and passing config.shard on; add it here.
+    # --shard and --merge. A new study gets both by deriving its Config from study.options.StudyOptions
+    # (or study.resumable.ResumableOptions) and passing config.shard on; add it here.
     studies = ["mnist-depth", "gate-family", "gate-family-init", "highway-depth", "cifar-gated", "hessian-init",
                "hessian-dynamics", "shortcut-lr", "weight-norms", "identity-distance", "transformer-gates"]
     studies += [name for name, module in EXPERIMENTS.items()  # and any other that declares them
@@ -131,7 +132,8 @@ def test_shard_auto_on_the_command_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
     module = get_experiment("mnist-depth")
     args = build_parser().parse_args([*TINY, "--shard", "auto"])
-    assert module.config_from_args(args).shard == "2/3"  # the config (and results.json) records i/N
+    config = config_from_args(module.Config, args, device=args.device, data_dir=args.data_dir)
+    assert config.shard == "2/3"  # the config (and results.json) records i/N
     with pytest.raises(SystemExit):
         build_parser().parse_args([*TINY, "--shard", "4/3"])
 

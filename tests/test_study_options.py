@@ -67,7 +67,7 @@ def test_mnist_depth_declares_each_option_once():
     mnist_depth.add_arguments(parser)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--data-dir")
-    config = mnist_depth.config_from_args(parser.parse_args(["--stem", "dense", "--depths", "2", "4"]))
+    config = config_from_args(mnist_depth.Config, parser.parse_args(["--stem", "dense", "--depths", "2", "4"]))
     assert asdict(config)["stem"] == "dense" and config.depths == (2, 4) and config.seeds == 5
     assert "mnist-depth" in EXPERIMENTS
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -10,22 +11,33 @@ from pathlib import Path
 import pytest
 
 from throughway.cli import main
-from throughway.study.options import MAX_SEEDS
-from throughway.study.runs import StudySummary, rebuild_from_runs
+from throughway.study.options import MAX_SEEDS, StudyOptions
+from throughway.study.runner import rebuild_study, run_study
+from throughway.study.summary import StudySummary
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Example(StudyOptions):
+    """A study's config with nothing but the options every study shares (the device, the shard, ...)."""
+
+
+CONFIG = Example()
 
 
 def test_study_summary_records_errors_throttles_and_forces(tmp_path):
     calls = {"summarize": 0, "report": 0}
 
-    def summarize():
+    def summarize(config, out):
+        assert config is CONFIG and out == tmp_path  # the study's own function, called with its (config, out)
         calls["summarize"] += 1
         return {"cells": [calls["summarize"]]}
 
-    def report():
+    def report(out):
         calls["report"] += 1
 
     path = tmp_path / "results.json"
-    refresh = StudySummary(path, summarize, report, {"host": "test"}, min_interval_s=3600)
+    refresh = StudySummary(tmp_path, CONFIG, summarize, report, environment={"host": "test"}, min_interval_s=3600)
     first = refresh()
     assert first is not None and first["cells"] == [1] and first["errors"] == {}
     assert first["environment"] == {"host": "test"} and isinstance(first["command"], str)
@@ -43,24 +55,20 @@ def test_study_summary_records_errors_throttles_and_forces(tmp_path):
 def test_study_summary_without_interval_writes_every_call(tmp_path):
     n = {"k": 0}
 
-    def summarize():
+    def summarize(config, out):
         n["k"] += 1
         return {"k": n["k"]}
 
-    refresh = StudySummary(tmp_path / "s.json", summarize, lambda: None, {})
+    refresh = StudySummary(tmp_path, CONFIG, summarize, lambda out: None, environment={}, min_interval_s=0)
     assert refresh("x", None, force=False)["k"] == 1
     assert refresh("y", "", force=False)["k"] == 2
     assert refresh.errors == {}  # a run that ended without error records nothing
 
 
 def test_every_study_kind_refuses_other_settings_naming_each_field(tmp_path):
-    # One check (study.runs.check_same_settings) for the run-folder studies (check_study_folder: an
+    # One check (study.folders.check_same_settings) for the run-folder studies (check_study_folder: an
     # existing folder, FileExistsError) and the piece-by-piece ones (stored_study: ValueError).
-    import dataclasses
-
-    import pytest
-
-    from throughway.study.runs import check_study_folder, stored_study
+    from throughway.study.folders import check_study_folder, stored_study
 
     stored = {"epochs": 100, "depths": [2, 10], "device": "cpu", "seeds": 5}
     (tmp_path / "results.json").write_text(json.dumps({"config": stored, "cells": []}))
@@ -81,16 +89,17 @@ def test_every_study_kind_refuses_other_settings_naming_each_field(tmp_path):
 def test_a_throttled_summary_waits_four_times_its_last_write(tmp_path, monkeypatch):
     # On a loaded machine one rewrite (the figures) took about 10 s: a 10 s interval counted from its start
     # rewrote after every batch. The wait counts from the end of a write and is at least 4 times its cost.
-    from throughway.study import runs
+    from throughway.study import summary
 
     clock = [100.0]
-    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(summary.time, "monotonic", lambda: clock[0])
 
-    def slow_report():
+    def slow_report(out):
         clock[0] += 10.0  # the write takes 10 s
 
     writes = []
-    refresh = StudySummary(tmp_path / "s.json", lambda: writes.append(1) or {}, slow_report, {}, min_interval_s=10)
+    refresh = StudySummary(tmp_path, CONFIG, lambda config, out: writes.append(1) or {}, slow_report, environment={},
+                           min_interval_s=10)
     refresh()
     clock[0] += 15.0  # past min_interval_s, within 4 x 10 s of the write's end
     assert refresh("a", None, force=False) is None and len(writes) == 1
@@ -99,19 +108,23 @@ def test_a_throttled_summary_waits_four_times_its_last_write(tmp_path, monkeypat
     assert refresh() is not None and len(writes) == 3  # a forced call always writes
 
 
-def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path):
-    # `around`: results.json at once (the folder shows the study), but no table or figures of a study with no
+def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path, monkeypatch):
+    # run_study: results.json at once (the folder shows the study), but no table or figures of a study with no
     # finished run; a study shorter than min_interval_s draws them once, at the end.
-    reports = []
-    refresh = StudySummary(tmp_path / "results.json", lambda: {"cells": []}, lambda: reports.append(1), {},
-                           min_interval_s=3600)
+    from throughway.study import runner
+    from throughway.study.runner import Study
 
-    def train(on_done):
+    reports = []
+
+    def train(specs, runs_dir, *, on_done, **kwargs):
         assert (tmp_path / "results.json").is_file() and reports == []
         on_done("run-a", None)
         on_done("run-b", None)
 
-    final = refresh.around(train, merge=False)
+    monkeypatch.setattr(runner, "run_batched", train)
+    study = Study("example", Example, lambda config: [], lambda config, out: {"cells": []},
+                  lambda out: reports.append(1), min_interval_s=3600)
+    final = run_study(study, CONFIG, tmp_path)
     assert reports == [1] and final["errors"] == {}
 
 
@@ -174,8 +187,7 @@ def test_a_rebuild_from_the_runs_checks_the_config_and_the_run_folders(small_stu
     from throughway.experiments import mnist_depth
 
     def rebuild():
-        return rebuild_from_runs(small_study, mnist_depth.Config, mnist_depth.summarize, mnist_depth.write_report,
-                                 specs=mnist_depth.specs)
+        return rebuild_study(mnist_depth.STUDY, small_study)
 
     assert rebuild()["config"]["seeds"] == 2  # the study as it stands
     path = small_study / "runs" / "gated-d2-s0" / "results.json"
