@@ -20,7 +20,8 @@ import torch
 from .._io import atomic_write_json, environment_info
 from ..analysis.batchnorm import reestimate_bn_statistics
 from ..data import DataSplits
-from ..report.stats import mean_std, paired_t_test
+from ..report.stats import format_mean_std, mean_std, paired_t_test
+from ..report.tables import table_header, table_row
 from ..train import evaluate
 from .run_files import finish_text, load_run_data, load_run, refuse_linked_output
 from ..study.papers import PAPER_TEST_ERROR
@@ -123,22 +124,16 @@ def _check_poolable(loaded: Sequence[tuple[Path, dict[str, Any]]]) -> None:
                              f"differ; a row pools seeds of one setting only: analyse the settings separately")
 
 
-def _fmt(stats: dict[str, float | None]) -> str:
-    std = stats["std"]
-    return f"{stats['mean']:.2f}" + (f" ± {std:.2f}" if std is not None else "")
-
-
 def _text(result: dict[str, Any], out_dir: Path) -> list[str]:
     lines = ["Test error (%) with the running BatchNorm statistics of training beside statistics re-estimated over "
              "the training split (momentum -> 0); mean ± std over the runs; paired t-test of re-estimated − running",
-             "| model | d | n | paper (Table 1) | running | re-estimated | difference | p |",
-             "|---|---|---|---|---|---|---|---|"]
+             *table_header(["model", "d", "n", "paper (Table 1)", "running", "re-estimated", "difference", "p"])]
     for g in result["groups"]:
         test = g["test"]
         paper = g["paper_test_error_pct"]
         diff = f"{test['mean_difference']:+.3f}" if test["mean_difference"] is not None else "—"
         p = f"{test['p_value']:.3f}" if test["p_value"] is not None else "—"
-        lines.append(f"| {g['model']} | {g['depth']} | {g['n']} | {f'{paper:.2f}' if paper is not None else '—'} | "
-                     f"{_fmt(g['running'])} | {_fmt(g['reestimated'])} | {diff} | {p} |")
+        lines.append(table_row([g["model"], g["depth"], g["n"], f"{paper:.2f}" if paper is not None else "—",
+                                format_mean_std(g["running"]), format_mean_std(g["reestimated"]), diff, p]))
     lines.append(f"results: {out_dir / BN_STATS_FILE}")
     return lines

@@ -17,7 +17,7 @@ from ..study.nets import test_accuracy
 from .run_files import (PRUNE_FILE, run_blocks, finish_text, analysis_header, load_run_data, analysis_dir,
                             paper_caveat, paper_setting_differences, require_family, load_run)
 from ..study.papers import PAPER_TEST_ERROR
-from ..report.stats import mean_std
+from ..report.stats import format_mean_std, mean_std
 
 __all__ = ["analyze_prune", "PAPER_PRUNE_CLAIMS"]
 
@@ -164,7 +164,7 @@ def analyze_prune(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] |
     if "random" in result:
         r = summary["random_half_removed_ratio"]
         lines.append(f"  random ({orders} order{'s' if orders != 1 else ''}), half of the layers removed ({half} blocks): accuracy "
-                     f"{summary['random_half_removed_accuracy_pct']:.2f}% = {100 * r['mean']:.1f}% ± {100 * r['std']:.1f}% "
+                     f"{summary['random_half_removed_accuracy_pct']:.2f}% = {format_mean_std(r, '.1f', scale=100, unit='%')} "
                      f"of the full model's")
         until = summary["random_removals_until_below_90pct"]
         lines.append(f"  random: mean accuracy first below 90% of the full model's after "

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..data.sources import missing_cifar_files
 from ..report.stats import format_mean_std, mean_std
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 from ..study.options import MAX_SEEDS, StudyOptions, option
 from ..study.options import config_from_args as study_config_from_args
 from ..study.runner import Study, run_study
@@ -165,7 +165,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             else:
                 run = cell["runs"][0]
                 row.append("not run" if run["state"] == "not started" else f"(running, epoch {run['epochs']})")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     notes = [f"Epochs: {config['epochs'] or 'the recipe’s (200)'}; {config['seeds']} seed(s); trained on 45,000 "
              f"images (5,000 held out for validation; the paper trained on 50,000); test error at the last epoch."]
     if "wrn-3-4" in config["archs"]:

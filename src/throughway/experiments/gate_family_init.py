@@ -46,7 +46,7 @@ from ..study.summary import remake_report
 from ..report.stats import format_mean_std, mean_std
 from ..study.nets import seeded_model
 from ..study.shortcut import whitened_data
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 from ..study.gate_families import FAMILIES, family_kwargs
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "distance_to_identity", "hessian_cell", "summarize", "table_markdown",
@@ -166,8 +166,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
     def table(title: str, cell: Any) -> list[str]:
         rows = [title, "", *table_header(["d", *families])]
         for depth in depths:
-            rows.append(f"| {depth} | " + " | ".join(_with_seeds(cell, by[(f, depth)], config["seeds"])
-                                                     for f in families) + " |")
+            rows.append(table_row([depth, *(_with_seeds(cell, by[(f, depth)], config["seeds"]) for f in families)]))
         return rows + [""]
 
     sizes = ", ".join(f"d = {d}: {by[(families[0], d)]['parameters']}" for d in depths

@@ -40,7 +40,7 @@ from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DI
                             TOO_FEW, difference_text, format_interval, format_mean_std, format_p, gated_comparisons,
                             judge, judged, mean_std, paired_by_seed)
 from ..train import load_model
-from ..report.tables import paired_cells, paired_columns, table_header
+from ..report.tables import paired_cells, paired_columns, table_header, table_row
 from ..study.nets import test_accuracy
 
 __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "REMOVAL_SEED", "MAX_EXACT_SUBSETS",
@@ -99,9 +99,9 @@ def comparisons_markdown(summary: dict[str, Any]) -> str:
              f"only at {CORRECTION}-corrected p < {SIGNIFICANCE} with n ≥ {MIN_SEEDS}, \"{TOO_FEW}\" below",
              "", *table_header(["d", "other", "n", *paired_columns("gated − other")])]
     for row in rows:
-        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | " + " | ".join(paired_cells(row)) + " |")
+        lines.append(table_row([row["depth"], row["b"], len(row["seeds"]), *paired_cells(row)]))
     if not rows:
-        lines.append("| — | — | 0 | — | — | — | — | — | pending |")
+        lines.append(table_row(["—", "—", 0, "—", "—", "—", "—", "—", "pending"]))
     if waiting:
         others = len({r["b"] for r in every})
         parts = [f"d = {depth}: " + ("every family" if len(families) == others else ", ".join(sorted(families)))
@@ -170,7 +170,7 @@ def gate_values_markdown(summary: dict[str, Any]) -> str:
             if negative and not gates[0]["vector"]:  # signs may cancel in the mean α: give the mean |α| too
                 extra = f"mean \\|α\\| {sum(g['mean_abs'] for g in gates) / len(gates):.3g}, " + extra
             cells.append(f"{format_mean_std(stat, '.3g', '.2g')} ({extra}, n={stat['n']})")
-        lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+        lines.append(table_row([depth, *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -345,7 +345,7 @@ def removal_markdown(summary: dict[str, Any]) -> str:
             greedy = mean_std([r["half_share_greedy"] for r in removal if r["half_share_greedy"] is not None])
             random = mean_std([r["half_share_random"] for r in removal if r["half_share_random"] is not None])
             cells.append(f"{_share(greedy)} / {_share(random)} (n={len(removal)})")
-        lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+        lines.append(table_row([depth, *cells]))
     tests = removal_comparisons(summary)
     if tests:
         tested = sum(1 for r in tests if r["p_corrected"] is not None)
@@ -356,8 +356,8 @@ def removal_markdown(summary: dict[str, Any]) -> str:
                   f"{SIGNIFICANCE} with n ≥ {MIN_PAIRS_FOR_VERDICT}", "",
                   *table_header(["d", "family", "n", *paired_columns("gate order − random")])]
         for row in tests:
-            lines.append(f"| {row['depth']} | {row['family']} | {len(row['seeds'])} | "
-                         + " | ".join(paired_cells(row, "+.2f", -100.0, 2)) + " |")
+            lines.append(table_row([row["depth"], row["family"], len(row["seeds"]),
+                                    *paired_cells(row, "+.2f", -100.0, 2)]))
     return "\n".join(lines) + "\n"
 
 
@@ -426,8 +426,8 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             parts.append(f"{NO_DIFFERENCE} against " + ", ".join(
                 f"{r['b']} (95% CI {format_interval(r['test']['ci_low'], r['test']['ci_high'])})" for r in quiet)
                 + (f"; {_detectable(quiet)}" if _detectable(quiet) else ""))
-        lines.append(f"- **d = {depth}**: lowest mean test error {best} {means[best]['mean']:.2f} ± "
-                     f"{means[best]['std']:.2f}, highest {worst} {means[worst]['mean']:.2f} ± {means[worst]['std']:.2f}; "
+        lines.append(f"- **d = {depth}**: lowest mean test error {best} {format_mean_std(means[best])}, highest "
+                     f"{worst} {format_mean_std(means[worst])}; "
                      f"gated against each family (paired, n = {len(rows[0]['seeds']) if rows else 0}; gated − other in "
                      "points): " + "; ".join(parts) + ".")
     tested = [r for r in table if r["depth"] in done and r["p_corrected"] is not None]

@@ -26,7 +26,7 @@ import torch
 
 from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
-from ..report.tables import table_head
+from ..report.tables import table_head, table_row
 from ..study.options import option, MAX_SEEDS
 from ..study.folders import read_summary
 from ..study.summary import remake_report
@@ -85,9 +85,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
         for p in (t["hessian"][0], t["hessian"][-1]):
             cond = p["condition"]
             index = "undefined (singular)" if p["index"] is None else f"{p['index']:.3f}"
-            lines.append(f"| {t['network']} | {t['seed']} | {p['epoch']} | {p['loss']:.4f} | {p['max_abs']:.4g} | "
-                         f"{p['low_abs']:.4g} | {'undefined' if cond is None else f'{cond:.4g}'} | {index} | "
-                         f"{grads[peak]:.3g} ({peak}) |")
+            lines.append(table_row([t["network"], t["seed"], p["epoch"], f"{p['loss']:.4f}", f"{p['max_abs']:.4g}",
+                                    f"{p['low_abs']:.4g}", "undefined" if cond is None else f"{cond:.4g}", index,
+                                    f"{grads[peak]:.3g} ({peak})"]))
     singular: dict[str, int] = {}
     for t in summary["traces"]:
         count = sum(bool(p.get("singular")) for p in t["hessian"])

@@ -36,7 +36,7 @@ from ..models import create_model
 from ..study.nets import seeded_model
 from ..study.shortcut import network_kwargs, whitened_data
 from ..study.resumable import ResumableOptions, ResumableStudy
-from ..report.tables import table_header
+from ..report.tables import table_head, table_header, table_row
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "theorem2_check"]
@@ -169,7 +169,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             if p.get("singular"):
                 text += f" [singular: {p['singular']} of {p['runs']}]"
             row.append(text)
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     lines += ["", f"Paper: {PAPER_STATEMENT}", "",
               f"Data: {summary['data']}. Zero init = {config['zero_scale']:g} × Xavier Gaussian. "
               f"Index (fraction of negative eigenvalues) at init: " + "; ".join(
@@ -185,20 +185,20 @@ def table_markdown(summary: dict[str, Any]) -> str:
                   "otherwise kept, since the measure leaves out the smallest tenth of |λ| on purpose."]
     rows = summary.get("theorem2", [])
     if rows:
-        lines += ["", "Theorem 2 at the exact zero point (zero_scale = 0)", "",
-                  "| n | depth | units | ‖∇ℓ‖ | max |H_ij| | max|λ| | P10|λ| | condition (P10) | index | paper |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", *table_head("Theorem 2 at the exact zero point (zero_scale = 0)",
+                                  ["n", "depth", "units", "‖∇ℓ‖", "max |H_ij|", "max|λ|", "P10|λ|", "condition (P10)",
+                                   "index", "paper"])]
         paper = {1: "condition number grows with depth (block Toeplitz)",
                  2: "block diagonal, eigenvalues ±σ(A) once per unit, depth-invariant condition number",
                  3: "zero gradient and zero Hessian ((n−1)-th order stationary point)"}
         for r in rows:
             cond = r["spectrum_condition"]
             undefined = "undefined (zero Hessian)" if r["spectrum_zero"] else "undefined (singular)"
-            lines.append(f"| {r['shortcut_depth']} | {r['depth']} | {r['units']} | {r['gradient_norm']:.3g} | "
-                         f"{r['hessian_max_abs_entry']:.3g} | {r['spectrum_max_abs']:.4g} | {r['spectrum_low_abs']:.4g} | "
-                         f"{undefined if cond is None else f'{cond:.4g}'} | "
-                         f"{undefined if r['spectrum_index'] is None else format(r['spectrum_index'], '.3f')} | "
-                         f"{paper[r['shortcut_depth']]} |")
+            lines.append(table_row([r["shortcut_depth"], r["depth"], r["units"], f"{r['gradient_norm']:.3g}",
+                                    f"{r['hessian_max_abs_entry']:.3g}", f"{r['spectrum_max_abs']:.4g}",
+                                    f"{r['spectrum_low_abs']:.4g}", undefined if cond is None else f"{cond:.4g}",
+                                    undefined if r["spectrum_index"] is None else format(r["spectrum_index"], ".3f"),
+                                    paper[r["shortcut_depth"]]]))
         ones = [r for r in rows if r["shortcut_depth"] == 1 and "block_toeplitz_max_difference" in r]
         if ones:
             lines += ["", "n = 1 structure check: largest difference between Hessian blocks H_(i,j) that a block "

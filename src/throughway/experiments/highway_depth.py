@@ -124,8 +124,8 @@ class Config(StudyOptions):
     """The study's settings; the defaults are the paper's scale (FIGURE1_EPOCHS): 100 trials per
     architecture and depth, all 60,000 training images, 400 epochs."""
 
-    layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100; each ≥ 2: "
-                                                        "the first plain layer plus one more or more)",
+    # at least 2 layers: the first plain layer and one more
+    layers: tuple[int, ...] = option((10, 20, 50, 100), "network depths in layers (paper: 10 20 50 100)",
                                      quick=(10, 20), flag="--depths", aliases=("--layers",), minimum=2)
     archs: tuple[str, ...] = option(("plain", "highway"), "architectures", choices=tuple(ARCHITECTURES))
     trials: int = option(100, "random-search trials per architecture and depth (paper: 100)", quick=4,

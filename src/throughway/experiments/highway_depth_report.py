@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any
 
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 
 __all__ = ["PAPER_OBSERVATIONS", "PAPER_SEARCH_TRIALS", "RANKINGS", "observations", "ranked_loss", "table_markdown",
            "findings_markdown"]
@@ -142,9 +142,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
                     _fmt(_top10_mean(summary, cell)) + (f" (n={cell['top10']['n']})" if cell["top10"]["n"] < 10 else ""),
                     f"{cell['finished']}/{cell['diverged']}/{config['trials']}"
                     + (f" ({cell['running']} running)" if cell["running"] else "")]
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     lines += ["", *table_header(["the paper says (highway §3.1)", "ours", "verdict"])]
-    lines += [f"| {paper} | {ours} | {v} |" for paper, ours, v in observations(summary)]
+    lines += [table_row(observation) for observation in observations(summary)]
     notes = [f"{config['epochs']} epochs per trial, {config['trials']} trials per architecture and depth "
              f"(paper: 100), recipe highway-mnist (SGD + momentum, exponential decay), batch 100, "
              f"{'60,000' if config['train_on_full'] else '50,000'} training images"

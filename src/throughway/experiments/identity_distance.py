@@ -31,7 +31,7 @@ from ..train.loop import fit
 from ..study.options import check_even_depths, option
 from ..study.summary import remake_report
 from ..study.resumable import ResumableOptions, ResumableStudy
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
 
@@ -97,12 +97,13 @@ def table_markdown(summary: dict[str, Any]) -> str:
 
     for run in summary["runs"]:
         r = run["relation"]
-        lines.append(f"| {run['arch']} | {r['identity_sq_at_init']:.4g} | {r['identity_sq_at_end']:.4g} | "
-                     f"{fmt(r.get('nearest_identity_sq_at_init'), '.4g')} | {fmt(r.get('nearest_identity_sq_at_end'), '.4g')} | "
-                     f"{r['travelled_sq_at_end']:.4g} | {r['path_length_sq_at_end']:.4g} | "
-                     f"{fmt(r['travelled_over_initial_identity'], '.3g')} | {fmt(r.get('travelled_over_nearest_identity'), '.3g')} | "
-                     f"{fmt(r['block_correlation_travelled_vs_initial_identity'], '.2f')} | "
-                     f"{run['history'][-1]['test_error_pct']:.2f} |")
+        lines.append(table_row([run["arch"], f"{r['identity_sq_at_init']:.4g}", f"{r['identity_sq_at_end']:.4g}",
+                                fmt(r.get("nearest_identity_sq_at_init"), ".4g"),
+                                fmt(r.get("nearest_identity_sq_at_end"), ".4g"), f"{r['travelled_sq_at_end']:.4g}",
+                                f"{r['path_length_sq_at_end']:.4g}", fmt(r["travelled_over_initial_identity"], ".3g"),
+                                fmt(r.get("travelled_over_nearest_identity"), ".3g"),
+                                fmt(r["block_correlation_travelled_vs_initial_identity"], ".2f"),
+                                f"{run['history'][-1]['test_error_pct']:.2f}"]))
     lines += ["", "Paper (gated-residual-v1 §2): SDI is assumed to be a credible surrogate for (a lower bound on) the "
               "squared length of the optimiser's path to an identity layer. Paper's identity distances: plain "
               "‖W − I‖² + ‖b‖², residual ‖W‖² + ‖b‖² of all the branch's linear layers, gated max(k, 0)². Nearest "

@@ -64,7 +64,7 @@ from ..layers import ScalarGate, find_branches
 from ..models import create_model
 from ..report.stats import (CORRECTION, MIN_PAIRS_FOR_VERDICT, format_interval, format_mean_std, format_p, judge,
                             mean_std, paired_by_seed)
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 from ..study.nets import seeded_model
 from ..study.options import StudyOptions, add_options, option, quick_config
 from ..study.runner import Study, rebuild_study, run_study
@@ -348,10 +348,10 @@ def table_markdown(summary: dict[str, Any]) -> str:
              f"{config['context']} characters; bits per character = nats / ln 2), mean ± std over seeds", "",
              *table_header(["family", "n", "val loss (nats)", "val bpc", "dead branches", "dead layers"])]
     for family, cell in families.items():
-        lines.append(f"| {family} | {cell['val_loss']['n']} | {format_mean_std(cell['val_loss'], '.4f', '.4f')} | "
-                     f"{format_mean_std(cell['val_bpc'], '.3f', '.3f')} | "
-                     f"{format_mean_std(cell['dead_branches'], '.1f', '.1f') if family in GATED else '—'} | "
-                     f"{format_mean_std(cell['dead_layers'], '.1f', '.1f') if family in GATED else '—'} |")
+        lines.append(table_row([family, cell["val_loss"]["n"], format_mean_std(cell["val_loss"], ".4f"),
+                                format_mean_std(cell["val_bpc"], ".3f"),
+                                format_mean_std(cell["dead_branches"], ".1f") if family in GATED else "—",
+                                format_mean_std(cell["dead_layers"], ".1f") if family in GATED else "—"]))
     layers = config["layers"]
     lines += ["", "Validation loss (nats) with n layers removed, mean over seeds (angular: the best span of n "
               "consecutive layers for each n, not nested)", "",
@@ -361,7 +361,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
             curve = _mean_curve(cell, criterion)
             if curve is None:
                 continue
-            lines.append(f"| {family} | {criterion} | " + " | ".join(f"{v:.3f}" for v in curve[:layers]) + " |")
+            lines.append(table_row([family, criterion, *(f"{v:.3f}" for v in curve[:layers])]))
     lines += ["", f"Paired t-test over seeds of the loss after removing n layers, criterion − gate order (nats; "
               f"negative: the criterion keeps the model better); 95% CI; p uncorrected / {CORRECTION}-corrected "
               f"over this table's tests; a verdict at the corrected p with n ≥ {MIN_PAIRS_FOR_VERDICT} seeds", "",
@@ -370,10 +370,10 @@ def table_markdown(summary: dict[str, Any]) -> str:
     for row in summary["comparisons"]:
         test = row["test"]
         diff = test["mean_difference"]
-        lines.append(f"| {row['family']} | {row['n']} | {row['a']} | {len(row['seeds'])} | "
-                     f"{'—' if diff is None else f'{diff:+.3f}'} | "
-                     f"{format_interval(test['ci_low'], test['ci_high'], '+.3f')} | "
-                     f"{format_p(test['p_value'])} / {format_p(row['p_corrected'])} | {row['verdict']} |")
+        lines.append(table_row([row["family"], row["n"], row["a"], len(row["seeds"]),
+                                "—" if diff is None else f"{diff:+.3f}",
+                                format_interval(test["ci_low"], test["ci_high"], "+.3f"),
+                                f"{format_p(test['p_value'])} / {format_p(row['p_corrected'])}", row["verdict"]]))
     if "gated" in families:
         healing = [e["dropping"].get("healing") for e in families["gated"]["per_seed"]
                    if "dropping" in e and e["dropping"].get("healing")]
@@ -386,8 +386,8 @@ def table_markdown(summary: dict[str, Any]) -> str:
                     before = mean_std([h[n][criterion]["before"] for h in healing])
                     after = mean_std([h[n][criterion]["after"] for h in healing])
                     recovered = mean_std([h[n][criterion]["before"] - h[n][criterion]["after"] for h in healing])
-                    lines.append(f"| {n} | {criterion} | {format_mean_std(before, '.3f', '.3f')} | "
-                                 f"{format_mean_std(after, '.3f', '.3f')} | {format_mean_std(recovered, '.3f', '.3f')} |")
+                    lines.append(table_row([n, criterion, format_mean_std(before, ".3f"), format_mean_std(after, ".3f"),
+                                            format_mean_std(recovered, ".3f")]))
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ from ..report.stats import (LAST_EPOCHS, CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_V
 from ..report.stats import verdict as test_verdict
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
 from ..study.summary import read_runs
-from ..report.tables import paired_cells, paired_columns, table_header
+from ..report.tables import paired_cells, paired_columns, table_header, table_row
 
 __all__ = ["LAST_EPOCHS", "differences_from_paper", "paired_comparisons", "comparison_family", "table_markdown", "findings_markdown", "stem_ablation_markdown",
            "batchnorm_ablation_markdown", "batchnorm_ablation_tests", "SELECTIONS", "selected_epoch", "epoch_selection",
@@ -136,15 +136,15 @@ def table_markdown(summary: dict[str, Any]) -> str:
             row.append(_format_cell(cell, "test_error_pct", epochs))
             best = cell.get("test_error_best_pct")
             row.append(f"{best:.2f}" if best is not None else "—")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     if epochs < LAST_EPOCHS:
         lines += ["", f"Test error, mean of the last {LAST_EPOCHS} epochs: too few epochs ({epochs} < {LAST_EPOCHS})."]
     else:
         lines += ["", f"Test error (%), mean of the last {LAST_EPOCHS} epochs of each seed (mean ± std over seeds)", "",
                   *table_header(["d", *archs])]
         for depth in config["depths"]:
-            lines.append(f"| {depth} | " + " | ".join(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
-                                                     for arch in archs) + " |")
+            lines.append(table_row([depth, *(_format_cell(by[(arch, depth)], "test_error_last10_pct", epochs)
+                                             for arch in archs)]))
     if "gated" in archs:
         lines += ["", "Mean k of the gated residual nets — gated-residual-v2 Table 2 (paper) beside ours "
                   "(mean ± std over seeds)", "",
@@ -154,9 +154,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
             cell = by[("gated", depth)]
             paper = cell["paper_k_mean"]
             dead = ", ".join(str(r["dead_gates"]) for r in cell.get("per_seed", []) if r.get("dead_gates") is not None)
-            lines.append(f"| {depth} | {f'{paper:.2f}' if paper is not None else '—'} | "
-                         f"{_format_cell(cell, 'k_mean', epochs)} | {dead or '—'} of {max(depth // 2, 0)} | "
-                         f"{_format_cell(cell, 'k_middle_minus_ends', epochs) if depth >= 6 else '—'} |")
+            lines.append(table_row([depth, f"{paper:.2f}" if paper is not None else "—",
+                                    _format_cell(cell, "k_mean", epochs), f"{dead or '—'} of {max(depth // 2, 0)}",
+                                    _format_cell(cell, "k_middle_minus_ends", epochs) if depth >= 6 else "—"]))
     comparisons = paired_comparisons(summary)
     if comparisons:
         tested = sum(1 for c in comparisons for key in _METRICS if c[key]["p_corrected"] is not None)
@@ -171,11 +171,11 @@ def table_markdown(summary: dict[str, Any]) -> str:
         for comparison in comparisons:
             for key, label in _METRICS.items():
                 if key == "test_error_last10_pct" and epochs < LAST_EPOCHS:
-                    lines.append(f"| {comparison['depth']} | {label} | {len(comparison['seeds'])} | — | — | — | — | — | "
-                                 f"{comparison[key]['verdict']} |")
+                    lines.append(table_row([comparison["depth"], label, len(comparison["seeds"]), *["—"] * 5,
+                                            comparison[key]["verdict"]]))
                     continue
-                lines.append(f"| {comparison['depth']} | {label} | {len(comparison['seeds'])} | "
-                             + " | ".join(paired_cells({**comparison[key], "test": comparison[key]})) + " |")
+                lines.append(table_row([comparison["depth"], label, len(comparison["seeds"]),
+                                        *paired_cells({**comparison[key], "test": comparison[key]})]))
     notes = [f"{epochs} epochs, recipe {config['recipe']}, {seeds} seed(s), first layer "
              f"{_STEM_WORDS.get(config.get('stem', 'dense'), config.get('stem'))}, trained on "
              f"{'60,000' if config['train_on_full'] else '50,000'} images; test error at the last epoch."
@@ -302,9 +302,9 @@ def stem_ablation_markdown(summary: dict[str, Any], ablation: dict[str, Any]) ->
                 continue
             paper = PAPER_TEST_ERROR[arch].get(depth)
             k_paper = PAPER_MEAN_K.get(depth) if arch == "gated" else None
-            lines.append(f"| {depth} | {arch} | {_num(paper)} | {fmt(a, 'test_error_pct')} | "
-                         f"{fmt(b, 'test_error_pct')} | {_num(k_paper)} | "
-                         f"{fmt(a, 'k_mean') if arch == 'gated' else '—'} | {fmt(b, 'k_mean') if arch == 'gated' else '—'} |")
+            lines.append(table_row([depth, arch, _num(paper), fmt(a, "test_error_pct"), fmt(b, "test_error_pct"),
+                                    _num(k_paper), fmt(a, "k_mean") if arch == "gated" else "—",
+                                    fmt(b, "k_mean") if arch == "gated" else "—"]))
     return "\n".join(lines) + "\n"
 
 
@@ -375,12 +375,12 @@ def batchnorm_ablation_markdown(summary: dict[str, Any], keras: dict[str, Any]) 
         gated = arch == "gated"
         few = test.n < MIN_PAIRS_FOR_VERDICT
         paired = "—" if test.mean_difference is None else f"{test.mean_difference:+.3f} (n={test.n})"
-        lines.append(f"| {depth} | {arch} | {_num(PAPER_TEST_ERROR[arch].get(depth))} | {fmt(a, 'test_error_pct')} | "
-                     f"{fmt(b, 'test_error_pct')} | {paired} | "
-                     f"{'—' if few else format_interval(test.ci_low, test.ci_high, '+.3f')} | "
-                     f"{'—' if few else _format_p(test.p_value)} | {'—' if few else _format_p(row['p_corrected'])} | "
-                     f"{_within_gap(row)} | {_num(PAPER_MEAN_K.get(depth) if gated else None)} | "
-                     f"{fmt(a, 'k_mean') if gated else '—'} | {fmt(b, 'k_mean') if gated else '—'} |")
+        lines.append(table_row([depth, arch, _num(PAPER_TEST_ERROR[arch].get(depth)), fmt(a, "test_error_pct"),
+                                fmt(b, "test_error_pct"), paired,
+                                "—" if few else format_interval(test.ci_low, test.ci_high, "+.3f"),
+                                "—" if few else _format_p(test.p_value), "—" if few else _format_p(row["p_corrected"]),
+                                _within_gap(row), _num(PAPER_MEAN_K.get(depth) if gated else None),
+                                fmt(a, "k_mean") if gated else "—", fmt(b, "k_mean") if gated else "—"]))
     tested = [r for r in rows if judged(r["test"])]
     if tested:
         diffs = [r["test"].mean_difference for r in tested]
@@ -520,7 +520,7 @@ def selection_table_markdown(selection_summary: dict[str, Any], selections: tupl
         for arch in archs:
             cell = by[(arch, depth)]
             row += [_num(cell["paper"])] + [_selection_cell(cell, s) for s in selections]
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     images = "60,000" if config.get("train_on_full") else "50,000 (10,000 held out for validation)"
     lines += ["", f"Test error (%), mean ± std over the finished seeds of {config['seeds']}; best seed. "
                   f"{config['epochs']} epochs, trained on {images}. Selections: "

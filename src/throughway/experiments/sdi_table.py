@@ -28,7 +28,7 @@ from ..analysis.sdi import InitMoments, monte_carlo_sdi, paper_tsdi, sdi, sigmoi
 from ..study.options import option
 from ..study.command import command_line
 from ..study.summary import remake_report
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report",
            "PAPER_TABLE1", "linear_form"]
@@ -143,21 +143,23 @@ def table_markdown(summary: dict[str, Any]) -> str:
                             "ours, stated convention (σ_b² = 0)", f"ours, toolkit init (Glorot, b_t = {config['gate_bias']:g})",
                             f"toolkit at n = {n}: analytic / Monte Carlo ± s.e."])]
     for r in summary["table1"]:
-        lines.append(f"| {r['c']:g} | {r['g_paper']} | {r['g_ours']:.4f} | {_form(r['tsdi_paper'])} | "
-                     f"{_form(r['tsdi_ours_paper_convention'])} | {_form(r['tsdi_ours_stated_convention'])} | "
-                     f"{_form(r['tsdi_ours_toolkit'])} | {r['toolkit_analytic_at_mc_width']:.3f} / "
-                     f"{r['toolkit_monte_carlo_at_mc_width']:.3f} ± {r['toolkit_monte_carlo_stderr']:.3f} |")
+        lines.append(table_row([f"{r['c']:g}", r["g_paper"], f"{r['g_ours']:.4f}", _form(r["tsdi_paper"]),
+                                _form(r["tsdi_ours_paper_convention"]), _form(r["tsdi_ours_stated_convention"]),
+                                _form(r["tsdi_ours_toolkit"]),
+                                f"{r['toolkit_analytic_at_mc_width']:.3f} / {r['toolkit_monte_carlo_at_mc_width']:.3f} "
+                                f"± {r['toolkit_monte_carlo_stderr']:.3f}"]))
     lines += ["", "Equations 6, 11, 14 (and the gated layer of section 3)", "",
               *table_header(["layer", "equation", "TSDI paper", "ours, paper's convention",
                              "ours, stated convention (zero biases)", "ours, toolkit init",
                              f"toolkit at n = {n}: analytic / MC ± s.e.", f"He, zero bias, n = {n}: analytic / MC ± s.e."])]
     for r in summary["equations"]:
-        lines.append(f"| {r['layer']} | {r['equation']} | {_form(r['tsdi_paper'])} | "
-                     f"{_form(r['tsdi_ours_paper_convention'])} | {_form(r['tsdi_ours_stated_convention'])} | "
-                     f"{_form(r['tsdi_ours_toolkit'])} | {r['toolkit_analytic_at_mc_width']:.3f} / "
-                     f"{r['toolkit_monte_carlo_at_mc_width']:.3f} ± {r['toolkit_monte_carlo_stderr']:.3f} | "
-                     f"{r['he_zero_bias_analytic_at_mc_width']:.3f} / {r['he_zero_bias_monte_carlo_at_mc_width']:.3f} ± "
-                     f"{r['he_zero_bias_monte_carlo_stderr']:.3f} |")
+        lines.append(table_row([r["layer"], r["equation"], _form(r["tsdi_paper"]), _form(r["tsdi_ours_paper_convention"]),
+                                _form(r["tsdi_ours_stated_convention"]), _form(r["tsdi_ours_toolkit"]),
+                                f"{r['toolkit_analytic_at_mc_width']:.3f} / {r['toolkit_monte_carlo_at_mc_width']:.3f} "
+                                f"± {r['toolkit_monte_carlo_stderr']:.3f}",
+                                f"{r['he_zero_bias_analytic_at_mc_width']:.3f} / "
+                                f"{r['he_zero_bias_monte_carlo_at_mc_width']:.3f} ± "
+                                f"{r['he_zero_bias_monte_carlo_stderr']:.3f}"]))
     lines += ["", "Where the paper's arithmetic is inconsistent, and the corrected values:",
               "- The paper's numbers (eqs 6, 11, 14, Table 1) all follow from its own formulas with He weights and a "
               "bias variance σ_b² = 2/n; we reproduce every one of them under that convention (column 'paper's convention').",

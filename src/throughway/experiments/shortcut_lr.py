@@ -33,7 +33,7 @@ from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whit
 from ..train import History
 from ..train.full_batch import BatchedGD, train_full_batch
 from ..study.resumable import ResumableOptions, ResumableStudy
-from ..report.tables import table_header
+from ..report.tables import table_header, table_row
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "config_from_args", "LINEAR", "RELU",
            "findings_markdown"]
@@ -119,7 +119,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
                 row.append("all diverged")
             else:
                 row.append(f"{p['best_loss']:.4f} (lr {p['best_lr']:.3g})")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(table_row(row))
     lines += ["", f"Paper: {PAPER_STATEMENT[config['activation']]}", "",
               f"Learning rates: 10^{list(config['lr_exponents'])}. Data: {summary['data']}."]
     top = 10.0 ** max(config["lr_exponents"])

@@ -90,7 +90,7 @@ from ..models import create_model
 from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, SIGNIFICANCE, TOO_FEW,
                             difference_text, format_interval, format_mean_std, format_p, gated_comparisons, judge,
                             mean_std, paired_by_seed)
-from ..report.tables import paired_cells, paired_columns, table_header
+from ..report.tables import paired_cells, paired_columns, table_header, table_row
 from ..study.nets import seeded_model, test_accuracy
 from ..study.options import MAX_SEEDS, StudyOptions, add_options, option, quick_config
 from ..study.runner import Study, rebuild_study, run_study
@@ -394,15 +394,15 @@ def table_markdown(summary: dict[str, Any]) -> str:
              f"removal analysis reads), mean ± std over seeds", "",
              *table_header(["layers", "parameters", *families])]
     for depth in depths:
-        lines.append(f"| {depth} | {summary['parameters'][str(depth)]:,} | " + " | ".join(
-            format_mean_std(by[(f, depth)]["test_error_pct"], count=True, empty="pending") for f in families) + " |")
+        lines.append(table_row([depth, f"{summary['parameters'][str(depth)]:,}", *(
+            format_mean_std(by[(f, depth)]["test_error_pct"], count=True, empty="pending") for f in families)]))
     lines += ["", f"Paired t-test (two-sided) over seeds, gated − other, test error in points: the mean difference, "
               f"its {CONFIDENCE:.0%} interval, p uncorrected and {CORRECTION}-corrected over this table's tests, the "
               f"difference the test detects with 80% power; a verdict only with n ≥ {MIN_PAIRS_FOR_VERDICT} and "
               f"{CORRECTION}-corrected p < {SIGNIFICANCE}", "",
               *table_header(["layers", "other", "n", *paired_columns("gated − other")])]
     for row in summary["comparisons"]:
-        lines.append(f"| {row['depth']} | {row['b']} | {len(row['seeds'])} | " + " | ".join(paired_cells(row)) + " |")
+        lines.append(table_row([row["depth"], row["b"], len(row["seeds"]), *paired_cells(row)]))
     gated = [f for f in families if f in GATE_SYMBOL]
     if gated:
         lines += ["", "Gates at the end, per branch (two per layer): mean over seeds of each net's mean gate; dead = "
@@ -419,7 +419,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
                 extra = (f"dead {sum(g['dead'] for g in gates)}/{total}" if family == "gated"
                          else f"negative {sum(g['negative'] for g in gates)}/{total}")
                 cells.append(f"{format_mean_std(mean_std([g['mean'] for g in gates]), '.3g', '.2g')} ({extra})")
-            lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+            lines.append(table_row([depth, *cells]))
     for depth in depths:
         lines += ["", f"{_layers(depth)}: test accuracy (%) with n layers removed, mean over seeds (angular: the best "
                   f"span of n consecutive layers for each n, not nested; deepest keeps the last layer; random: the "
@@ -432,15 +432,15 @@ def table_markdown(summary: dict[str, Any]) -> str:
                 if curve is None:
                     continue
                 cells = [f"{v:.2f}" for v in curve] + ["—"] * (depth + 1 - len(curve))
-                lines.append(f"| {family} | {criterion} | " + " | ".join(cells) + " |")
+                lines.append(table_row([family, criterion, *cells]))
     lines += ["", f"Paired t-test (two-sided) over seeds of the test accuracy with n layers removed, criterion − gate "
               f"order, in points (positive: the criterion keeps more accuracy); {CONFIDENCE:.0%} CI; p uncorrected "
               f"and {CORRECTION}-corrected over this table's tests; a verdict only with n ≥ {MIN_PAIRS_FOR_VERDICT} "
               f"seeds and {CORRECTION}-corrected p < {SIGNIFICANCE}", "",
               *table_header(["layers", "family", "n removed", "criterion", "seeds", *paired_columns("criterion − gate")])]
     for row in summary["criteria_tests"]:
-        lines.append(f"| {row['depth']} | {row['family']} | {row['n']} | {row['a']} | {len(row['seeds'])} | "
-                     + " | ".join(paired_cells(row, "+.2f", 1.0, 2)) + " |")
+        lines.append(table_row([row["depth"], row["family"], row["n"], row["a"], len(row["seeds"]),
+                                *paired_cells(row, "+.2f", 1.0, 2)]))
     return "\n".join(lines) + "\n"
 
 
@@ -665,7 +665,7 @@ def estimate_text(config: Config, jobs: int = 1) -> str:
     lines = [f"{NAME}: {len(config.families)} families x {len(config.depths)} depth(s) x {config.seeds} seeds, width "
              f"{config.width}, {config.epochs} epochs on {_training_images(config):,} training images", "",
              *table_header(["layers", "parameters", "one run with its analysis (min)", "of which analysis (min)"])]
-    lines += [f"| {d} | {_parameters(config, d):,} | {s / 60:.1f} | {projection['analysis_s'][d] / 60:.1f} |"
+    lines += [table_row([d, f"{_parameters(config, d):,}", f"{s / 60:.1f}", f"{projection['analysis_s'][d] / 60:.1f}"])
               for d, s in projection["per_run_s"].items()]
     lines += ["", f"{projection['runs']} runs: about {projection['wall_s'] / 3600:.2f} h on {jobs} worker(s) "
               f"(one thread each)"]

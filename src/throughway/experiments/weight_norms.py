@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..report.tables import table_head
+from ..report.tables import table_head, table_row
 from ..study.options import check_even_depths, option
 from ..study.summary import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
@@ -64,9 +64,9 @@ def table_markdown(summary: dict[str, Any]) -> str:
                 continue
             norms = [v for v in c["avg_frobenius"] if v is not None]
             loss = c["loss"][-1]
-            lines.append(f"| {activation} | {depth} | {len(c['avg_frobenius']) - 1} | "
-                         f"{'diverged' if loss is None else f'{loss:.4f}'} | "
-                         f"{norms[-1]:.4f} | {max(norms):.4f} |")
+            lines.append(table_row([activation, depth, len(c["avg_frobenius"]) - 1,
+                                    "diverged" if loss is None else f"{loss:.4f}", f"{norms[-1]:.4f}",
+                                    f"{max(norms):.4f}"]))
     lines += ["", f"Paper: {PAPER_STATEMENT}", "", "Data: " + "; ".join(f"{k}: {v}" for k, v in summary["data"].items()) + "."]
     return "\n".join(lines) + "\n"
 

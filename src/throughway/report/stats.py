@@ -64,18 +64,19 @@ def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def format_mean_std(stat: Mapping[str, Any], fmt: str = ".2f", std_fmt: str | None = None, *, count: bool = False,
-                    empty: str = "—") -> str:
-    """"mean ± std" of a `mean_std` summary, the mean in `fmt` and the std in `std_fmt` (default: `fmt`);
-    with `count`, " (n=N)" after it. `empty` where no value is summarised (n = 0 or mean None). One
-    value (n = 1) renders as the mean alone, without a count: its std is undefined (None; summaries
-    written before that rule stored 0.0 and render the same)."""
-    if not stat.get("n") or stat.get("mean") is None:
+                    empty: str = "—", scale: float = 1.0, unit: str = "") -> str:
+    """"mean ± std" of a `mean_std` summary, the mean in `fmt` and the std in `std_fmt` (default: `fmt`), each
+    times `scale` and followed by `unit` (a share as "63.1% ± 2.0%": scale=100, unit="%"); with `count`,
+    " (n=N)" after it. `empty` where no value is summarised (n = 0 or mean None). One value (n = 1) renders
+    as the mean alone, without a count: its std is undefined (None; summaries written before that rule
+    stored 0.0 and render the same). A summary stored without its "n" renders its mean and std as they are."""
+    if stat.get("n") == 0 or stat.get("mean") is None:
         return empty
-    text = format(stat["mean"], fmt)
-    if stat["n"] == 1 or stat.get("std") is None or math.isnan(stat["std"]):
+    text = format(scale * stat["mean"], fmt) + unit
+    if stat.get("n") == 1 or stat.get("std") is None or math.isnan(stat["std"]):
         return text
-    text += f" ± {format(stat['std'], std_fmt or fmt)}"
-    return text + (f" (n={stat['n']})" if count else "")
+    text += f" ± {format(scale * stat['std'], std_fmt or fmt)}{unit}"
+    return text + (f" (n={stat['n']})" if count and stat.get("n") is not None else "")
 
 
 # "the mean of the last 10 epochs": a run's test error less sensitive to one epoch's noise.

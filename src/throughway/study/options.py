@@ -46,7 +46,7 @@ from .._io import json_safe
 from .shards import parse_shard, resolve_shard
 
 __all__ = ["option", "add_options", "config_from_args", "quick_config", "option_fields", "NO_QUICK", "DeprecatedAlias",
-           "StudyOptions", "SHARED_OPTIONS", "check_options", "check_known", "check_residual_depths", "check_even_depths",
+           "StudyOptions", "check_options", "check_known", "check_residual_depths", "check_even_depths",
            "check_stored_config", "json_config", "config_from_json", "MAX_SEEDS", "MAX_VALUES"]
 
 T = TypeVar("T")
@@ -111,6 +111,14 @@ def option_fields(config_cls: type) -> list[tuple[dataclasses.Field[Any], dict[s
     return [(f, f.metadata[_META]) for f in dataclasses.fields(config_cls) if _META in f.metadata]
 
 
+def _own_first(config_cls: type) -> list[tuple[dataclasses.Field[Any], dict[str, Any]]]:
+    """`option_fields` with the fields `config_cls` declares itself first, then those it inherits
+    (`StudyOptions`: --shard, --merge; `ResumableOptions`: --threads), each group in declaration order: a
+    study's --help lists its own options first."""
+    own = vars(config_cls).get("__annotations__", {})
+    return sorted(option_fields(config_cls), key=lambda field: field[0].name not in own)
+
+
 def _base_type(annotation: Any) -> tuple[Any, bool, bool]:
     """(element type, is a tuple, is optional) of a field's resolved annotation."""
     optional = False
@@ -152,8 +160,7 @@ def add_options(parser: argparse.ArgumentParser, config_cls: type) -> None:
     can tell what the user set."""
     hints = typing.get_type_hints(config_cls)
     has_quick = False
-    # the study's own options first, then those every study shares (StudyOptions: --shard, --merge)
-    for f, meta in sorted(option_fields(config_cls), key=lambda field: field[0].name in SHARED_OPTIONS):
+    for f, meta in _own_first(config_cls):
         if not meta["cli"]:
             continue
         has_quick |= meta["quick"] is not NO_QUICK
@@ -345,7 +352,7 @@ def check_options(config: Any) -> None:
     the declaration's `check`): ValueError "<field>=<value>: <what is accepted>". What a Config built from
     Python meets that the command line checks as it parses (`StudyOptions.__post_init__` calls it)."""
     hints = _hints(type(config))
-    for f, meta in sorted(option_fields(type(config)), key=lambda field: field[0].name in SHARED_OPTIONS):
+    for f, meta in _own_first(type(config)):
         value = getattr(config, f.name)
         problem = _field_problem(meta, hints[f.name], list(value) if isinstance(value, tuple) else value)
         if problem is not None:
@@ -394,9 +401,6 @@ class StudyOptions:
         if check is not None:
             check()
 
-
-# The fields StudyOptions declares for every study (listed after a study's own in --help).
-SHARED_OPTIONS = frozenset(f.name for f in dataclasses.fields(StudyOptions))
 
 
 def json_config(config: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from ..data import DataSplits, Split, load_dataset
+from ..report.tables import table_header, table_row
 from ..train import RESULTS_FILE, read_results
 from ..train.batched import PER_MODEL_RECIPE_FIELDS, stack_key, train_stacked
 from ..train.stacked import StackedStep, StackedModels, StackedOptimizer
@@ -331,12 +332,11 @@ def projection_markdown(title: str, projection: dict[str, Any],
         lines += [f"The machine was busy while measuring (load average {e['load_average']:.1f} on {cores} cores): "
                   f"on a shared machine a step's time varies many-fold with the load, so the projection holds only "
                   f"for the same load; measure on a quiet machine.", ""]
-    lines += ["| " + " | ".join([c for c, _ in columns] + ["s per step", "s per epoch", "s for all epochs"]) + " |",
-              "|" + "---|" * (len(columns) + 3)]
+    lines += table_header([c for c, _ in columns] + ["s per step", "s per epoch", "s for all epochs"])
     for r in e["batches"]:
         cells = [f(r) for _, f in columns] + [f"{r['step_s']:.3f}" + (" (compiled)" if r.get("compiled") else ""),
                                               f"{r['epoch_s']:.1f}", f"{r['total_s']:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row(cells))
     setup = sum(r.get("setup_s", 0.0) for r in e["batches"])
     lines += ["", f"Included: each batch's set-up (building, first step, compilation, files; {setup:.0f} s in all), "
                   f"fixed costs (process starts, data loads, the study's reports; {e.get('fixed_s', 0.0):.0f} s), and "
