@@ -12,7 +12,6 @@ import pytest
 
 from throughway.cli import main
 from throughway.study.options import MAX_SEEDS, StudyOptions
-from throughway.study.runner import rebuild_study, run_study
 from throughway.study.summary import StudySummary
 
 
@@ -109,7 +108,7 @@ def test_a_throttled_summary_waits_four_times_its_last_write(tmp_path, monkeypat
 
 
 def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path, monkeypatch):
-    # run_study: results.json at once (the folder shows the study), but no table or figures of a study with no
+    # Study.run: results.json at once (the folder shows the study), but no table or figures of a study with no
     # finished run; a study shorter than min_interval_s draws them once, at the end.
     from throughway.study import runner
     from throughway.study.runner import Study
@@ -124,7 +123,7 @@ def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path, monkeypatch
     monkeypatch.setattr(runner, "run_batched", train)
     study = Study("example", Example, lambda config: [], lambda config, out: {"cells": []},
                   lambda out: reports.append(1), min_interval_s=3600)
-    final = run_study(study, CONFIG, tmp_path)
+    final = study.run(CONFIG, tmp_path)
     assert reports == [1] and final["errors"] == {}
 
 
@@ -187,7 +186,7 @@ def test_a_rebuild_from_the_runs_checks_the_config_and_the_run_folders(small_stu
     from throughway.experiments import mnist_depth
 
     def rebuild():
-        return rebuild_study(mnist_depth.STUDY, small_study)
+        return mnist_depth.STUDY.rebuild(small_study)
 
     assert rebuild()["config"]["seeds"] == 2  # the study as it stands
     path = small_study / "runs" / "gated-d2-s0" / "results.json"

@@ -32,7 +32,7 @@ from ..report.stats import format_mean_std, mean_std
 from ..report.tables import table_header, table_row
 from ..study.options import MAX_SEEDS, StudyOptions, option
 from ..study.options import config_from_args as study_config_from_args
-from ..study.runner import Study, run_study
+from ..study.runner import Study
 from ..study.spec import RunSpec
 from ..study.summary import read_runs, remake_report
 from ..train import RunConfig
@@ -205,7 +205,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
     if missing:
         raise FileNotFoundError(f"{config.data_dir} lacks {', '.join(str(m) for m in missing)}. "
                                 + needs_data_message(config.dataset))
-    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
+    return STUDY.run(config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 _NEEDS_DATA = ("cifar-gated needs CIFAR: pass --data-dir DIR, where DIR holds the official python version "

@@ -37,7 +37,7 @@ from ..report.stats import format_mean_std, gated_comparisons, last_epochs_mean,
 from ..report.tables import markdown_table
 from ..study.gate_families import FAMILIES, family_kwargs
 from ..study.options import MAX_SEEDS, StudyOptions, check_residual_depths, option, quick_config
-from ..study.runner import Study, rebuild_study, run_study
+from ..study.runner import Study
 from ..study.spec import RunSpec
 from ..study.stacking import add_estimate_options, depth_study_markdown, project_batches
 from ..study.summary import read_runs, remake_report, run_status
@@ -230,10 +230,11 @@ def _update_removal(config: Config, out: Path, redo_shared_orders: bool = False)
                           redo_shared_orders=redo_shared_orders)
 
 
-# What the study machinery needs of the study (study.runner): the runs of a depth train as stacks
-# (train.batched), whatever the seed count; the summary (with the removal curves of the runs finished since) and
-# the figures are rewritten at most every study.summary.REFRESH_INTERVAL_S as stacks end, and always at the end.
+# The study as the study machinery runs it (study.runner): the runs of a depth train as stacks (train.batched),
+# whatever the seed count; the summary (with the removal curves of the runs finished since) and the figures are
+# rewritten at most every study.summary.REFRESH_INTERVAL_S as stacks end. `run` trains it (resumable).
 STUDY = Study(NAME, Config, specs, summarize, write_report)
+run = STUDY.run
 
 
 def report_finished(out: str | os.PathLike[str], *, redo_shared_orders: bool = False) -> dict[str, Any]:
@@ -244,15 +245,8 @@ def report_finished(out: str | os.PathLike[str], *, redo_shared_orders: bool = F
     the exact baseline: gate_family_report.update_removal), then table.md and the figures. For rendering
     a study that is still training elsewhere: run it on a copy of the folder, as that study's next batch
     rewrites results.json."""
-    return rebuild_study(STUDY, out, lambda config, folder: _update_removal(config, folder, redo_shared_orders))
+    return STUDY.rebuild(out, lambda config, folder: _update_removal(config, folder, redo_shared_orders))
 
-
-def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
-        progress: bool = True) -> dict[str, Any]:
-    """Train every run of the study into `out`/runs (resumable; the runs of a depth train as stacked
-    batches, train.batched, whatever the seed count), rewriting the summary and table as each batch ends
-    (study.runner.run_study)."""
-    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ..data import load_dataset
 from ..layers import find_branches
 from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE,
                             TOO_FEW, difference_text, format_interval, format_mean_std, format_p, gated_comparisons,
-                            judge, judged, mean_std, paired_by_seed)
+                            judge, judged, judged_in_words, mean_std, paired_by_seed)
 from ..train import load_model
 from ..report.tables import paired_cells, paired_columns, table_header, table_row
 from ..study.nets import test_accuracy
@@ -391,14 +391,6 @@ def _verdict_phrase(row: dict[str, Any]) -> str:
     return f"{winner} better than {row['b'] if winner == row['a'] else row['a']}"
 
 
-def _detectable(rows: list[dict[str, Any]], scale: float = 1.0) -> str:
-    values = [abs(scale) * r["test"]["detectable"] for r in rows if r["test"].get("detectable") is not None]
-    if not values:
-        return ""
-    span = f"{min(values):.2f}" if f"{min(values):.2f}" == f"{max(values):.2f}" else f"{min(values):.2f} to {max(values):.2f}"
-    return f"the tests detect differences of {span} points with {POWER:.0%} power"
-
-
 def findings_markdown(summary: dict[str, Any]) -> str:
     """One line per finished depth: the families with the lowest and highest mean test error, and what
     the paired tests of gated against each family say (`comparisons`: Holm over the table's tests): the
@@ -416,16 +408,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
         best = min(means, key=lambda f: means[f]["mean"])
         worst = max(means, key=lambda f: means[f]["mean"])
         rows = [r for r in table if r["depth"] == depth and judged(r["test"])]
-        significant = [r for r in rows if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
-        uncorrected = [r for r in rows if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
-        quiet = [r for r in rows if r not in significant and r not in uncorrected]
-        parts = [f"{_verdict_phrase(r)} ({difference_text(r)})" for r in significant]
-        parts += [f"against {r['b']} {NO_DIFFERENCE} after {CORRECTION}, significant only uncorrected "
-                  f"({difference_text(r)})" for r in uncorrected]
-        if quiet:
-            parts.append(f"{NO_DIFFERENCE} against " + ", ".join(
-                f"{r['b']} (95% CI {format_interval(r['test']['ci_low'], r['test']['ci_high'])})" for r in quiet)
-                + (f"; {_detectable(quiet)}" if _detectable(quiet) else ""))
+        parts = judged_in_words(rows, _verdict_phrase, detectable=True)
         lines.append(f"- **d = {depth}**: lowest mean test error {best} {format_mean_std(means[best])}, highest "
                      f"{worst} {format_mean_std(means[worst])}; "
                      f"gated against each family (paired, n = {len(rows[0]['seeds']) if rows else 0}; gated − other in "

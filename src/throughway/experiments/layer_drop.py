@@ -67,7 +67,7 @@ from ..report.stats import (CORRECTION, MIN_PAIRS_FOR_VERDICT, format_interval, 
 from ..report.tables import table_header, table_row
 from ..study.nets import seeded_model
 from ..study.options import StudyOptions, add_options, option, quick_config
-from ..study.runner import Study, rebuild_study, run_study
+from ..study.runner import Study
 from ..study.spec import RunSpec
 from ..study.summary import read_runs, remake_report, run_status
 from ..train import RunConfig, get_recipe, load_model
@@ -469,22 +469,12 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return remake_report(out, report_markdown, [(plot_layer_drop, "layer_drop.png")], findings=findings_markdown)
 
 
-# What the study machinery needs of the study (study.runner): one run per worker process, analysed in the worker
-# that trained it (resumable: a finished run is analysed if its dropping.json is missing); the summary and the
-# report rewritten at most every 30 s as runs end, and at the end.
+# The study as the study machinery runs it (study.runner): one run per worker process, analysed in the worker
+# that trained it (dropping.json); the summary and report rewritten at most every 30 s as runs end. `run` trains
+# it (resumable), `report_finished` rebuilds its summary from the run folders as they stand.
 STUDY = Study(NAME, Config, specs, summarize, write_report, stacked=False, analyse=analyse_run, min_interval_s=30.0)
-
-
-def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
-        progress: bool = True) -> dict[str, Any]:
-    """Train every run into `out`/runs and analyse it in the same worker (study.runner.run_study)."""
-    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
-
-
-def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Rebuild `out`/results.json and the report from the run folders as they stand, without training
-    (analysing any finished run not analysed yet: study.runner.rebuild_study)."""
-    return rebuild_study(STUDY, out)
+run = STUDY.run
+report_finished = STUDY.rebuild
 
 
 # ---- --estimate -----------------------------------------------------------------------------------------

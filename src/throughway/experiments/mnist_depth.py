@@ -26,7 +26,7 @@ from ..report.stats import LAST_EPOCHS, last_epochs_mean, mean_std
 from ..study.folders import read_summary
 from ..study.options import MAX_SEEDS, StudyOptions, check_residual_depths, option, quick_config
 from ..study.papers import PAPER_MEAN_K, PAPER_TEST_ERROR
-from ..study.runner import Study, run_study
+from ..study.runner import Study
 from ..study.spec import RunSpec
 from ..study.stacking import add_estimate_options, depth_study_markdown, project_batches
 from ..study.summary import REFRESH_INTERVAL_S, StudySummary, read_runs, remake_report, run_status
@@ -198,20 +198,13 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return table
 
 
-# What the study machinery needs of the study (study.runner): the nets of one depth (every architecture and seed)
+# The study as the study machinery runs it (study.runner): the nets of one depth (every architecture and seed)
 # train together as one stack (train.batched: per-model semantics of fit, one ordinary run directory each),
 # whatever the number of seeds, so that a one-seed study trains through the same code as a five-seed one; the
 # summary, table and figures are rewritten as stacks end (at most every REFRESH_INTERVAL_S), so that those of a
-# long study can be read while it runs.
+# long study can be read while it runs. `run` trains it (or its shard, `config.shard`; resumable).
 STUDY = Study(NAME, Config, specs, summarize, write_report)
-
-
-def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
-        progress: bool = True) -> dict[str, Any]:
-    """Train every run of the study (or of its shard, `config.shard`) into `out`/runs (resumable), then
-    write the summary, table and figure from every run under `out`/runs; with `config.merge`, only the latter
-    (study.runner.run_study)."""
-    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
+run = STUDY.run
 
 
 def estimate(config: Config, jobs: int = 1, steps: int = 4) -> dict[str, Any]:

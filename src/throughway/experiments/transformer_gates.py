@@ -88,12 +88,12 @@ from ..data import load_dataset
 from ..layers import find_branches
 from ..models import create_model
 from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, SIGNIFICANCE, TOO_FEW,
-                            difference_text, format_interval, format_mean_std, format_p, gated_comparisons, judge,
+                            format_interval, format_mean_std, format_p, gated_comparisons, judge, judged_in_words,
                             mean_std, paired_by_seed)
 from ..report.tables import paired_cells, paired_columns, table_header, table_row
 from ..study.nets import seeded_model, test_accuracy
 from ..study.options import MAX_SEEDS, StudyOptions, add_options, option, quick_config
-from ..study.runner import Study, rebuild_study, run_study
+from ..study.runner import Study
 from ..study.spec import RunSpec
 from ..study.summary import read_runs, remake_report, run_status
 from ..train import RunConfig, get_recipe, load_model
@@ -519,15 +519,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
             continue
         best = min(finished, key=lambda f: finished[f]["mean"])
         tests = [r for r in summary["comparisons"] if r["depth"] == depth and r.get("p_corrected") is not None]
-        significant = [r for r in tests if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
-        uncorrected = [r for r in tests if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
-        quiet = [r for r in tests if r not in significant and r not in uncorrected]
-        parts = [f"{r['verdict']} ({difference_text(r)})" for r in significant]
-        parts += [f"against {r['b']} {NO_DIFFERENCE} after {CORRECTION}, significant only uncorrected "
-                  f"({difference_text(r)})" for r in uncorrected]
-        if quiet:
-            parts.append(f"{NO_DIFFERENCE} against " + ", ".join(
-                f"{r['b']} (95% CI {format_interval(r['test']['ci_low'], r['test']['ci_high'])})" for r in quiet))
+        parts = judged_in_words(tests)
         seeds = min(v["n"] for v in finished.values())
         total = sum(1 for r in summary["comparisons"] if r.get("p_corrected") is not None)
         compared = [r for r in summary["comparisons"] if r["depth"] == depth]
@@ -590,22 +582,12 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return remake_report(out, report_markdown, [(plot_transformer_gates, "transformer_gates.png")], findings=findings_markdown)
 
 
-# What the study machinery needs of the study (study.runner): one run per worker process, analysed in the worker
-# that trained it (resumable: a finished run is analysed if its analysis.json is missing); the summary and the
-# report rewritten at most every 30 s as runs end, and at the end.
+# The study as the study machinery runs it (study.runner): one run per worker process, analysed in the worker
+# that trained it (analysis.json); the summary and report rewritten at most every 30 s as runs end. `run` trains it
+# (resumable), `report_finished` rebuilds its summary from the run folders as they stand.
 STUDY = Study(NAME, Config, specs, summarize, write_report, stacked=False, analyse=analyse_run, min_interval_s=30.0)
-
-
-def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
-        progress: bool = True) -> dict[str, Any]:
-    """Train every run into `out`/runs and analyse it in the same worker (study.runner.run_study)."""
-    return run_study(STUDY, config, out, resume=resume, jobs=jobs, progress=progress)
-
-
-def report_finished(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Rebuild `out`/results.json and the report from the run folders as they stand, without training
-    (analysing any finished run not analysed yet: study.runner.rebuild_study)."""
-    return rebuild_study(STUDY, out)
+run = STUDY.run
+report_finished = STUDY.rebuild
 
 
 # ---- --estimate -----------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ __all__ = ["PairedTest", "EquivalenceTest", "SIGNIFICANCE", "CONFIDENCE", "POWER
            "regularized_incomplete_beta", "student_t_sf", "student_t_cdf", "student_t_ppf", "noncentral_t_cdf",
            "paired_power", "minimum_detectable_difference", "paired_t_test", "paired_by_seed", "equivalence_test",
            "bonferroni", "holm", "correct", "judged", "correct_family", "verdict", "judge", "paired_verdict",
-           "format_interval", "format_p", "no_difference_text", "gated_comparisons", "difference_text"]
+           "format_interval", "format_p", "no_difference_text", "gated_comparisons", "difference_text",
+           "detectable_text", "judged_in_words"]
 
 # The level at which a difference is called significant in the reports (two-sided; on the corrected p).
 SIGNIFICANCE = 0.05
@@ -521,3 +522,36 @@ def difference_text(row: dict[str, Any], digits: int = 2) -> str:
     return (f"{row['a']} − {row['b']} {test['mean_difference']:+.{digits}f} points, {CONFIDENCE:.0%} CI "
             f"{format_interval(test['ci_low'], test['ci_high'], f'+.{digits}f')}, p = {format_p(test['p_value'])}, "
             f"{CORRECTION} p = {format_p(row['p_corrected'])}")
+
+
+def detectable_text(rows: Sequence[Mapping[str, Any]], scale: float = 1.0) -> str:
+    """The differences the paired tests `rows` (judged rows, "test" a PairedTest's fields) could detect with
+    `POWER` power, times |`scale`|, in points: "the tests detect differences of a to b points with 80% power"
+    ("" when none says)."""
+    values = [abs(scale) * r["test"]["detectable"] for r in rows if r["test"].get("detectable") is not None]
+    if not values:
+        return ""
+    span = f"{min(values):.2f}" if f"{min(values):.2f}" == f"{max(values):.2f}" else f"{min(values):.2f} to {max(values):.2f}"
+    return f"the tests detect differences of {span} points with {POWER:.0%} power"
+
+
+def judged_in_words(rows: Sequence[dict[str, Any]], phrase: Any = None, *, detectable: bool = False) -> list[str]:
+    """What the judged paired tests `rows` (`judge`: one family, e.g. one depth's tests of a − b) say, as the
+    findings say it, one part each: a test significant after the correction as `phrase(row)` (default: its
+    verdict) with its difference, interval and both p (`difference_text`); one significant only uncorrected
+    as "against b no difference detected after Holm, significant only uncorrected (...)"; the others in one
+    last part, "no difference detected against b (95% CI [..])", ..., with `detectable` the differences
+    the tests could detect (`detectable_text`)."""
+    said = phrase if phrase is not None else (lambda row: row["verdict"])
+    significant = [r for r in rows if r["verdict"] not in (NO_DIFFERENCE, TOO_FEW)]
+    uncorrected = [r for r in rows if r not in significant and r["test"]["p_value"] < SIGNIFICANCE]
+    quiet = [r for r in rows if r not in significant and r not in uncorrected]
+    parts = [f"{said(r)} ({difference_text(r)})" for r in significant]
+    parts += [f"against {r['b']} {NO_DIFFERENCE} after {CORRECTION}, significant only uncorrected "
+              f"({difference_text(r)})" for r in uncorrected]
+    if quiet:
+        power = detectable_text(quiet) if detectable else ""
+        parts.append(f"{NO_DIFFERENCE} against " + ", ".join(
+            f"{r['b']} ({CONFIDENCE:.0%} CI {format_interval(r['test']['ci_low'], r['test']['ci_high'])})"
+            for r in quiet) + (f"; {power}" if power else ""))
+    return parts
