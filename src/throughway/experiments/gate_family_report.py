@@ -402,6 +402,8 @@ def findings_markdown(summary: dict[str, Any]) -> str:
     by = {(c["family"], c["depth"]): c for c in summary["cells"]}
     done = finished_depths(summary)
     table = comparisons(summary)
+    # the lines on every pair of families and on removal, said after the depths' lines
+    pairs, removal = _pairwise_findings(summary, done), _removal_findings(summary, done)
     lines = []
     for depth in done:
         means = {f: by[(f, depth)]["test_error_pct"] for f in summary["config"]["families"]}
@@ -422,8 +424,7 @@ def findings_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"- {CORRECTION}'s correction over the {len(tested)} paired tests of gated against each family: "
                      f"{len(passing)} of the {len(tested)} significant" + (f" ({named})" if passing else "")
                      + f"; {len(below)} at uncorrected p < {SIGNIFICANCE}.")
-    lines += _pairwise_findings(summary, done)
-    lines += _removal_findings(summary, done)
+    lines += pairs + removal
     pending = [d for d in summary["config"]["depths"] if d not in done]
     if not done:
         lines.append("- No depth has finished every family and seed yet.")
