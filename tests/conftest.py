@@ -1,17 +1,22 @@
-"""Shared fixtures: small, learnable fake datasets written in the toolkit's own cache format."""
+"""Shared fixtures: small, learnable fake datasets written in the toolkit's own cache format; finished and
+interrupted runs to damage; what a test of untrusted input checks (the command's exit status and message, the
+files outside a run directory unchanged)."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import strategies as st
 
 from throughway.data import ArraySplits, to_splits
 from throughway.data.sources import save_cache
@@ -168,3 +173,173 @@ def mnist_depth_small(tmp_path_factory) -> Path:
         assert code == 0, f"throughway {' '.join(MNIST_DEPTH_SMALL_ARGV)} exited {code}"
 
     return built_once(tmp_path_factory, "mnist-depth-small", build) / "study"
+
+
+# -- untrusted input: a command's exit status and message, the files outside a run directory -----------------
+
+def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    """`throughway ARGV` in this process: (exit status, what it wrote on stderr)."""
+    from throughway.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def run_cli_out(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    """`throughway ARGV` in this process: (exit status, stdout, stderr)."""
+    from throughway.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """The files directly in `folder`, name → SHA-256."""
+    return {p.name: sha256_of(p) for p in folder.iterdir() if p.is_file()}
+
+
+def file_tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (relative path → SHA-256), links included as their target's name."""
+    tree = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            tree[str(path.relative_to(folder))] = "link:" + os.readlink(path)
+        elif path.is_file():
+            tree[str(path.relative_to(folder))] = sha256_of(path)
+    return tree
+
+
+def edit_results(run: Path, change: Any) -> None:
+    """Apply `change` to the dict of `run`/results.json and write it back."""
+    results = json.loads((run / "results.json").read_text())
+    change(results)
+    (run / "results.json").write_text(json.dumps(results))
+
+
+def assert_exit_0_or_2(code: int, err: str, what: Any) -> None:
+    """A command given damaged input finishes (0) or refuses with exit 2 and a one-line message, never a traceback."""
+    assert code in (0, 2), (what, err)
+    if code == 2:
+        assert err.startswith("throughway: error: ") and "Traceback" not in err, (what, err)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file outside every run directory that must survive unchanged."""
+    path = tmp_path / "VICTIM.txt"
+    path.write_text("must survive\n")
+    return path
+
+
+@pytest.fixture
+def sentinel_tree(tmp_path: Path) -> Path:
+    """A folder outside every run directory, with files that must survive unchanged."""
+    folder = tmp_path / "sentinel"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "VICTIM.txt").write_text("must survive\n")
+    (folder / "sub" / "gates.json").write_text('{"mine": true}\n')
+    (folder / "metrics.csv").write_text("my,own,numbers\n")
+    return folder
+
+
+@pytest.fixture
+def no_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the data fails the test: the case must be refused before."""
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the data was read before the arguments were checked")
+
+    monkeypatch.setattr("throughway.train.run.load_dataset", refuse)
+
+
+_GATED_CONFIG = {"model": "mlp_gated_residual", "depth": 2, "epochs": 2, "limit": 64, "model_kwargs": {"width": 8}}
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """data/: a fake MNIST cache; finished/: a finished gated run (depth 2, width 8, 2 epochs, 64 samples);
+    interrupted/: the same run stopped after epoch 1. Read only: `work` copies it."""
+    from throughway.train import RunConfig, run_training
+
+    root = tmp_path_factory.mktemp("trained-runs")
+    arrays = make_arrays(n_train=128, n_val=64, n_test=64)
+    save_cache(root / "data" / "mnist", arrays, "test fixture")
+    data = to_splits(arrays)
+    config = RunConfig(**_GATED_CONFIG)
+    run_training(config, root / "finished", progress=False, data=data)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config, root / "interrupted", progress=False, data=data, callbacks=[Crash(after=1)])
+    return root
+
+
+@pytest.fixture
+def work(trained_runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of `trained_runs` in this test's folder, with $THROUGHWAY_DATA pointing at its data cache."""
+    for name in ("data", "finished", "interrupted"):
+        shutil.copytree(trained_runs / name, tmp_path / name, symlinks=True)
+    monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "data"))
+    return tmp_path
+
+
+ONE_EPOCH_TRAIN_ARGS = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--width", "8", "--epochs", "1",
+                        "--limit", "64", "--quiet"]
+
+
+@pytest.fixture
+def finished_train_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A finished `train` run in tmp_path/run (one epoch, 64 samples), on a fake MNIST cache."""
+    from throughway.cli import main
+
+    save_cache(tmp_path / "data" / "mnist", make_arrays(n_train=128, n_val=64, n_test=64), "test fixture")
+    monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "data"))
+    assert main(ONE_EPOCH_TRAIN_ARGS + ["--out", str(tmp_path / "run")]) == 0
+    return tmp_path / "run"
+
+
+ONE_EPOCH_STUDY = ["reproduce", "mnist-depth", "--quick", "--depths", "2", "--archs", "gated", "--epochs", "1",
+                   "--limit", "64", "--width", "8", "--jobs", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def finished_run_and_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """data/: a fake MNIST cache; run/: a finished gated run; study/: a finished mnist-depth study (read only)."""
+    from throughway.cli import main
+    from throughway.train import RunConfig, run_training
+
+    root = tmp_path_factory.mktemp("run-and-study")
+    save_cache(root / "data" / "mnist", make_arrays(n_train=128, n_val=64, n_test=64), "test fixture")
+    config = RunConfig(model="mlp_gated_residual", depth=2, epochs=1, limit=64, model_kwargs={"width": 8},
+                       data_dir=str(root / "data"))
+    run_training(config, root / "run", progress=False)
+    assert main(ONE_EPOCH_STUDY + ["--out", str(root / "study"), "--data-dir", str(root / "data")]) == 0
+    return root
+
+
+# What a field of a file read back may be replaced with (property tests of untrusted input).
+HOSTILE_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=True) | st.text(max_size=12)
+    | st.sampled_from(["../VICTIM.txt", "/etc/passwd", "checkpoint-e0001.safetensors", "checkpoint-e0009.safetensors",
+                       "mnist", "throughway-checkpoint-1", "0" * 64]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+HOSTILE_CONFIG_VALUES = HOSTILE_VALUES | st.sampled_from(["fashion-mnist", "cifar10", "../elsewhere", "no", "true", 2**63,
+                                                          -1, 0, 1.5])
+
+
+def edited_fields(content: Any) -> list[tuple[str, ...]]:
+    """Paths of the top-level fields and of the fields one level down."""
+    paths = []
+    if isinstance(content, dict):
+        for key, value in content.items():
+            paths.append((key,))
+            if isinstance(value, dict):
+                paths += [(key, sub) for sub in value]
+    return paths
+

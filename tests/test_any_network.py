@@ -142,28 +142,35 @@ def test_add_gates_refuses_what_it_cannot_do():
 
 # ---- Hugging Face transformers: GPT-2, LLaMA, BERT, ViT (small random configs, no weights) ----
 
-transformers = pytest.importorskip("transformers")
+def _transformers():
+    """Hugging Face transformers, an optional dependency: the test that needs it is skipped without it (the
+    torch-only tests of this file run either way)."""
+    return pytest.importorskip("transformers")
 
 
 def _gpt2():
+    transformers = _transformers()
     config = transformers.GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=40, n_positions=16,
                                      attn_implementation="eager")
     return transformers.GPT2Model(config).eval(), torch.randint(0, 40, (2, 7))
 
 
 def _llama():
+    transformers = _transformers()
     config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
                                       num_key_value_heads=2, vocab_size=40, attn_implementation="eager")
     return transformers.LlamaModel(config).eval(), torch.randint(0, 40, (2, 7))
 
 
 def _bert():
+    transformers = _transformers()
     config = transformers.BertConfig(hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32,
                                      vocab_size=40, attn_implementation="eager")
     return transformers.BertModel(config, add_pooling_layer=False).eval(), torch.randint(0, 40, (2, 7))
 
 
 def _vit():
+    transformers = _transformers()
     config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=3,
                                     num_attention_heads=2, intermediate_size=32, attn_implementation="eager")
     return transformers.ViTModel(config, add_pooling_layer=False).eval(), torch.randn(2, 1, 8, 8)
@@ -206,6 +213,7 @@ def test_a_pruned_gpt2_saves_loads_and_has_fewer_layers(tmp_path):
     from throughway.train.checkpoint import load_model, save_model
     torch.manual_seed(0)
     model, x = _gpt2()
+    transformers = _transformers()
     pruned = prune(model, [0, 2])
     save_model(tmp_path / "m.safetensors", pruned)
     fresh = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40,

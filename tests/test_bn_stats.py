@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from typing import Any
 
 import pytest
 import torch
@@ -10,7 +12,10 @@ from torch import nn
 
 from throughway.analysis.batchnorm import reestimate_bn_statistics
 from throughway.cli import main
-from throughway.train import RunConfig, run_training
+from throughway.models import create_model
+from throughway.train import RunConfig, run_training, save_model
+
+from conftest import edit_results, run_cli
 
 
 def _net() -> nn.Sequential:
@@ -99,3 +104,31 @@ def test_analyze_bn_stats_refuses_bad_input_before_reading_data(fake_mnist_root,
     assert main(["analyze", "bn-stats", no_bn, "--out", str(tmp_path / "o")]) == 2
     assert "no BatchNorm layer" in capsys.readouterr().err
     assert not (tmp_path / "o" / "bn_stats.json").exists()
+
+
+# -- only runs of one setting are pooled ---------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value", [("recipe", "highway-mnist"), ("epochs", 7), ("limit", 32)])
+def test_bn_stats_refuses_to_pool_runs_of_other_settings(work, capsys, field, value):
+    other = work / "other"
+    shutil.copytree(work / "finished", other)
+    edit_results(other, lambda r: r["config"].update({field: value}))
+    code, err = run_cli(capsys, ["analyze", "bn-stats", str(work / "finished"), str(other), "--out", str(work / "bn")])
+    assert code == 2
+    assert f"fields config.{field} differ; a row pools seeds of one setting only" in err
+    assert not (work / "bn").exists()
+
+
+def test_bn_stats_refuses_to_pool_runs_of_other_widths(work, capsys):
+    other = work / "other"
+    shutil.copytree(work / "finished", other)
+    save_model(other / "model.safetensors", create_model("mlp_gated_residual", depth=2, width=16))
+
+    def widen(results: dict[str, Any]) -> None:
+        results["model"]["config"]["width"] = results["config"]["model_kwargs"]["width"] = 16
+
+    edit_results(other, widen)
+    code, err = run_cli(capsys, ["analyze", "bn-stats", str(work / "finished"), str(other), "--out", str(work / "bn")])
+    assert code == 2
+    assert "fields model.config, config.model_kwargs differ" in err
+    assert not (work / "bn").exists()

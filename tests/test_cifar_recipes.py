@@ -3,13 +3,18 @@ comes from (../shared/papers/gated-residual-v2-cifar.md, lines 169, 171 and 178)
 
 from __future__ import annotations
 
+import pickle
+
+import numpy as np
 import pytest
 import torch
 
+from throughway.cli import main
+from throughway.data import load_cifar10, to_splits
 from throughway.experiments import cifar_gated
 from throughway.models import create_model
 from throughway.train import get_recipe
-from throughway.train.recipes import learning_rate_at
+from throughway.train.recipes import FULL_TRAINING_SET, learning_rate_at
 
 PREACT = "For pre-activation ResNets, as described in He et al. (2016), we follow the original implementation details."
 WRN = "We follow the implementation from Zagoruyko & Komodakis (2016) for Wide ResNets."
@@ -68,3 +73,47 @@ def test_wide_resnets_drop_0_3_between_convolutions(arch):
     assert (model, kwargs["dropout"], recipe) == ("wide_resnet", 0.3, "wrn-cifar")
     net = create_model(model, **{**kwargs, "depth": 10, "widen_factor": 1}, num_classes=10)
     assert {m.p for m in net.modules() if isinstance(m, torch.nn.Dropout)} == {0.3}
+
+
+# -- the highway authors' CIFAR recipes --------------------------------------------------------------
+
+def _write_cifar10(folder, per_batch):
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {b"data": rng.integers(0, 256, (per_batch, 3072)).astype(np.uint8),
+                 b"labels": [int(v) for v in rng.integers(0, 10, per_batch)]}
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=4))
+
+
+def test_the_authors_recipe_uses_their_data_and_cites_the_lines():
+    r = get_recipe("highway-conv-cifar")
+    assert (r.augment, r.normalize) == ("crop-flip-8", "gcn-mean-image")
+    notes = " ".join(r.notes)
+    assert "README.md line 18" in notes and "lines 8-16" in notes and "crop_size 32" in notes
+    assert "full_train" in FULL_TRAINING_SET["highway-conv-cifar"] and "500 × batch 100 = 50,000" in \
+        FULL_TRAINING_SET["highway-conv-cifar"]
+    # Ours stays the other recipe's (and an override's): pad 4, per-channel statistics.
+    assert get_recipe("highway-conv-cifar-ours").augment == "crop-flip"
+    assert get_recipe("highway-conv-cifar", augment="crop-flip", normalize="mean").normalize == "mean"
+
+
+def test_the_authors_recipes_train_on_every_training_image(tmp_path, monkeypatch):
+
+    # A CIFAR-shaped folder: 5 training batches of 1,200 (the official 10,000 each, scaled down).
+    _write_cifar10(tmp_path / "cifar-10-batches-py", 1200)
+    arrays = load_cifar10(tmp_path, verify=False)
+    assert len(to_splits(arrays).train) == 6000 - 5000                  # ours: the last 5,000 held out
+    full = to_splits(arrays, train_on_full=True)
+    assert len(full.train) == 6000 and full.val is None                 # the authors': all five batches
+
+    seen = {}
+    monkeypatch.setattr("throughway.train.run_training", lambda config, out, **kw: seen.update(
+        {out.name: config.train_on_full}) or {"final": None})
+    base = ["train", "--model", "highway_conv", "--depth", "19", "--model-arg", "arch=cifar10-19", "--dataset",
+            "cifar10", "--data-dir", str(tmp_path), "--quiet"]
+    for name, extra in (("authors", ["--recipe", "highway-conv-cifar"]),
+                        ("told-not-to", ["--recipe", "highway-conv-cifar", "--no-train-on-full"]),
+                        ("ours", ["--recipe", "highway-conv-cifar-ours"])):
+        assert main(base + extra + ["--out", str(tmp_path / name)]) == 0
+    assert seen == {"authors": True, "told-not-to": False, "ours": False}

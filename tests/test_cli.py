@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from throughway.cli import main
 from throughway.experiments.mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
+
+from conftest import run_cli, run_cli_out
 
 
 def test_list_prints_models_recipes_experiments_name_first(capsys):
@@ -172,3 +177,155 @@ def test_throughway_help_lists_every_command_with_its_help(capsys):
     assert build_parser("").format_help() == build_parser().format_help()
     for name, help in COMMANDS.items():
         assert name in build_parser("").format_help() and help[:30] in build_parser("").format_help()
+
+
+# -- options the command line refuses before any data is read: exit 2 naming the option ----------------
+
+PLAIN_ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
+
+
+def _replace(argv: list[str], option: list[str]) -> list[str]:
+    out = list(argv)
+    i = out.index(option[0])
+    out[i + 1] = option[1]
+    return out
+
+
+GATED_TRAIN = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--width", "8", "--epochs", "2", "--limit",
+               "64", "--quiet"]
+
+
+ONE_EPOCH_TRAIN = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--width", "8", "--epochs", "1",
+                   "--limit", "64", "--quiet"]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--model-arg", "depth=5"], ["--model-arg 'depth=5'", "--depth"]),
+    (["--model-arg", "width=5"], ["--model-arg 'width=5'", "--width"]),
+    (["--momentum", "0.5"], ["--momentum", "--recipe gresnet-mnist", "nadam"]),
+    (["--lr-decay", "0.9"], ["--lr-decay", "--recipe gresnet-mnist", "'constant'"]),
+    (["--model-arg", "init_scale=NaN"], ["init_scale", "finite"]),
+])
+def test_conflicting_or_inapplicable_options_name_both(tmp_path, fake_mnist_root, capsys, no_data, extra, named):
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run")] + extra)
+    assert code == 2
+    assert all(part in err for part in named), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("option,value", [("--k-init", "nan"), ("--lr", "inf"), ("--gate-bias", "-inf"),
+                                          ("--weight-decay", "nan")])
+def test_non_finite_numbers_are_refused(tmp_path, capsys, no_data, option, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(PLAIN_ARGS + ["--out", str(tmp_path / "run"), f"{option}={value}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and "finite" in err
+
+
+@pytest.mark.parametrize("option,value,field", [("--lr", "1e308", "recipe_overrides.lr"),
+                                                ("--model-arg", "k_init=1e39", "model_kwargs.k_init")])
+def test_numbers_beyond_float32_are_refused_before_the_data(tmp_path, capsys, no_data, option, value, field):
+    # finite in Python, but training runs in float32, where they overflow
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run"), option, value])
+    assert code == 2 and field in err and "float32" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+def test_device_cuda_without_cuda(tmp_path, capsys, no_data):
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run"), "--device", "cuda"])
+    assert code == 2 and "--device 'cuda'" in err and "accepted here: cpu" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_device_is_refused(tmp_path, capsys, no_data):
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run"), "--device", "tpu9"])
+    assert code == 2 and "--device 'tpu9'" in err and "accepted" in err
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_out_that_is_a_file(tmp_path, capsys, no_data, inside):
+    target = tmp_path / "a_file"
+    target.write_text("not a directory")
+    out = target / "run" if inside else target
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(out)])
+    assert code == 2 and f"--out {out}" in err and "file" in err
+    assert target.read_text() == "not a directory"
+
+
+def test_num_classes_that_does_not_match_the_data(tmp_path, capsys, no_data):
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run"), "--model-arg", "num_classes=5"])
+    assert code == 2 and "num_classes=5" in err and "'mnist'" in err and "10" in err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--depth", "100000000"], "depth=100000000 (--depth): accepted: an integer from 1 to 10000 (MAX_DEPTH)"),
+    (["--width", "100000000"], "(--depth, --width, --model-arg) has 20,000,080,100,000,010 parameters; accepted: "
+                               "at most 1,000,000,000"),
+    (["--seed", str(10 ** 23)], f"seed={10 ** 23} (--seed): accepted: an integer from -2**63 to 2**64 - 1"),
+])
+def test_huge_numeric_options_are_refused_at_once(tmp_path, capsys, monkeypatch, option, message):
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the data was read before the arguments were checked")
+
+    monkeypatch.setattr("throughway.train.run.load_dataset", refuse)
+    argv = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "1", "--quiet",
+            "--out", str(tmp_path / "run")]
+    code = main(_replace(argv, option) if option[0] in argv else [*argv, *option])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("throughway: error: ") and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argument, accepted", [
+    ("bn_momentum=5", "bn_momentum=5 (--model-arg bn_momentum=..., model_kwargs.bn_momentum); accepted: a number from 0 to 1"),
+    ("bn_momentum=-1", "bn_momentum=-1 (--model-arg"),
+    ("bn_eps=-1", "bn_eps=-1 (--model-arg bn_eps=..., model_kwargs.bn_eps); accepted: a number above 0, at most 1"),
+    ("bn_eps=1e30", "bn_eps=1e+30 (--model-arg"),
+])
+def test_batchnorm_constants_out_of_range_are_refused_before_the_data(tmp_path, capsys, no_data, argument, accepted):
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, GATED_TRAIN + ["--model-arg", argument, "--out", str(out)])
+    assert code == 2
+    assert accepted in err
+    assert not out.exists()
+
+
+def test_a_batch_of_one_with_batchnorm_is_refused_before_the_data(tmp_path, capsys, no_data):
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, GATED_TRAIN + ["--batch-size", "1", "--out", str(out)])
+    assert code == 2
+    assert "recipe_overrides.batch_size=1 (--batch-size): model 'mlp_gated_residual' has BatchNorm layers" in err
+    assert not out.exists()
+
+
+def test_train_resume_quiet_prints_nothing(work, capsys):
+    code, err = run_cli(capsys, GATED_TRAIN + ["--out", str(work / "interrupted"), "--resume"])
+    assert code == 0
+    assert err == ""
+
+
+def test_an_empty_out_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli_out(capsys, ONE_EPOCH_TRAIN + ["--out", ""])
+    assert code == 2 and "--out '': an empty path" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dataset_without_its_files_leaves_no_out_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_cli_out(capsys, ONE_EPOCH_TRAIN + ["--dataset", "cifar10", "--out", str(out)])
+    assert code == 2 and "needs --data-dir" in err
+    assert not out.exists()
+    code, _, err = run_cli_out(capsys, ONE_EPOCH_TRAIN + ["--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(out)])
+    assert code == 2 and "--data-dir" in err and "data_batch_1" in err
+    assert not out.exists()
+
+
+def test_quiet_prints_only_the_result_line_on_stdout_as_documented(finished_train_run, capsys, tmp_path):
+    code, out, err = run_cli_out(capsys, ONE_EPOCH_TRAIN + ["--out", str(tmp_path / "again")])
+    assert code == 0 and err == "" and out.startswith(f"{tmp_path / 'again'}: test error")
+    docs = (Path(__file__).parents[1] / "docs" / "reliability.md").read_text()
+    quiet = next(line for line in docs.splitlines() if "--quiet" in line)
+    assert "stdout" in docs[docs.index(quiet):docs.index(quiet) + 400]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -49,7 +51,7 @@ def test_resnet_110_has_about_1_7_million_parameters(shortcut):
 
 def test_highway_parameter_counts_are_near_the_papers():
     # highway Table 1 (39K / 151K) and Table 2 (Highway A ≈236K, B ≈2.3M, C ≈1.25M). Our layouts are pinned to
-    # their exact counts and must round to (or lie within 3% of) the paper's (the authors' nets: test_highway_authors).
+    # their exact counts and must round to (or lie within 3% of) the paper's (the authors' nets: the tests of their prototxts below).
     w16 = count(create_model("highway_conv", arch="mnist-10-ours", width=16))
     w32 = count(create_model("highway_conv", arch="mnist-10-ours", width=32))
     assert (w16, w32) == (38_730, 151_178) and (round(w16, -3), round(w32, -3)) == (39_000, 151_000)
@@ -232,3 +234,153 @@ def test_shortcut_depths_share_one_parameter_count():
     assert len(deep) == 1
     with pytest.raises(ValueError, match="shortcut_depth"):
         create_model("preact_shortcut_depth", depth=14, shortcut_depth=3)
+
+
+# -- the highway authors' released Caffe nets (flukeskywalker/highway-networks, examples/highways/):
+# every expected value read from those files by hand (file and line in the comments) --------------------
+
+def layer_list(model: nn.Module) -> list[tuple]:
+    """The model's layers in forward order, in the prototxt's terms."""
+    out: list[tuple] = []
+
+    def visit(module: nn.Module) -> None:
+        if isinstance(module, nn.Dropout):
+            out.append(("Dropout", module.p))
+        elif isinstance(module, nn.Conv2d):
+            out.append(("Convolution", module.in_channels, module.out_channels, module.kernel_size[0], module.padding[0]))
+        elif isinstance(module, nn.ReLU):
+            out.append(("ReLU",))
+        elif isinstance(module, nn.MaxPool2d):
+            out.append(("Pooling MAX", module.kernel_size, module.stride, module.ceil_mode))
+        elif isinstance(module, nn.AdaptiveAvgPool2d):
+            out.append(("Pooling AVE global",))
+        elif isinstance(module, nn.Linear):
+            out.append(("InnerProduct", module.in_features, module.out_features))
+        elif isinstance(module, TransformGate):
+            return
+        elif hasattr(module, "gate") and isinstance(module.gate, TransformGate):
+            conv = module.gate.linear
+            out.append(("CuDNNHighway", conv.in_channels, conv.kernel_size[0], conv.padding[0],
+                        float(module.gate.linear.bias[0].detach())))
+            return
+        for child in module.children():
+            visit(child)
+
+    visit(model)
+    return out
+
+
+def highway(channels: int, bias: float) -> tuple:
+    return ("CuDNNHighway", channels, 3, 1, bias)  # kernel_size 3, pad 1, transform_bias_filler value
+
+
+def _count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_mnist_layout_is_the_prototxts_layer_list():
+    model = create_model("highway_conv", arch="mnist-10", width=32)  # num_output 32 in the file
+    expected = [  # mnist-10layers/mnist_network.prototxt
+        ("Dropout", 0.2),                        # drop1, lines 53-61
+        ("Convolution", 1, 32, 5, 0), ("ReLU",),  # s1-conv1 (kernel 5, pad 0), relu, lines 62-93
+        highway(32, -1.0), highway(32, -1.0),    # s1-conv2, s1-conv3, lines 94-169
+        ("Pooling MAX", 3, 2, True),             # pool1, lines 170-181 (Caffe rounds up)
+        ("Dropout", 0.3),                        # drop2, lines 182-190
+        *[highway(32, -1.0)] * 3,                # s2-conv1..3, lines 191-304
+        ("Pooling MAX", 3, 2, True),             # pool2, lines 305-316
+        ("Dropout", 0.4),                        # drop3, lines 317-325
+        *[highway(32, -1.0)] * 3,                # s3-conv1..3, lines 326-439
+        ("Pooling MAX", 2, 2, True),             # pool3, lines 440-450
+        ("Dropout", 0.5),                        # drop4, lines 451-459
+        ("InnerProduct", 32 * 3 * 3, 10),        # ip2, lines 460-483 (on 32·3·3 features, sample.log line 616)
+    ]
+    assert layer_list(model) == expected
+
+
+@pytest.mark.parametrize("name,classes", [("cifar10-19", 10), ("cifar100-19", 100)])
+def test_cifar_layouts_are_the_prototxts_layer_list(name, classes):
+    model = create_model("highway_conv", arch=name, in_channels=3, image_size=32, num_classes=classes)
+    expected = [  # cifar10-19layers/cifar10_network.prototxt (cifar100's differs in ip2 only)
+        ("Dropout", 0.2),                                     # drop1, 57-65
+        ("Convolution", 3, 32, 3, 1), ("ReLU",),              # conv1, relu1, 66-98
+        *[highway(32, -2.0)] * 4,                             # conv2-conv5, 99-250
+        ("Pooling MAX", 2, 2, True), ("Dropout", 0.2),        # pool1, drop2, 251-270
+        ("Convolution", 32, 80, 3, 1), ("ReLU",),             # conv6, relu6, 271-302
+        *[highway(80, -2.0)] * 5,                             # conv7-conv11, 303-492
+        ("Pooling MAX", 2, 2, True), ("Dropout", 0.2),        # pool2, drop3, 493-512
+        ("Convolution", 80, 128, 3, 1), ("ReLU",),            # conv12, relu12, 513-544
+        *[highway(128, -2.0)] * 5,                            # conv13-conv17, 545-734
+        ("Convolution", 128, 100, 1, 0), ("ReLU",),           # conv18 (1×1 to 100 maps), relu, 735-766
+        ("Pooling AVE global",),                              # pool3: AVE 8/8 on 8×8 maps, 767-777
+        ("Dropout", 0.2),                                     # drop4, 778-786
+        ("InnerProduct", 100, classes),                       # ip2, 787-810
+    ]
+    assert layer_list(model) == expected
+
+
+def test_parameter_counts_are_the_prototxts():
+    # MNIST, width w: conv1 1·5·5·w + w = 26w; each highway layer two 3×3 convolutions (H and T) with
+    # biases, 2·(9w² + w); eight of them; ip2 (9w)·10 + 10. Total 144w² + 132w + 10:
+    #   w = 16: 36,864 + 2,112 + 10 = 38,986 (paper: 39K);  w = 32: 147,456 + 4,224 + 10 = 151,690 (paper: 151K).
+    assert _count(create_model("highway_conv", arch="mnist-10", width=16)) == 38_986
+    assert _count(create_model("highway_conv", arch="mnist-10", width=32)) == 151_690
+    # CIFAR-10: conv1 3·9·32 + 32 = 896; 4 highway(32) 4·2·(9·32² + 32) = 73,984; conv6 32·9·80 + 80 = 23,120;
+    # 5 highway(80) 5·2·(9·80² + 80) = 576,800; conv12 80·9·128 + 128 = 92,288; 5 highway(128)
+    # 5·2·(9·128² + 128) = 1,475,840; conv18 128·100 + 100 = 12,900; ip2 100·10 + 10 = 1,010. Sum 2,256,838.
+    # CIFAR-100: ip2 100·100 + 100 = 10,100 instead: 2,265,928 (paper: ≈2.3M).
+    with torch.device("meta"):
+        c10 = create_model("highway_conv", arch="cifar10-19", in_channels=3, image_size=32, num_classes=10)
+        c100 = create_model("highway_conv", arch="cifar100-19", in_channels=3, image_size=32, num_classes=100)
+    assert (_count(c10), _count(c100)) == (2_256_838, 2_265_928)
+
+
+def test_feature_map_sizes_are_the_logs():
+    # mnist-10layers/sample.log "Top shape" lines 511-609: 24 (5×5 valid), 12, 6, 3 (pooling rounds up).
+    model = create_model("highway_conv", arch="mnist-10", width=4).eval()
+    h, sizes = model.stem(torch.zeros(1, 1, 28, 28)), []
+    sizes.append(h.shape[-1])
+    for block in model.blocks:
+        h = block(h)
+        if isinstance(block.branch, nn.MaxPool2d):
+            sizes.append(h.shape[-1])
+    assert sizes == [24, 12, 6, 3]
+    # cifar10 sample.log lines 838-1006: 32, 16, 8, then 100 maps of 8×8 before the average pooling.
+    cifar = create_model("highway_conv", arch="cifar10-19", in_channels=3, image_size=32, width=4).eval()
+    assert cifar.forward_features(torch.zeros(1, 3, 32, 32)).shape == (1, 128, 8, 8)
+    assert cifar.head.conv(torch.zeros(1, 128, 8, 8)).shape == (1, 100, 8, 8)
+
+
+def test_initialisation_follows_the_fillers():
+    torch.manual_seed(0)
+    model = create_model("highway_conv", arch="mnist-10", width=32)
+    # The authors' "xavier" filler is N(0, 2 / fan_in) (include/caffe/filler.hpp lines 150-155).
+    for block in model.blocks:
+        if isinstance(getattr(block, "gate", None), TransformGate):
+            for conv in (block.branch[0], block.gate.linear):
+                assert conv.weight.std().item() == pytest.approx(math.sqrt(2 / (32 * 9)), rel=0.05)
+            assert torch.all(block.branch[0].bias == 0) and torch.all(block.gate.linear.bias == -1.0)
+    # ip2: gaussian std 0.1 (mnist_network.prototxt lines 475-478); 2,880 draws.
+    assert model.head.classifier.weight.std().item() == pytest.approx(0.1, rel=0.05)
+    cifar = create_model("highway_conv", arch="cifar10-19", in_channels=3, image_size=32)
+    # conv1 "gaussian" with `value: 0.05`, which the Gaussian filler ignores: std 1 (caffe.proto line 48).
+    assert cifar.stem[1].weight.std().item() == pytest.approx(1.0, rel=0.15)
+    assert cifar.head.classifier.weight.std().item() == pytest.approx(0.05, rel=0.1)  # lines 802-805
+    c100 = create_model("highway_conv", arch="cifar100-19", in_channels=3, image_size=32, num_classes=100)
+    assert c100.head.classifier.weight.std().item() == pytest.approx(math.sqrt(2 / 100), rel=0.05)  # "xavier"
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"arch": "mnist-10", "classifier": "conv-gap"}, "classifier"),
+    ({"arch": "highway-a", "classifier": "conv-gap-fc"}, "classifier"),
+    ({"arch": "cifar10-19", "image_size": 4}, "image_size"),
+    ({"arch": "cifar10-19", "depth": 18}, "depth"),
+])
+def test_bad_layout_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        create_model("highway_conv", **kwargs)
+
+
+def test_dropout_false_removes_every_dropout_layer():
+    model = create_model("highway_conv", arch="mnist-10", width=4, dropout=False)
+    assert not [m for m in model.modules() if isinstance(m, nn.Dropout)]
+    assert _count(model) == _count(create_model("highway_conv", arch="mnist-10", width=4))

@@ -5,17 +5,21 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import pickle
 import zipfile
 
 import numpy as np
 import pytest
+import torch
 
-from throughway.data import (load_cifar10, load_cifar100, load_dataset, load_fashion_mnist, load_mnist,
-                             mnist_from_pickle_bytes, read_idx, safe_loads, to_splits, write_idx)
-from throughway.data import sources
+from throughway.data import (DataSplits, Split, load_cifar10, load_cifar100, load_dataset, load_fashion_mnist,
+                             load_mnist, mnist_from_pickle_bytes, read_idx, safe_loads, sources, to_splits, write_idx)
+from throughway.data.augment import normalize_splits
 from throughway.data.sources import save_cache
+
+from conftest import run_cli
 
 
 # --------------------------------------------------------------------------------------------- unpickler
@@ -253,3 +257,39 @@ def test_cifar_checksum_and_malicious_batch_are_refused(tmp_path):
 def test_missing_cifar_batch_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="data_batch_1"):
         load_cifar10(tmp_path, verify=False)
+
+
+# -- the data cache and its scaling as the papers' code reads it -------------------------------------
+
+PLAIN_ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
+
+
+def test_cached_dataset_is_validated_on_load(tmp_path, fake_arrays, capsys):
+    bad = type(fake_arrays)(**{**fake_arrays.__dict__, "test_y": fake_arrays.test_y.copy()})
+    bad.test_y[0] = 12  # a label outside 0..9, with a manifest whose checksums fit the damaged arrays
+    save_cache(tmp_path / "data" / "mnist", bad, "tampered")
+    with pytest.raises(ValueError, match=r"label 12 outside 0\.\.9"):
+        load_mnist(tmp_path / "data")
+    short = type(fake_arrays)(**{**fake_arrays.__dict__, "val_y": fake_arrays.val_y[:-1]})
+    save_cache(tmp_path / "short" / "mnist", short, "tampered")
+    code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "short")])
+    assert code == 2 and "malformed arrays" in err and str(tmp_path / "short" / "mnist") in err
+
+
+def test_manifest_with_wrong_types_is_an_error_naming_the_field(tmp_path, fake_arrays, capsys):
+    save_cache(tmp_path / "data" / "mnist", fake_arrays, "test")
+    manifest = tmp_path / "data" / "mnist" / "manifest.json"
+    for field, value in (("num_classes", "ten"), ("files", ["train_x.npy"])):
+        content = json.loads(manifest.read_text())
+        content[field] = value
+        manifest.write_text(json.dumps(content))
+        code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data")])
+        assert code == 2 and "manifest.json" in err and repr(field) in err
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_pixels_over_256_is_caffes_scaling():
+    pixels = torch.arange(256, dtype=torch.float32).view(1, 1, 16, 16)
+    split = Split(pixels / 255.0, torch.zeros(1, dtype=torch.int64))  # what the loader gives
+    out = normalize_splits(DataSplits("mnist", 10, split, None, split), "pixels/256")
+    assert torch.equal(out.train.x, pixels * 0.00390625) and out.val is None  # mnist_network.prototxt line 13

@@ -86,3 +86,16 @@ def test_the_committed_search_reranks_without_retraining(tmp_path):
     assert result["cells"][0]["best"]["run"] == "plain-L10-t000"
     with pytest.raises(ValueError, match="gate_bias"):          # a different search is refused
         study.run(dataclasses.replace(small, gate_bias="integer"), out, progress=False)
+
+
+# -- the search's scale -----------------------------------------------------------------------------
+
+def test_highway_search_default_is_figure_1s_scale():
+    from throughway.experiments import highway_depth as study
+
+    config = study.Config()
+    # highway §3.1: "a random search of 100 runs for both plain and highway networks", depths 10-100;
+    # figure 1: 400 epochs on its x-axis; all 60,000 training images, none held out.
+    assert (config.trials, config.epochs, config.layers) == (100, study.FIGURE1_EPOCHS, (10, 20, 50, 100))
+    assert study.FIGURE1_EPOCHS == 400 and config.train_on_full and config.limit is None
+    assert {s.config.epochs for s in study.specs(dataclasses.replace(config, layers=(10,), trials=2))} == {400}

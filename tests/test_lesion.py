@@ -202,3 +202,24 @@ def test_analyze_prune_still_needs_a_model_rebuilt_by_config():
     with pytest.raises(ValueError, match="model 'preact_resnet' cannot be pruned in every order.*mlp_gated_residual"):
         check_prunable(model)
     assert check_prunable(_gated([1.0])) == "mlp_gated_residual"
+
+
+# -- prune is part of the analysis package and names a model it cannot prune ------------------------------
+
+def test_prune_names_a_meta_device_model():
+    from throughway.analysis.removal import prune
+
+    with torch.device("meta"):
+        model = create_model("mlp_gated_residual", depth=4, width=8)
+    with pytest.raises(ValueError, match=r"\('mlp_gated_residual'\) is on the meta device .*prune needs a model with its weights"):
+        prune(model, [0])
+
+
+def test_prune_is_importable_from_the_analysis_package() -> None:
+    from throughway.analysis import lesion, prune
+
+    model = create_model("mlp_gated_residual", depth=6, width=8)
+    smaller = prune(model, [0])
+    assert len(smaller.blocks) == len(model.blocks) - 1
+    with lesion(model, 1):
+        pass

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from throughway.layers import block_spec
 import torch
 
+from throughway.layers import block_spec
 from throughway.models import create_model, list_models
 
 SMALL = {"depth": 4, "width": 12}
@@ -125,3 +124,16 @@ def test_default_init_is_glorot_uniform_with_zero_bias():
     assert linear.weight.abs().max() <= bound
     assert linear.weight.abs().max() > 0.9 * bound
     assert torch.count_nonzero(linear.bias) == 0
+
+
+# -- a model on the meta device -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,kwargs", [("mlp_gated_residual", {"depth": 4, "width": 8}),
+                                         ("mlp_augmented", {"depth": 4, "width": 8}),
+                                         ("preact_resnet", {"depth": 8, "width": 4, "gated": True})])
+def test_repr_of_a_model_on_the_meta_device(name: str, kwargs: dict) -> None:
+    with torch.device("meta"):
+        model = create_model(name, **kwargs)
+    text = repr(model)
+    assert "ScalarGate(function=relu, k=?)" in text
+    assert "k=1" in repr(create_model(name, **kwargs))

@@ -165,3 +165,25 @@ def test_sdi_table_and_identity_distance_reproductions_write_their_reports(fake_
     assert relation["plain"]["nearest_identity_sq_at_init"] is None
     assert all(r["travelled_sq_at_end"] > 0 for r in relation.values())
     assert "Measured:" in (tmp_path / "distance" / "table.md").read_text()
+
+
+# -- non-finite numbers ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("option, value", [("--gate-bias", "nan"), ("--target", "inf"), ("--k-init", "nan")])
+def test_sdi_refuses_non_finite_numbers(capsys, option, value):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:  # refused by the option's own type, before anything is computed
+        main(["sdi", option, value])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2
+    assert f"argument {option}: {value}: must be a finite number" in err
+    assert out == ""  # no table of nan
+
+
+@pytest.mark.parametrize("argument", ["gate_bias", "target", "k_init"])
+def test_the_sdi_function_refuses_non_finite_numbers(argument):
+    from throughway.analysis.sdi import sdi
+
+    layer = "gated" if argument == "k_init" else "highway"
+    with pytest.raises(ValueError, match=rf"{argument}=nan \(--{argument.replace('_', '-')}\): accepted: a finite number"):
+        sdi(layer, 8, **{argument: float("nan")})

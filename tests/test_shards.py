@@ -17,9 +17,10 @@ from throughway.cli import main
 from throughway.cli.parser import build_parser
 from throughway.experiments import EXPERIMENTS, get_experiment
 from throughway.study.options import config_from_args
-from throughway.study.stacking import group_specs
 from throughway.study.shards import resolve_shard, select_shard
-from conftest import MNIST_DEPTH_SMALL_ARGV
+from throughway.study.stacking import group_specs
+
+from conftest import MNIST_DEPTH_SMALL_ARGV, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # A tiny mnist-depth: 2 depths, one stacked batch each (plain and gated nets, 2 seeds).
@@ -336,3 +337,28 @@ def test_a_demystifying_study_in_two_shards_equals_the_whole(tmp_path, fake_mnis
         return {k: {f: v for f, v in c.items() if f != "seconds"} for k, c in summary["curves"].items()}
 
     assert numbers(merged) == numbers(whole) and len(merged["curves"]) == 2
+
+
+# -- one unsharded process per study folder --------------------------------------------------------------
+
+GATED_STUDY = ["reproduce", "mnist-depth", "--quick", "--archs", "gated", "--epochs", "1", "--limit", "64", "--width",
+               "8", "--jobs", "1", "--quiet"]
+
+
+def test_a_second_study_process_on_one_out_exits_at_once_naming_the_holder(tmp_path, capsys, monkeypatch):
+    from throughway.study.shards import study_lock
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the second process read data or trained")
+
+    monkeypatch.setattr("throughway.study.stacking.prepare_data", refuse)
+    out = tmp_path / "study"
+    out.mkdir()
+    with study_lock(out):  # the first process (a separate open file description: flock's unit)
+        code, err = run_cli(capsys, GATED_STUDY + ["--depths", "2", "--out", str(out)])
+        assert (out / ".lock.json").is_file()
+    assert code == 2
+    assert f"throughway: error: {out} is in use by another throughway process (pid {os.getpid()} on " in err
+    # Nothing written but the empty `.lock` that filelock locks (kept, so that no process can lock an
+    # unlinked file); the holder's record was removed by it.
+    assert sorted(p.name for p in out.iterdir()) == [".lock"] and (out / ".lock").stat().st_size == 0

@@ -10,6 +10,8 @@ import pytest
 from throughway.experiments import EXPERIMENTS, mnist_depth
 from throughway.study.options import add_options, config_from_args, option, quick_config
 
+from conftest import run_cli
+
 
 @dataclass(frozen=True)
 class Example:
@@ -91,3 +93,22 @@ def test_every_studys_seed_count_is_bounded_on_the_command_line_and_in_a_stored_
         check_stored_config(mnist_depth.Config, {"limit": float("nan")}, "summary.json")
     check_stored_config(mnist_depth.Config, {"limit": None, "unknown": 10 ** 9}, "summary.json")  # optional; not an option
 
+
+# -- a study's lists hold distinct values ---------------------------------------------------------------
+
+GATED_STUDY = ["reproduce", "mnist-depth", "--quick", "--archs", "gated", "--epochs", "1", "--limit", "64", "--width",
+               "8", "--jobs", "1", "--quiet"]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (GATED_STUDY + ["--depths", "2", "2"], "--depths 2 2: lists 2 more than once; accepted: distinct values"),
+    (["reproduce", "hessian-dynamics", "--seeds", "3", "3"],
+     "--seeds 3 3: lists 3 more than once; accepted: distinct values"),
+    (["reproduce", "shortcut-lr", "--networks", "xavier", "orthogonal", "xavier"],
+     "--networks xavier orthogonal xavier: lists xavier more than once"),
+])
+def test_a_study_list_with_a_repeated_value_is_refused_before_anything_runs(tmp_path, capsys, argv, named):
+    code, err = run_cli(capsys, argv + ["--out", str(tmp_path / "study")])
+    assert code == 2
+    assert named in err
+    assert not (tmp_path / "study").exists()

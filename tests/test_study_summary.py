@@ -5,14 +5,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from throughway.cli import main
 from throughway.study.options import MAX_SEEDS, StudyOptions
 from throughway.study.summary import StudySummary
+
+from conftest import (HOSTILE_VALUES, ONE_EPOCH_STUDY, assert_exit_0_or_2, edit_results, edited_fields, file_tree,
+                      run_cli)
 
 
 
@@ -194,3 +200,127 @@ def test_a_rebuild_from_the_runs_checks_the_config_and_the_run_folders(small_stu
     path.write_text(json.dumps({**results, "config": {**results["config"], "seed": 7}}))
     with pytest.raises(ValueError, match=r"gated-d2-s0: holds a run of another config .*\(seed: recorded 7, the study.s 0\)"):
         rebuild()
+
+
+# -- a damaged summary or run is named with its field ---------------------------------------------
+
+def _summary_fields(content: Any) -> list[tuple[Any, ...]]:
+    """Top-level fields, fields one level down, and the fields of the first cell and its first run."""
+    paths: list[tuple[Any, ...]] = list(edited_fields(content))
+    cells = content.get("cells") if isinstance(content, dict) else None
+    if isinstance(cells, list) and cells and isinstance(cells[0], dict):
+        paths += [("cells", 0, key) for key in cells[0]]
+        runs = cells[0].get("runs")
+        if isinstance(runs, list) and runs and isinstance(runs[0], dict):
+            paths += [("cells", 0, "runs", 0, key) for key in runs[0]]
+    return paths
+
+
+GATED_STUDY = ["reproduce", "mnist-depth", "--quick", "--archs", "gated", "--epochs", "1", "--limit", "64", "--width",
+               "8", "--jobs", "1", "--quiet"]
+
+
+def _study_with_run(tmp_path: Path, trained_runs: Path, change: Any) -> Path:
+    out = tmp_path / "study"
+    run = out / "runs" / "gated-d2-s0"
+    shutil.copytree(trained_runs / "finished", run)
+    edit_results(run, change)
+    return out
+
+
+def test_report_on_a_tampered_summary_is_an_error_naming_the_file(tmp_path, capsys):
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"experiment": "mnist-depth", "cells": "x"}))
+    assert main(["report", str(folder)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"throughway: error: {folder / 'results.json'}: does not hold a mnist-depth summary as the study writes it "
+        f"(field 'config' missing); the file was edited or damaged; rerun the study with --resume to rewrite it")
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(command=st.sampled_from(["report", "resume"]), choice=st.integers(0, 10**6), value=HOSTILE_VALUES, drop=st.booleans(),
+       whole=st.sampled_from([None, None, None, [], "text", 3, {}]))
+@pytest.mark.slow
+def test_random_summary_edits_keep_the_promises(finished_run_and_study, capsys, command, choice, value, drop, whole):
+    """Whatever a study summary's field holds (or the whole file), `report DIR` and `reproduce ...
+    --resume` exit 0 or 2 with a one-line message, never change a run's files (no finished work
+    lost) and touch nothing outside the study folder."""
+    work = Path(tempfile.mkdtemp(prefix="hostile-summary-"))
+    try:
+        shutil.copytree(finished_run_and_study / "study", work / "study")
+        shutil.copytree(finished_run_and_study / "data", work / "data")
+        (work / "VICTIM.txt").write_text("must survive\n")
+        path = work / "study" / "results.json"
+        content: Any = json.loads(path.read_text())
+        if whole is not None:
+            content = whole
+        else:
+            field = _summary_fields(content)[choice % len(_summary_fields(content))]
+            holder = content
+            for key in field[:-1]:
+                holder = holder[key]
+            if drop:
+                del holder[field[-1]]
+            else:
+                holder[field[-1]] = value
+        path.write_text(json.dumps(content))
+        runs = file_tree(work / "study" / "runs")
+        outside = {k: v for k, v in file_tree(work).items() if not k.startswith("study/")}
+        capsys.readouterr()
+        argv = (["report", str(work / "study")] if command == "report" else
+                ONE_EPOCH_STUDY + ["--out", str(work / "study"), "--data-dir", str(work / "data"), "--resume"])
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert_exit_0_or_2(code, err, (command, content if whole is not None else field, value))
+        assert file_tree(work / "study" / "runs") == runs
+        assert {k: v for k, v in file_tree(work).items() if not k.startswith("study/")} == outside
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.parametrize("argv, name", [
+    (GATED_STUDY + ["--depths", "2"], "mnist-depth"),
+    (["reproduce", "hessian-init", "--depths", "2", "--resume"], "hessian-init"),
+    (["reproduce", "gate-family", "--quick", "--resume"], "gate-family"),
+])
+def test_a_study_summary_that_is_not_an_object_is_named(tmp_path, capsys, argv, name):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "results.json").write_text("[]\n")
+    code, err = run_cli(capsys, argv + ["--out", str(out)])
+    assert code == 2
+    assert f"{out / 'results.json'}: holds list []; expected a {name} study's summary (a JSON object)" in err
+    # nothing written but the study lock's empty `.lock` (filelock's, kept: see test_15)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "results.json"]
+    assert (out / "results.json").read_text() == "[]\n"
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda r: r["history"][0].pop("epoch"), "field 'history[0].epoch' is None (missing)"),
+    (lambda r: r["history"][0].update(train_loss=[1.0]), "field 'history[0].train_loss' is [1.0] (wrong type)"),
+    (lambda r: r["history"][1].update(epoch="2"), "field 'history[1].epoch' is '2' (wrong type)"),
+    (lambda r: r["history"][0].update(test_error_pct="1.5"), "field 'history[0].test_error_pct' is '1.5'"),
+    (lambda r: r["final"].update(k=["a"]), "field 'final.k' is ['a']; accepted: null or a list of numbers"),
+    (lambda r: r.update(history={"epochs": []}), "field 'history' must be a list of objects"),
+])
+def test_a_damaged_run_of_a_study_is_named_with_its_field(tmp_path, trained_runs, capsys, change, named):
+    out = _study_with_run(tmp_path, trained_runs, change)
+    run = out / "runs" / "gated-d2-s0"
+    before = file_tree(run)
+    # --epochs 2: the run copied in is the study's gated-d2-s0 but for its damage (its config is checked first)
+    code, err = run_cli(capsys, GATED_STUDY + ["--depths", "2", "--epochs", "2", "--out", str(out), "--resume"])
+    assert code == 2
+    assert f"{run / 'results.json'}: {named}" in err
+    assert file_tree(run) == before
+
+
+def test_a_damaged_study_summary_is_named_with_its_field(tmp_path, capsys):
+    out = tmp_path / "study"
+    summary = {"experiment": "mnist-depth", "config": {}}
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(summary))
+    code, err = run_cli(capsys, GATED_STUDY + ["--depths", "2", "--out", str(out), "--resume"])
+    assert code == 2
+    assert f"{out / 'results.json'}: field 'cells' is not a list of cells" in err

@@ -100,3 +100,18 @@ def test_damaged_checkpoint_is_detected(tmp_path, fake_mnist_root):
     checkpoint.write_bytes(checkpoint.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(ValueError, match="checkpoint is damaged"):
         run_training(config, tmp_path / "run", resume=True, progress=False)
+
+
+# -- the Python API checks what the command line checks -----------------------------------------------------
+
+@pytest.mark.parametrize("config, named", [
+    (RunConfig(model="mlp_plain", depth=2, epochs=1.5, model_kwargs={"width": 8}),  # type: ignore[arg-type]
+     "epochs=1.5: must be a whole number ≥ 1"),
+    (RunConfig(model="mlp_plain", depth=2, recipe="wrn-cifar", dataset="mnist",
+               recipe_overrides={"milestone_factor": -0.1}, model_kwargs={"width": 8}),
+     "milestone_factor=-0.1: must be a finite number > 0"),
+])
+def test_run_training_refuses_what_the_cli_refuses(tmp_path, no_data, config, named):
+    with pytest.raises(ValueError, match=named):
+        run_training(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -19,6 +19,7 @@ from throughway.layers import ResidualBlock, dense_unit, scalar_gate_values
 from throughway.train import (METRICS_FILE, ProgressPrinter, RunConfig, TensorBoardLogger, fit, get_recipe,
                               read_metrics_csv, read_results, run_training)
 from throughway.train.callbacks import METRICS_COLUMNS, metrics_table
+
 from conftest import Crash
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -337,3 +338,24 @@ def test_the_readme_example_runs_as_written(capsys):
     assert len(namespace["k_log"].rows) == 12 and namespace["history"].last()["test_error_pct"] < 30
     assert "test error" in capsys.readouterr().out
     json.dumps(namespace["history"].to_dict())  # the history of a user's run is JSON-able too
+
+
+# -- fit gives back the caller's mode ---------------------------------------------------------------
+
+R = get_recipe("gresnet-mnist", epochs=1, batch_size=16)
+
+
+def _xy(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(n, 5)
+    return x, x[:, :3].argmax(1)
+
+
+def test_fit_gives_back_the_callers_mode_module_by_module():
+    model = nn.Sequential(nn.Linear(5, 8), nn.Dropout(0.1), nn.Linear(8, 3))
+    model.eval()
+    fit(model, _xy(), R, progress=False)
+    assert not any(m.training for m in model.modules())
+    model.train()
+    model[1].eval()
+    fit(model, _xy(), R, progress=False)
+    assert [m.training for m in model.modules()] == [True, True, False, True]

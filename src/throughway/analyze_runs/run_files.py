@@ -189,7 +189,7 @@ def _check_run_config(results: dict[str, Any], path: Path) -> None:
     config.setdefault("train_on_full", False)
     config.setdefault("limit", None)
     checks: dict[str, tuple[Callable[[Any], bool], str]] = {
-        "dataset": (lambda v: v in DATASET_SHAPES, f"one of {sorted(DATASET_SHAPES)}"),
+        "dataset": (lambda v: isinstance(v, str) and v in DATASET_SHAPES, f"one of {sorted(DATASET_SHAPES)}"),
         "depth": (lambda v: is_int(v) and 1 <= v <= MAX_DEPTH, f"an integer from 1 to {MAX_DEPTH}"),
         "train_on_full": (lambda v: isinstance(v, bool), "true or false"),
         "limit": (lambda v: v is None or (is_int(v) and v >= 2), "null or an integer ≥ 2"),
