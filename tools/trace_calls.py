@@ -1,4 +1,4 @@
-"""Which files of throughway a command goes through, and how often it goes back (issue 33).
+"""Which files of throughway a command goes through, and how often it goes back.
 
     python tools/trace_calls.py [--outside-loop] [--list] -- train --model mlp_gated_residual --depth 2 ...
 
@@ -14,6 +14,11 @@ From that sequence of first calls it prints:
 * distinct files: how many files the command enters;
 * moves: steps from one file to another in that sequence (files entered − 1);
 * returns: moves into a file entered before and left since;
+* ping-pongs: returns straight back, A → B → A in the files entered (files[i] == files[i-2] != files[i-1]),
+  with the pairs {A, B} and how often each occurs. A reader following the route goes to B and comes back
+  to A for something new: the measure of a route that does not read one way (a file that calls
+  several helpers of another file one after another, with steps of its own between them, counts once
+  per return);
 * calls across files: first calls whose caller (the nearest calling frame in the package, skipping
   generated code, importlib and torch) is in another file, and of them those into a file that had a
   first call before, listed (caller -> callee). Unlike the sequence, a function's first call of
@@ -124,13 +129,31 @@ def crossings(calls: list[Call]) -> tuple[list[Call], list[Call]]:
 
 
 def summarise(files: list[str]) -> dict[str, Any]:
-    """Files entered (consecutive repeats merged), distinct files, moves and returns of a sequence of files."""
+    """Files entered (consecutive repeats merged), distinct files, moves, returns and ping-pongs (`ping_pongs`)
+    of a sequence of files."""
     entered: list[str] = []
     for name in files:
         if not entered or entered[-1] != name:
             entered.append(name)
     returns = sum(1 for i, name in enumerate(entered) if name in entered[:i])
-    return {"entered": entered, "distinct": len(set(entered)), "moves": max(len(entered) - 1, 0), "returns": returns}
+    return {"entered": entered, "distinct": len(set(entered)), "moves": max(len(entered) - 1, 0), "returns": returns,
+            "ping_pongs": ping_pongs(entered)}
+
+
+def ping_pongs(entered: list[str]) -> list[tuple[str, str]]:
+    """The returns A → B → A of a sequence of files entered (consecutive repeats already merged), each as
+    (A, B) in the order they occur."""
+    return [(entered[i - 2], entered[i - 1]) for i in range(2, len(entered))
+            if entered[i] == entered[i - 2] != entered[i - 1]]
+
+
+def pairs(bounces: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """How often each unordered pair of files occurs among `bounces` (A ⇄ B counts with B ⇄ A), most often first."""
+    counts: dict[tuple[str, str], int] = {}
+    for a, b in bounces:
+        key = (min(a, b), max(a, b))
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{scope}{', after importing throughway.cli' if options.after_import else ''}: {len(kept)} functions")
     print("files entered: " + " → ".join(summary["entered"]))
     print(f"distinct files: {summary['distinct']}; moves: {summary['moves']}; returns: {summary['returns']}")
+    counted = pairs(summary["ping_pongs"])
+    print(f"ping-pongs: {len(summary['ping_pongs'])} over {len(counted)} pairs"
+          + "".join(f"\n  {n} × {a} ⇄ {b}" for (a, b), n in counted.items()))
     entering, back = crossings(kept)
     print(f"calls across files: {len(entering)}; into a file already entered: {len(back)}"
           + "".join(f"\n  {c[4] or '(outside)'} -> {c[0]}:{c[1]} {c[2]}" for c in back))
