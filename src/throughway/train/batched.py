@@ -65,7 +65,7 @@ from .._io import read_json, read_json_object, sha256_file
 from ..data import DataSplits, load_dataset
 from .checkpoint import check_history, is_int, is_number
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
-from .loop import EpochStats, Member, epoch_starts, progress_entry, restore_progress, run_loop
+from .loop import EpochStats, Member, epoch_starts, run_loop
 from .recipes import SCHEDULES, STEP_SCHEDULES, Recipe, learning_rate_at
 from .rundir import BATCH_FILE, RunDir, member_file, write_rotating
 from .stacked import EVAL_CHUNK as _EVAL_CHUNK
@@ -276,7 +276,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
         optimizer.load_state_tensors({k[len("optim."):]: v.to(stack.device) for k, v in tensors.items()
                                       if k.startswith("optim.")}, int(meta["step_count"]))
         for i, (m, entry) in enumerate(zip(members, meta["members"])):
-            restore_progress(m.state, entry)
+            m.state.restore_progress(entry)
             m.ended = i not in active
             if not m.ended:
                 m.state.generator.set_state(tensors[f"generator.{i}"])
@@ -295,7 +295,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
         epoch = running[0].state.epoch
         if checkpoint:
             save_stack_state(state_path, epoch, stack, optimizer,
-                             [{**progress_entry(m.state), "done": m.ended} for m in members],
+                             [{**m.state.progress_entry(), "done": m.ended} for m in members],
                              {members.index(m): m.state.generator for m in running})
         if progress:
             losses = [m.state.history.epochs[-1]["train_loss"] for m in running]
@@ -444,8 +444,8 @@ class _StackEngine:
 # The stack's checkpoint (`train_stacked`): the same pair as a run's (train.checkpoint) in the
 # stack's state folder. `batch-eNNNN.safetensors` holds the stacked parameters, running statistics,
 # optimiser state and each member's data-order generator; `batch.json` names that file with its
-# SHA-256 and holds, per member, the progress entry every checkpoint stores (`loop.progress_entry`:
-# history and elapsed seconds, read back by `loop.restore_progress`, the one resume path) and whether
+# SHA-256 and holds, per member, the progress entry every checkpoint stores (`TrainState.progress_entry`:
+# history and elapsed seconds, read back by `TrainState.restore_progress`, the one resume path) and whether
 # it has ended. The file names and the format string keep the word "batch" they were written with.
 # ----------------------------------------------------------------------------------------------
 
@@ -469,7 +469,7 @@ def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relat
 def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
                      members: Sequence[dict[str, Any]], generators: dict[int, torch.Generator]) -> None:
     """Checkpoint the stack after `epoch` finished epochs. `members` holds, per model of the stack, its
-    progress entry (`loop.progress_entry`) and "done" (whether it has ended); `generators` maps the
+    progress entry (`TrainState.progress_entry`) and "done" (whether it has ended); `generators` maps the
     index of every model still in the stack, in the stack's order, to its data-order generator."""
     active = list(generators)
     tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}

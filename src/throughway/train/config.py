@@ -86,8 +86,11 @@ def check_config(config: RunConfig) -> Recipe:
     if config.limit is not None and (not isinstance(config.limit, int) or config.limit < 2):
         raise ValueError(f"limit={config.limit!r}: must be at least 2 (BatchNorm needs two samples)")
     _finite("model_kwargs", config.model_kwargs)
+    # What the config names: the recipe with its overrides, and the model's arguments; then the rules that
+    # join them to the data set (a text data set trains a language model, in steps).
     recipe = resolve_recipe(config)
-    _check_text_rules(config, recipe)
+    language_model = "vocab_size" in model_entry(config.model).parameters()
+    _check_text_rules(config, recipe, language_model)
     shape, classes = DATASET_SHAPES[config.dataset] if config.dataset in DATASET_SHAPES else ((), TEXT_DATASETS[config.dataset])
     kwargs = model_kwargs_for(config, shape, classes)
     with torch.device("meta"):
@@ -105,10 +108,10 @@ def check_config(config: RunConfig) -> Recipe:
     return recipe
 
 
-def _check_text_rules(config: RunConfig, recipe: Recipe) -> None:
+def _check_text_rules(config: RunConfig, recipe: Recipe, language_model: bool) -> None:
     """What differs between a text data set's run (train.lm: a causal language model, trained in steps) and
-    an image data set's: ValueError naming the field and the accepted values."""
-    language_model = "vocab_size" in model_entry(config.model).parameters()
+    an image data set's: ValueError naming the field and the accepted values. `language_model`: whether the
+    config's model takes token ids (its factory has a `vocab_size`)."""
     if config.dataset in TEXT_DATASETS:
         if not language_model:
             raise ValueError(f"model={config.model!r} with dataset={config.dataset!r}: a text data set trains a causal "

@@ -43,8 +43,9 @@ marked, its weights go back to the end of its last finished epoch, it leaves the
 (`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
 
 What the loop keeps per model and shows its callbacks (`History`, `TrainState`, `Callback`) is in
-train.state, a leaf that names no trainer (re-exported here). The file reads top to bottom: the
-callbacks' calls and the one resume path (`call`, `progress_entry`, `restore_progress`), the loop
+train.state, a leaf that names no trainer (re-exported here), with the one resume path: what a
+checkpoint stores of a member's progress (`TrainState.progress_entry`) and how it is read back
+(`TrainState.restore_progress`). The file reads top to bottom: the callbacks' calls (`call`), the loop
 (`Engine`, `Member`, `run_loop`), evaluation, then `fit` and its engine. The hooks' contract does
 not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
@@ -81,13 +82,13 @@ from .optim import build_optimizer
 from .recipes import STEP_SCHEDULES, Recipe, learning_rate_at, learning_rate_at_step
 from .state import Callback, History, TrainState
 
-__all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
+__all__ = ["History", "TrainState", "Callback", "call", "EpochStats", "Engine",
            "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
            "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
 
 
 # ----------------------------------------------------------------------------------------------
-# Calling the callbacks; the one resume path
+# Calling the callbacks
 # ----------------------------------------------------------------------------------------------
 def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
     """Call `hook(*args)` on every callback that has it, in order (every hook is optional)."""
@@ -95,21 +96,6 @@ def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
         method = getattr(callback, hook, None)
         if method is not None:
             method(*args)
-
-
-def progress_entry(state: TrainState) -> dict[str, Any]:
-    """What a checkpoint stores of a member's progress besides tensors (JSON-able): its history and
-    elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's
-    checkpoint.json, a stack's batch.json) store exactly this per model, read back by `restore_progress`."""
-    return {"history": state.history.to_dict(), "elapsed_s": state.elapsed_s}
-
-
-def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
-    """Set `state`'s history, epoch (finished epochs = the history's records) and elapsed seconds from a
-    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_stacked`."""
-    state.history = History.from_dict(entry["history"])
-    state.epoch = len(state.history.epochs)
-    state.elapsed_s = float(entry.get("elapsed_s", 0.0))
 
 
 # ----------------------------------------------------------------------------------------------
