@@ -14,7 +14,8 @@ from throughway.models import create_model
 from throughway.train import RunConfig, get_recipe, read_results
 from throughway.train import batched as batched_module
 from throughway.train.batched import order_generator, train_batched
-from throughway.train.graphed import GraphedStep, update_rows_on_device
+from throughway.train.graphed import GraphedStep
+from throughway.train.optim import update_rows_on_device
 from throughway.train.optim import update_rows
 from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, train_epoch
 

@@ -60,7 +60,7 @@ import argparse
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _CO_OPTIMIZED = 0x0001  # a function's code (class and module bodies lack it)
 _LOOP_FIT = "train/loop.py:fit"
@@ -81,6 +81,24 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
     line, qualified name, made while one of the `collapse` functions ("file:qualname") runs, the caller's
     file: that of the nearest calling frame in the package, "" for none)).
     `after_import`: import throughway.cli before the profiler is set."""
+    if after_import:
+        import throughway.cli  # noqa: F401
+
+    def command() -> int:
+        from throughway.cli import main
+
+        try:
+            return main(argv)
+        except SystemExit as exc:  # --help, argparse errors
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+    return trace_call(command, package_root, collapse)
+
+
+def trace_call(function: Callable[[], Any], package_root: Path,
+               collapse: tuple[str, ...] = (_LOOP_FIT,)) -> tuple[Any, list[Call]]:
+    """`trace` of any call: run `function()` under the profiler; return (what it returned, its first calls).
+    For a route that no command line reaches alone (a stack trained by `train.stack.train_stacked`)."""
     root = str(package_root) + "/"
     seen: set[types.CodeType] = set()
     calls: list[Call] = []
@@ -115,20 +133,13 @@ def trace(argv: list[str], package_root: Path, collapse: tuple[str, ...] = (_LOO
         seen.add(code)
         calls.append((relative, code.co_firstlineno, code.co_qualname, depth > 0, caller(frame)))
 
-    if after_import:
-        import throughway.cli  # noqa: F401
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:
-        from throughway.cli import main
-
-        try:
-            status = main(argv)
-        except SystemExit as exc:  # --help, argparse errors
-            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        result = function()
     finally:
         sys.setprofile(previous)
-    return status, calls
+    return result, calls
 
 
 def crossings(calls: list[Call]) -> tuple[list[Call], list[Call]]:

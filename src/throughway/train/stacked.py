@@ -359,6 +359,15 @@ class StackedModels:
             x = x.transpose(1, 2)  # (N, features, B): a strided view that the batched product reads as is
         return self._module(self.template, "", x)
 
+    def training_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training step's forward of every model on its batch, `x` (N, B, features) and `y` (N, B):
+        each model's mean cross-entropy (N,) and its number of errors (N,). What `StackedStep` and
+        `graphed.GraphedStep` differentiate (through `compiled_forward`)."""
+        logits = self.forward_logits(x, training=True)  # (N, classes, B)
+        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
+        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
+        return losses, wrong
+
     def _linear(self, prefix: str, x: torch.Tensor, scope: _Scope) -> torch.Tensor:
         w = scope.params[f"{prefix}weight"]
         b = scope.params.get(f"{prefix}bias")
@@ -494,13 +503,7 @@ class StackedStep:
 
     def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, compile: bool | str = False) -> None:
         self.stack, self.optimizer = stack, optimizer
-        self._forward_loss = compiled_forward(stack, self._forward_loss_eager, compile)
-
-    def _forward_loss_eager(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.stack.forward_logits(x, training=True)  # (N, classes, B)
-        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
-        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
-        return losses, wrong
+        self._forward_loss = compiled_forward(stack, stack.training_loss, compile)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Train on `x` (N, B, features), `y` (N, B) with the optimiser's current per-model learning
@@ -524,6 +527,26 @@ class EpochTotals:
     bad_loss: torch.Tensor
     seen: int
 
+    @classmethod
+    def zeros(cls, models: int, device: torch.device) -> "EpochTotals":
+        """The totals before an epoch's first step: nothing seen, no step bad."""
+        return cls(torch.zeros(models, dtype=torch.float64, device=device),
+                   torch.zeros(models, dtype=torch.long, device=device),
+                   torch.full((models,), -1, dtype=torch.long, device=device),
+                   torch.zeros(models, dtype=torch.float32, device=device), 0)
+
+    @torch.no_grad()
+    def add(self, losses: torch.Tensor, wrong: torch.Tensor, step: int | torch.Tensor, size: int) -> None:
+        """Count step `step` (0-based in the epoch, a number or a 0-d tensor on the device) of batches of
+        `size` samples: each model's mean loss (N,) and errors (N,), in place (the tensors stay where they
+        are, as a captured CUDA graph needs). A model's first non-finite loss is kept with its step; the
+        samples seen are the caller's to count."""
+        bad = ~torch.isfinite(losses) & (self.bad_step < 0)
+        self.bad_step.copy_(torch.where(bad, step, self.bad_step))
+        self.bad_loss.copy_(torch.where(bad, losses.float(), self.bad_loss))
+        self.loss_sum.add_(losses.double() * size)
+        self.wrong.add_(wrong)
+
 
 def train_epoch(step: StackedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
                 batch_size: int) -> EpochTotals:
@@ -533,24 +556,14 @@ def train_epoch(step: StackedStep, train_x: torch.Tensor, train_y: torch.Tensor,
     finite keeps stepping to the epoch's end (its slices never mix with the others'); the caller
     restores and drops it (see `train_stacked`)."""
     k, n = orders.shape
-    device = step.stack.device
-    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
-    wrong = torch.zeros(k, dtype=torch.long, device=device)
-    bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
-    bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
-    seen = 0
+    totals = EpochTotals.zeros(k, step.stack.device)
     for i, start in enumerate(epoch_starts(n, batch_size)):
         index = orders[:, start:start + batch_size]
         x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
         losses, batch_wrong = step(x, y)
-        with torch.no_grad():
-            bad = ~torch.isfinite(losses) & (bad_step < 0)
-            bad_step = torch.where(bad, torch.full_like(bad_step, i), bad_step)
-            bad_loss = torch.where(bad, losses.float(), bad_loss)
-            loss_sum += losses.double() * y.shape[1]
-            wrong += batch_wrong
-        seen += y.shape[1]
-    return EpochTotals(loss_sum, wrong, bad_step, bad_loss, seen)
+        totals.add(losses, batch_wrong, i, y.shape[1])
+        totals.seen += y.shape[1]
+    return totals
 
 
 # ----------------------------------------------------------------------------------------------
