@@ -2,7 +2,7 @@
 
 `check_config(config)` is the one check of a run's config (device, dataset, depth, seed, recipe and
 overrides, the model and its arguments, built on the meta device): `run.run_training` and
-`batched.train_batched` call it first, before the lock and the data, and pass the recipe it returns on.
+`stack.train_stacked` call it first, before the lock and the data, and pass the recipe it returns on.
 `build_model` builds the config's model as every run does (seeded, the data's input size and classes);
 `check_resumable` says whether a run directory's recorded config is this one's (a resume continues
 only the same run).
@@ -74,7 +74,7 @@ def check_config(config: RunConfig) -> Recipe:
     the dataset, the recipe and its overrides, and the model with its arguments (built on the meta
     device, so no memory is allocated); return the recipe the run trains with (`resolve_recipe`).
     Raises ValueError / KeyError / TypeError naming the field. A run checks its config once, here:
-    `run_training` and `train_batched` call it first and pass the recipe on."""
+    `run_training` and `train_stacked` call it first and pass the recipe on."""
     check_device(config.device)
     if config.dataset not in DATASET_SHAPES and config.dataset not in TEXT_DATASETS:
         raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: "
@@ -233,7 +233,7 @@ def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes:
 def build_model(config: RunConfig, data: DataSplits | TextSplits) -> torch.nn.Module:
     """The model of `config`, initialised as every run does: torch.manual_seed(config.seed), then
     create_model with the data's input size and classes (a text data set: its vocabulary size), on
-    config.device (shared with the batched trainer). Raises ValueError when config.model_kwargs
+    config.device (shared with the stack trainer). Raises ValueError when config.model_kwargs
     contradicts the data (see `model_kwargs_for`)."""
     shape = () if isinstance(data, TextSplits) else data.input_shape
     kwargs = model_kwargs_for(config, shape, data.num_classes)

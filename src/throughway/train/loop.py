@@ -31,12 +31,12 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `run.run_training` adds.
 
-The epoch loop itself is `run_loop`, shared with `batched.train_stacked` (many models as one stack) and
+The epoch loop itself is `run_loop`, shared with `stack.train_stacked` (many models as one stack) and
 `full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
 one model and for many. What differs between them is only how an epoch of steps is computed,
 evaluated and rolled back, the `Engine` (the one narrow seam); `fit` supplies the engine of one
 module (`_ModuleEngine`: the batches, the forward, the divergence check, the step and
-`on_step_end`), `batched._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
+`on_step_end`), `stack._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
 written once, here: the learning rates, the hooks, divergence (the member's history is kept and
 marked, its weights go back to the end of its last finished epoch, it leaves the loop and its
 `on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record

@@ -171,7 +171,7 @@ def check_finished_model(run: RunDir, results: dict[str, Any], advice: str | Non
     skipped as finished: a missing, truncated or damaged file, or one that is
     not a regular file (a FIFO, a folder), is rebuilt from the run's checkpoint of the final epoch
     (checked against its SHA-256 and against results.json's model config); without that checkpoint
-    (a batched run keeps none), ValueError naming the file and ending with `advice` (default: choose
+    (a stacked run keeps none), ValueError naming the file and ending with `advice` (default: choose
     another --out; a study says how to retrain that one run). Nothing else is written."""
     path = run.model
     try:
@@ -263,7 +263,7 @@ def _data_summary(data: DataSplits | TextSplits) -> dict[str, Any]:
 
 class ResultsFiles:
     """Callback that keeps a run directory's results.json and metrics.csv current every epoch and writes
-    model.safetensors at the end; shared by `run_training` and `train_batched` (one writer for both).
+    model.safetensors at the end; shared by `run_training` and `train_stacked` (one writer for both).
 
     `results` is the header (`results_header`); `write=False` (a non-zero rank of a distributed run)
     writes nothing."""

@@ -1,5 +1,5 @@
 """N small models of one shape held as stacked tensors: `StackedModels`, the stack that
-`train.batched` drives (the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
+`train.stack` drives (the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
 and its computation: one step of every model (`StackedStep`), one epoch (`train_epoch`) and the
 evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_members`).
 
@@ -35,10 +35,9 @@ from .loop import epoch_starts, evaluate_members
 from .optim import EAGER, closure_loss, compiled_kernels, update_rows
 from .recipes import Recipe, parameter_groups
 
-__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "compiled_forward", "own_name", "stack_family", "SUPPORTED_MODELS",
-           "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
-           # The former names (from when "batch" meant a stack), the same objects:
-           "BatchedOptimizer", "BatchedStep", "batch_family"]
+__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "compiled_forward", "own_name", "stack_family",
+           "SUPPORTED_MODELS", "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack",
+           "EVAL_CHUNK"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented", "mlp_rezero",
                     "mlp_layerscale")
@@ -214,7 +213,7 @@ class StackedModels:
         self.bn_names = [n for n, m in template.named_modules()
                          if isinstance(m, nn.BatchNorm1d) and m.track_running_stats]
         if any(isinstance(m, nn.BatchNorm1d) and not m.track_running_stats for m in template.modules()):
-            raise ValueError("BatchNorm without running statistics is not supported by batched training")
+            raise ValueError("BatchNorm without running statistics is not supported by stacked training")
         self.running: dict[str, torch.Tensor] = {}
         for n in self.bn_names:
             for key in ("running_mean", "running_var"):
@@ -418,7 +417,7 @@ class StackedModels:
             return self._module(m.branch, f"{prefix}branch.", x, scope)
         if isinstance(m, ResidualBlock):
             if not isinstance(m.shortcut, nn.Identity):
-                raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
+                raise TypeError(f"{prefix}: stacked training supports identity shortcuts only")
             out = self._module(m.branch, f"{prefix}branch.", x, scope)
             if self.mixed:  # u = s·x + g·f_r(x): s = 0 for plain nets, g = 1 for ungated ones
                 g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", cast(ScalarGate, m.gate), scope), 1.0)
@@ -434,7 +433,7 @@ class StackedModels:
             return g * self._module(m.branch, f"{prefix}branch.", x, scope) + (1.0 - g) * x
         if isinstance(m, HighwayLayer):
             if not isinstance(m.gate, TransformGate):
-                raise TypeError(f"{prefix}gate: batched training supports TransformGate only")
+                raise TypeError(f"{prefix}gate: stacked training supports TransformGate only")
             if x.dim() == 2:  # one shared input batch (B, C): every model's copy of it, feature-major
                 x = x.t().unsqueeze(0).expand(self.n, *x.t().shape)
             t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x, scope))
@@ -452,7 +451,7 @@ class StackedModels:
                 else:
                     h = self._module(block, f"blocks.{i}.", h, scope)
             return self._module(cast(nn.Module, m.head), "head.", h, scope)
-        raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by batched training "
+        raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by stacked training "
                         f"(supported models: {list(SUPPORTED_MODELS)})")
 
 
@@ -589,7 +588,7 @@ class StackedOptimizer(torch.optim.Optimizer):
     def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
         first = recipes[0]
         if any(r.param_rules for r in recipes):
-            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by batched "
+            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by stacked "
                              "training; train these runs one at a time (throughway train)")
         self.kernels = compiled_kernels() if compile else EAGER
         self.kind = first.optimizer
@@ -651,7 +650,7 @@ class StackedOptimizer(torch.optim.Optimizer):
         group["params"] = [self.stack.flat]
         self.state[self.stack.flat] = state
 
-    # The stack checkpoint's names (train.batched) for the state's tensors.
+    # The stack checkpoint's names (train.stack) for the state's tensors.
     _CHECKPOINT_NAMES = {"momentum_buffer": "buf", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -686,10 +685,3 @@ class StackedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"StackedOptimizer({self.kind}, {self.stack.n} models of {self.stack.size} values)"
-
-
-# The former names (from when "batch" meant a stack, before it was kept for a mini-batch): the same
-# objects, no warning, so that code written against them still runs.
-BatchedOptimizer = StackedOptimizer
-BatchedStep = StackedStep
-batch_family = stack_family

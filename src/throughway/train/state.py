@@ -1,6 +1,6 @@
 """What the training loop keeps per model and shows its callbacks: `History`, `TrainState`, `Callback`.
 
-A leaf of train/: these types name no trainer, so every trainer (`loop.fit`, `batched.train_stacked`,
+A leaf of train/: these types name no trainer, so every trainer (`loop.fit`, `stack.train_stacked`,
 `full_batch.train_full_batch`) and every callback (train.callbacks, a user's own) imports them from
 here without importing another trainer. `TrainState.optimizer` is typed as an `Updater` (anything
 with a `step` method: a torch.optim.Optimizer, or the full-batch trainer), not as one engine's class.

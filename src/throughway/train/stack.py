@@ -13,7 +13,7 @@ parameter matrix. The stacked model is `train.stacked.StackedModels`; its optimi
 (`StackedStep`) and epoch (`train_epoch`) are in `train.stacked` too. Here are the trainer (the
 stack's engine of the one epoch loop, `train.loop.run_loop`, shared with `fit`, and the run
 directories of its members: `train_stacked`) and the stack's checkpoint (`save_stack_state`).
-The module keeps its name, batched.py.
+The module was train/batched.py; that name now holds only the former names (train.batched).
 
 Design choices, measured by benchmarks/batched_throughput.py (results/batched/
 benchmark_batched_throughput.txt, its "design" lines, N = 32 depth-20 gated residual nets): stacked
@@ -75,8 +75,7 @@ from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
 from .state import History, TrainState
 
-__all__ = ["train_stacked", "stack_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS",
-           "train_batched", "batch_key"]  # the former names of train_stacked and stack_key
+__all__ = ["train_stacked", "stack_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
 
 # Model arguments that change only initial values, so models of one stack may differ in them.
 INIT_ONLY_KWARGS = frozenset({"gate_bias", "k_init", "init"})
@@ -110,7 +109,7 @@ def stack_key(config: RunConfig) -> tuple[Any, ...]:
 def _check_stack(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> None:
     for i, c in enumerate(configs):
         if c.model not in SUPPORTED_MODELS:
-            raise ValueError(f"configs[{i}].model={c.model!r}: batched training supports {list(SUPPORTED_MODELS)}")
+            raise ValueError(f"configs[{i}].model={c.model!r}: stacked training supports {list(SUPPORTED_MODELS)}")
     for f in _SHARED_CONFIG_FIELDS:
         values = {json.dumps(stack_family(c.model) if f == "model" else getattr(c, f), default=str) for c in configs}
         if len(values) > 1:
@@ -124,15 +123,15 @@ def _check_stack(configs: Sequence[RunConfig], recipes: Sequence[Recipe]) -> Non
         if r.schedule in STEP_SCHEDULES:
             # a stack sets one rate per member per epoch (StackedOptimizer's (N, 1) rates): no per-step schedule
             raise ValueError(f"configs[{i}]: recipe {r.name!r} has schedule={r.schedule!r}, which sets the learning rate "
-                             f"at every step; batched training sets one rate per epoch and cannot follow it: train "
+                             f"at every step; stacked training sets one rate per epoch and cannot follow it: train "
                              f"these runs one by one with run_training (fit sets it per step), or use a per-epoch "
                              f"schedule ({', '.join(s for s in SCHEDULES if s not in STEP_SCHEDULES)})")
         for option in ("amp", "channels_last", "compile"):
             if getattr(c, option, False):
-                raise ValueError(f"configs[{i}].{option}=True: not supported by batched training; train it alone")
+                raise ValueError(f"configs[{i}].{option}=True: not supported by stacked training; train it alone")
         for option in ("augment", "normalize"):
             if getattr(r, option, "none") != "none":
-                raise ValueError(f"recipe {r.name!r} has {option}={getattr(r, option)!r}: batched training supports "
+                raise ValueError(f"recipe {r.name!r} has {option}={getattr(r, option)!r}: stacked training supports "
                                  f"only 'none' (the MNIST recipes)")
     first = recipes[0].to_dict()
     for i, r in enumerate(recipes[1:], 1):
@@ -201,12 +200,6 @@ def train_stacked(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
                              callbacks=callbacks, cuda_graph=cuda_graph)
 
 
-# The former names (from when "batch" meant a stack, before it was kept for a mini-batch): the same
-# functions, no warning, so that code written against them still runs.
-train_batched = train_stacked
-batch_key = stack_key
-
-
 def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[Recipe], state_path: Path, *,
                   resume: bool, progress: bool, data: DataSplits | None, checkpoint: bool, eval_chunk: int,
                   compile: bool, label: str, callbacks: Sequence[Any], cuda_graph: bool) -> list[dict[str, Any]]:
@@ -245,8 +238,8 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
         header = results_header(c, r, model, data)
         header["environment"]["batched"] = {
             "models": len(configs), "index": i,
-            "note": "trained by throughway.train.batched with the other models of its batch; epoch_time_s "
-                    "and elapsed_s are the whole batch's wall time"}
+            "note": "trained by throughway.train.stack with the other models of its stack; epoch_time_s "
+                    "and elapsed_s are the whole stack's wall time"}
         writers.append(ResultsFiles(d, header))
         state = TrainState(model, optimizer, r, data, order_generator(stack.device).manual_seed(c.seed), History(),
                            steps_per_epoch=len(epoch_starts(len(data.train), r.batch_size)))
