@@ -37,7 +37,7 @@ from ..models import create_model
 from .blocks import ModelBlocks, block_kind, gate_magnitude, gate_value, identity_shortcut, no_blocks_error
 
 __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
-           "removable_blocks", "unremovable_blocks", "STRATEGIES", "PRUNABLE_MODELS"]
+           "removable_blocks", "unremovable_blocks", "one_number", "STRATEGIES", "PRUNABLE_MODELS"]
 
 STRATEGIES = ("greedy", "random")
 # Registry names whose blocks are interchangeable (every block maps width to width) and whose
@@ -423,17 +423,21 @@ def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | 
     return [removable[i] for i in torch.randperm(len(removable), generator=generator).tolist()]
 
 
-def _metric_value(metric: Callable[[nn.Module], float], model: nn.Module) -> float:
-    value = metric(model)
+def one_number(value: Any, what: str, wanted: str) -> float:
+    """`value`, what a caller's function returned (a metric, a loss_fn), as a float when it is one number: a
+    float, an int or a one-element tensor. TypeError "`what` returned ...; `wanted`" otherwise (`wanted`
+    says what the caller needs)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise TypeError(f"metric returned a tensor of shape {tuple(value.shape)}; removal_curve needs one number "
-                            f"per model (a float or a one-element tensor), e.g. the test accuracy")
+            raise TypeError(f"{what} returned a tensor of shape {tuple(value.shape)}; {wanted}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"metric returned {type(value).__name__} {value!r:.60}; removal_curve needs one number per "
-                        f"model (a float or a one-element tensor)")
+        raise TypeError(f"{what} returned {type(value).__name__} {value!r:.60}; {wanted}")
     return float(value)
+
+
+_ONE_NUMBER_PER_MODEL = ("removal_curve needs one number per model (a float or a one-element tensor), e.g. the test "
+                         "accuracy")
 
 
 def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable[[nn.Module], float],
@@ -456,5 +460,6 @@ def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable
     limit = len(names) if max_removed is None else min(max_removed, len(names))
     values = []
     for removed in range(limit + 1):
-        values.append(_metric_value(metric, _prune_checked(found, names[:removed], registry_name) if removed else model))
+        pruned = _prune_checked(found, names[:removed], registry_name) if removed else model
+        values.append(one_number(metric(pruned), "metric", _ONE_NUMBER_PER_MODEL))
     return values

@@ -82,7 +82,7 @@ from .optim import build_optimizer
 from .recipes import STEP_SCHEDULES, Recipe, learning_rate_at, learning_rate_at_step
 from .state import Callback, History, TrainState
 
-__all__ = ["History", "TrainState", "Callback", "call", "EpochStats", "Engine",
+__all__ = ["History", "TrainState", "Callback", "call", "count_step", "EpochStats", "Engine",
            "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
            "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
 
@@ -186,6 +186,18 @@ def epoch_record(epoch: int, lr: float, loss_sum: float, wrong: int | None, seen
     record["epoch_time_s"] = epoch_time
     record["elapsed_s"] = elapsed
     return record
+
+
+def count_step(stats: EpochStats, state: TrainState, callbacks: Sequence[Any], loss: float, seen: int) -> bool:
+    """The bookkeeping of a finished step of a one-member engine (`fit`'s, train.lm's): the step's mean loss
+    `loss` over `seen` samples (or targets) into the epoch's totals, the step counted in the epoch and in
+    `state.step`, then `on_step_end`; returns whether a callback set `state.stop`."""
+    stats.loss_sum[0] += loss * seen
+    stats.seen += seen
+    stats.steps += 1
+    state.step += 1
+    call(callbacks, "on_step_end", state, state.step, loss)
+    return state.stop
 
 
 def _end(member: Member) -> None:
@@ -665,13 +677,8 @@ class _ModuleEngine:
                 check_gradients(state.model, self.loss_fn is not None)
                 self.check_gradients = False
             optimizer.step()
-            stats.loss_sum[0] += loss_value * batch_seen
             wrong = wrong + wrong_count
-            stats.seen += batch_seen
-            stats.steps += 1
-            state.step += 1
-            call(callbacks[0], "on_step_end", state, state.step, loss_value)
-            if state.stop:
+            if count_step(stats, state, callbacks[0], loss_value, batch_seen):
                 break
         stats.wrong = [int(wrong) if classified else None]
         return stats
