@@ -389,7 +389,7 @@ def test_results_json_of_the_wrong_shape(tmp_path, fake_mnist_root, capsys, no_d
 # -- batched training: the same promises for its run directories and its batch state ----------------
 
 def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_root, monkeypatch, sentinel):
-    from throughway.train import batched as batched_module
+    from throughway.train import stack as stack_module
     from throughway.train.rundir import RunLockedError
 
     configs = [RunConfig(model="mlp_plain", depth=2, epochs=2, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]
@@ -397,10 +397,10 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
     state = tmp_path / "state"
     with RunDir(dirs[1]).locked():
         with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
-            batched_module.train_batched(configs, dirs, progress=False, state_dir=state)
+            stack_module.train_stacked(configs, dirs, progress=False, state_dir=state)
     assert not (dirs[0] / "results.json").exists()
 
-    real = batched_module._evaluate
+    real = stack_module._evaluate
     calls = {"n": 0}
 
     def interrupt_after_epoch_1(*args, **kwargs):
@@ -409,10 +409,10 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batched_module, "_evaluate", interrupt_after_epoch_1)
+    monkeypatch.setattr(stack_module, "_evaluate", interrupt_after_epoch_1)
     with pytest.raises(KeyboardInterrupt):
-        batched_module.train_batched(configs, dirs, progress=False, state_dir=state)
-    monkeypatch.setattr(batched_module, "_evaluate", real)
+        stack_module.train_stacked(configs, dirs, progress=False, state_dir=state)
+    monkeypatch.setattr(stack_module, "_evaluate", real)
     meta = json.loads((state / "batch.json").read_text())
     meta["file"] = "../VICTIM.txt"
     (state / "batch.json").write_text(json.dumps(meta))
@@ -420,7 +420,7 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
     stray.write_text("half")
     before = _snapshot(state)
     with pytest.raises(ValueError, match=r"batch\.json: field 'file' is '\.\./VICTIM\.txt'"):
-        batched_module.train_batched(configs, dirs, progress=False, state_dir=state, resume=True)
+        stack_module.train_stacked(configs, dirs, progress=False, state_dir=state, resume=True)
     assert sentinel.read_text() == "must survive\n"
     assert not stray.exists() and _snapshot(state) == {k: v for k, v in before.items() if k != stray.name}
 

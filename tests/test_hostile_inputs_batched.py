@@ -1,4 +1,4 @@
-"""Issue 13's promises on the paths the one-loop refactor touched: batched training (`train_batched`,
+"""Issue 13's promises on the paths the one-loop refactor touched: stacked training (`train_stacked`,
 `throughway reproduce`), studies, `report`, `analyze redraw`, and `train`'s numeric options.
 
 Each test asserts the exact outcome: exit 2 (or ValueError) with a message naming the file, field
@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from throughway.cli import main
 from throughway.train import RunConfig
-from throughway.train.batched import STATE_JSON, config_hash, train_batched
+from throughway.train.stack import STATE_JSON, config_hash, train_stacked
 from conftest import Crash
 
 CONFIGS = [RunConfig(model="mlp_gated_residual", depth=2, epochs=3, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]
@@ -39,7 +39,7 @@ def _interrupted_batch(tmp_path: Path, data: Any) -> Path:
     """A batch interrupted after its first epoch; returns its state folder (the default one)."""
     dirs = _dirs(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        train_batched(CONFIGS, dirs, progress=False, data=data, callbacks=[Crash(after=1)])
+        train_stacked(CONFIGS, dirs, progress=False, data=data, callbacks=[Crash(after=1)])
     state = dirs[0].parent / ".batched" / config_hash(CONFIGS, dirs)
     assert (state / STATE_JSON).is_file()
     return state
@@ -71,7 +71,7 @@ def test_a_symlinked_batch_state_folder_is_refused_and_nothing_outside_is_delete
     state.parent.mkdir(parents=True)
     state.symlink_to(victim)
     with pytest.raises(ValueError, match=r"state folder is a symbolic link .*nothing was read, written or deleted"):
-        train_batched(CONFIGS, dirs, progress=False, data=fake_data)
+        train_stacked(CONFIGS, dirs, progress=False, data=fake_data)
     assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
     assert (victim / "keep.txt").read_text() == "must survive\n"
 
@@ -80,7 +80,7 @@ def test_a_finished_batch_deletes_only_its_own_state_files(tmp_path, fake_data):
     state = tmp_path / "my-state"
     state.mkdir()
     (state / "notes.txt").write_text("mine\n")
-    train_batched(CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, state_dir=state)
+    train_stacked(CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, state_dir=state)
     assert sorted(p.name for p in state.iterdir()) == ["notes.txt"]
 
 
@@ -116,7 +116,7 @@ def test_a_tampered_batch_json_is_refused_naming_the_field(tmp_path, fake_data, 
     _edit_json(state, edit)
     before = {p.name: _hash(p) for p in state.iterdir()}
     with pytest.raises(ValueError, match=rf"{STATE_JSON}: .*{named}"):
-        train_batched(CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
+        train_stacked(CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
     assert {p.name: _hash(p) for p in state.iterdir()} == before  # refused before anything was written
 
 
@@ -130,14 +130,14 @@ def test_batch_tensors_that_do_not_fit_the_batch_are_refused(tmp_path, fake_data
     _edit_tensors(state, edit)
     with pytest.raises(ValueError, match=rf"batch-e0001\.safetensors with .*{STATE_JSON}: does not fit this batch "
                                          rf"\({named}"):
-        train_batched(CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
+        train_stacked(CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
 
 
 def test_a_study_whose_runs_fail_exits_2_naming_the_error(tmp_path, fake_mnist_root, capsys, monkeypatch):
     out = tmp_path / "study"
     calls = {"n": 0}
-    import throughway.train.batched as batched
-    evaluate = batched._evaluate
+    import throughway.train.stack as stack
+    evaluate = stack._evaluate
 
     def interrupt(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -145,9 +145,9 @@ def test_a_study_whose_runs_fail_exits_2_naming_the_error(tmp_path, fake_mnist_r
             raise KeyboardInterrupt
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(batched, "_evaluate", interrupt)
+    monkeypatch.setattr(stack, "_evaluate", interrupt)
     assert main([*STUDY, "--out", str(out)]) == 130
-    monkeypatch.setattr(batched, "_evaluate", evaluate)
+    monkeypatch.setattr(stack, "_evaluate", evaluate)
     (state,) = (out / "runs" / ".batched").iterdir()
     _edit_json(state, lambda m: m.update(active=[0, 9]))
     capsys.readouterr()

@@ -1,6 +1,6 @@
 """The run directory as untrusted input: its paths, an exclusive lock, validated file names, cleanup.
 
-Single runs (`run.run_training`) and stacks (`batched.train_stacked`) write their files through
+Single runs (`run.run_training`) and stacks (`stack.train_stacked`) write their files through
 a `RunDir`, which promises:
 
 * nothing outside the directory is read or deleted because of a name found in one of its JSON
