@@ -10,12 +10,12 @@ BatchNorm; the gresnet-mnist recipe: NAdam, batch 128):
 * sequential: the N models trained one after another, each by `throughway.train.fit` (the ordinary
   loop: one epoch over `--samples` images, then its evaluation on a 100-image test split);
 * batched: the same N models as one `StackedModels`, one epoch of `throughway.train.stacked.train_epoch`
-  (the inner loop of `train_batched`: per-model permutation, gather, forward, backward, optimiser);
+  (the inner loop of `train_stacked`: per-model permutation, gather, forward, backward, optimiser);
 * throughput = samples per second summed over the models; the headline is batched / sequential for
   N = 32 (target ≥ 10×) and N = 8. The contenders are timed in interleaved rounds and summarised by
   their median round, so that a change of load hits all alike;
 * `--compile`: the largest N again with torch.compile over the forward + loss and the optimiser
-  (BatchedStep(compile=True)); compilation is paid in a warm-up outside the timing and reported;
+  (StackedStep(compile=True)); compilation is paid in a warm-up outside the timing and reported;
 * where the time of one batched step goes: the phases (gather, forward + loss, backward, optimiser)
   and the operators (torch.profiler, self CPU time per step);
 * the fp32 matrix-product ceiling of the machine (a large square `torch.mm`, at the start and at the
@@ -43,7 +43,7 @@ from throughway.data import DataSplits, Split
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
 from throughway.train.loop import epoch_starts
-from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, backward, train_epoch
+from throughway.train.stacked import StackedModels, StackedOptimizer, StackedStep, backward, train_epoch
 
 MODEL, WIDTH, FEATURES, CLASSES = "mlp_gated_residual", 50, 784, 10
 RECIPE = get_recipe("gresnet-mnist")
@@ -83,11 +83,11 @@ def sequential_epochs(models: list[torch.nn.Module], data: DataSplits) -> Callab
     return run
 
 
-def batched_epoch(n: int, depth: int, data: DataSplits, compile: bool = False) -> tuple[BatchedStep, Callable[[], float]]:
+def batched_epoch(n: int, depth: int, data: DataSplits, compile: bool = False) -> tuple[StackedStep, Callable[[], float]]:
     """The batched step of n models and a function that trains one epoch of them, as
-    `train_batched` does (a permutation per model from its own generator), and returns its seconds."""
+    `train_stacked` does (a permutation per model from its own generator), and returns its seconds."""
     stack = StackedModels(build(n, depth))
-    step = BatchedStep(stack, StackedOptimizer(stack, [RECIPE] * n, compile=compile), compile=compile)
+    step = StackedStep(stack, StackedOptimizer(stack, [RECIPE] * n, compile=compile), compile=compile)
     generators = [torch.Generator().manual_seed(seed) for seed in range(n)]
     samples = len(data.train)
 
@@ -95,7 +95,7 @@ def batched_epoch(n: int, depth: int, data: DataSplits, compile: bool = False) -
         start = time.perf_counter()
         orders = torch.stack([torch.randperm(samples, generator=g) for g in generators])
         totals = train_epoch(step, data.train.x, data.train.y, orders, BATCH)
-        float(totals.loss_sum.sum())  # as train_batched, which reads the totals at the epoch's end
+        float(totals.loss_sum.sum())  # as train_stacked, which reads the totals at the epoch's end
         return time.perf_counter() - start
 
     return step, run
@@ -125,7 +125,7 @@ def _batch(n: int, data: DataSplits, i: int) -> tuple[torch.Tensor, torch.Tensor
     return data.train.x[index], data.train.y[index]
 
 
-def phases(step: BatchedStep, data: DataSplits, steps: int) -> dict[str, float]:
+def phases(step: StackedStep, data: DataSplits, steps: int) -> dict[str, float]:
     """Mean seconds per step of each phase of the eager batched step."""
     n = step.stack.n
     out = {"gather": 0.0, "forward + loss": 0.0, "backward": 0.0, "optimiser": 0.0}
@@ -146,7 +146,7 @@ def phases(step: BatchedStep, data: DataSplits, steps: int) -> dict[str, float]:
     return out
 
 
-def profile_table(step: BatchedStep, data: DataSplits, steps: int = 5) -> str:
+def profile_table(step: StackedStep, data: DataSplits, steps: int = 5) -> str:
     """torch.profiler's operator table of `steps` eager batched steps, times divided per step."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -251,7 +251,7 @@ def main() -> None:
     biggest = sizes[0]
     sequential = sequential_epochs(build(biggest, args.depth), data)
     contenders: dict[str, Callable[[], float]] = {}
-    steps: dict[str, BatchedStep] = {}
+    steps: dict[str, StackedStep] = {}
     for n in sizes:
         steps[f"N={n}"], contenders[f"N={n}"] = batched_epoch(n, args.depth, data)
     if args.compile:

@@ -13,9 +13,9 @@ thread setting (one thread each):
   `reproduce mnist-depth --seeds 1 --jobs 2` trains them: the per-model seconds per epoch of each
   (architecture, depth), scaled to 60,000 images, times the runs, handed to `--jobs` workers;
 * batched: what `reproduce mnist-depth --seeds N` trains: per depth one batch of 3·N models (plain,
-  residual and gated together, `train.batched`), one epoch of `train_epoch` on `--samples` images,
+  residual and gated together, `train.stack`), one epoch of `train_epoch` on `--samples` images,
   scaled to 60,000 images, plus one evaluation pass; the depth batches handed to `--jobs` workers
-  (`makespan`, deepest first, as run_batched hands them).
+  (`makespan`, deepest first, as run_stacked hands them).
 
 Prints per depth the seconds per epoch of each, the projected hours of the whole protocol for each,
 and the ratio baseline / batched. The rounds are interleaved and the median round kept, so that a
@@ -36,7 +36,7 @@ from throughway.data import DataSplits, Split
 from throughway.study.stacking import makespan
 from throughway.models import create_model
 from throughway.train import fit, get_recipe
-from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, train_epoch
+from throughway.train.stacked import StackedModels, StackedOptimizer, StackedStep, train_epoch
 
 ARCHS = {"plain": "mlp_plain", "residual": "mlp_residual", "gated": "mlp_gated_residual"}
 RECIPE = get_recipe("gresnet-mnist")
@@ -78,7 +78,7 @@ def batched_epoch_s(depth: int, seeds: int, data: DataSplits, compile: bool = Fa
             torch.manual_seed(seed)
             models.append(create_model(name, depth=depth))
     stack = StackedModels(models)
-    step = BatchedStep(stack, StackedOptimizer(stack, [RECIPE] * len(models), compile=compile), compile=compile)
+    step = StackedStep(stack, StackedOptimizer(stack, [RECIPE] * len(models), compile=compile), compile=compile)
     n = len(data.train)
     x, y = data.train.x.flatten(1), data.train.y
     orders = torch.stack([torch.randperm(n) for _ in models])

@@ -233,7 +233,7 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     torch.compile when `compile` is "whole" or "blocks": the first epoch then includes the compilation)."""
     from throughway.models import create_model
     from throughway.train import get_recipe
-    from throughway.train.batched import order_generator
+    from throughway.train.stack import order_generator
     from throughway.train.graphed import GraphedStep
     from throughway.train.stacked import StackedModels, StackedOptimizer, evaluate_stack
 

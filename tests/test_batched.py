@@ -10,8 +10,8 @@ import torch
 
 from throughway.data import load_dataset
 from throughway.train import RunConfig, RunExistsError, load_model, read_results, run_training
-from throughway.train import batched as batched_module
-from throughway.train.batched import batch_key, train_batched
+from throughway.train import stack as stack_module
+from throughway.train.stack import stack_key, train_stacked
 
 RTOL, ATOL = 2e-4, 2e-5
 
@@ -137,8 +137,8 @@ def test_batched_equals_each_model_alone(tmp_path, fake_mnist_root, case):
     data = load_dataset("mnist")
     _alone(configs, tmp_path, data)  # written to tmp_path/alone-<i>, read back below
     dirs = [tmp_path / f"batched-{i}" for i in range(len(configs))]
-    together = train_batched(configs, dirs, progress=False, data=data)
-    assert len({batch_key(c) for c in configs}) == 1
+    together = train_stacked(configs, dirs, progress=False, data=data)
+    assert len({stack_key(c) for c in configs}) == 1
     for i in range(len(configs)):
         on_disk = read_results(dirs[i])
         noisy = case in NOISY_EVAL
@@ -164,7 +164,7 @@ def test_divergence_of_one_model_does_not_disturb_the_others(tmp_path, fake_mnis
     data = load_dataset("mnist")
     _alone(configs, tmp_path, data)
     dirs = [tmp_path / f"batched-{i}" for i in range(3)]
-    train_batched(configs, dirs, progress=False, data=data)
+    train_stacked(configs, dirs, progress=False, data=data)
     diverged = read_results(dirs[1])
     assert diverged["diverged"] and diverged["final"]["diverged"]
     alone = read_results(tmp_path / "alone-1")
@@ -180,7 +180,7 @@ def test_divergence_of_one_model_does_not_disturb_the_others(tmp_path, fake_mnis
 
 
 def _interrupt_after_epoch_1(configs, dirs, data, monkeypatch):
-    real, calls = batched_module._evaluate, {"n": 0}
+    real, calls = stack_module._evaluate, {"n": 0}
 
     def failing(*args, **kwargs):
         calls["n"] += 1
@@ -188,24 +188,24 @@ def _interrupt_after_epoch_1(configs, dirs, data, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batched_module, "_evaluate", failing)
+    monkeypatch.setattr(stack_module, "_evaluate", failing)
     with pytest.raises(KeyboardInterrupt):
-        train_batched(configs, dirs, progress=False, data=data)
-    monkeypatch.setattr(batched_module, "_evaluate", real)
+        train_stacked(configs, dirs, progress=False, data=data)
+    monkeypatch.setattr(stack_module, "_evaluate", real)
 
 
 def test_interrupted_batch_resumes_to_the_same_numbers(tmp_path, fake_mnist_root, monkeypatch):
     configs = [dataclasses.replace(c, epochs=3) for c in CASES["nadam-gated-bn"]]
     data = load_dataset("mnist")
     straight = [tmp_path / f"straight-{i}" for i in range(3)]
-    train_batched(configs, straight, progress=False, data=data)
+    train_stacked(configs, straight, progress=False, data=data)
 
     dirs = [tmp_path / f"resumed-{i}" for i in range(3)]
     _interrupt_after_epoch_1(configs, dirs, data, monkeypatch)
     assert read_results(dirs[0])["final"] is None and len(read_results(dirs[0])["history"]) == 1
     with pytest.raises(RunExistsError):
-        train_batched(configs, dirs, progress=False, data=data)
-    train_batched(configs, dirs, progress=False, data=data, resume=True)
+        train_stacked(configs, dirs, progress=False, data=data)
+    train_stacked(configs, dirs, progress=False, data=data, resume=True)
     for a, b in zip(dirs, straight):
         ra, rb = read_results(a), read_results(b)
         assert [r["train_loss"] for r in ra["history"]] == [r["train_loss"] for r in rb["history"]]
@@ -216,10 +216,10 @@ def test_interrupted_batch_resumes_to_the_same_numbers(tmp_path, fake_mnist_root
 def test_a_batch_refuses_models_of_different_shapes(tmp_path, fake_mnist_root):
     a = RunConfig(model="mlp_plain", depth=2, model_kwargs={"width": 8})
     with pytest.raises(ValueError, match="model_kwargs"):
-        train_batched([a, dataclasses.replace(a, model_kwargs={"width": 9})], [tmp_path / "a", tmp_path / "b"],
+        train_stacked([a, dataclasses.replace(a, model_kwargs={"width": 9})], [tmp_path / "a", tmp_path / "b"],
                       progress=False)
     with pytest.raises(ValueError, match="optimizer"):
-        train_batched([a, dataclasses.replace(a, recipe="highway-mnist")], [tmp_path / "a", tmp_path / "b"],
+        train_stacked([a, dataclasses.replace(a, recipe="highway-mnist")], [tmp_path / "a", tmp_path / "b"],
                       progress=False)
 
 
@@ -228,8 +228,8 @@ def test_a_batch_refuses_a_per_step_schedule_before_reading_any_data(tmp_path, m
     monkeypatch.setenv("THROUGHWAY_DATA", str(tmp_path / "no-data-here"))
     config = RunConfig(model="mlp_residual", depth=2, recipe="vit-mnist", model_kwargs={"width": 8})
     with pytest.raises(ValueError, match=r"schedule='warmup-cosine', which sets the learning rate at every step; "
-                                         r"batched training sets one rate per epoch .* run_training"):
-        train_batched([config, dataclasses.replace(config, seed=1)], [tmp_path / "a", tmp_path / "b"], progress=False)
+                                         r"stacked training sets one rate per epoch .* run_training"):
+        train_stacked([config, dataclasses.replace(config, seed=1)], [tmp_path / "a", tmp_path / "b"], progress=False)
     assert not (tmp_path / "a").exists()
 
 
@@ -360,11 +360,11 @@ def test_plain_residual_and_gated_nets_of_one_depth_share_a_batch(tmp_path, fake
     configs = [RunConfig(model=model, depth=4, recipe="gresnet-mnist", epochs=2, seed=seed, model_kwargs={"width": 8},
                          recipe_overrides={"batch_size": 64, "eps": 1e-3})
                for model in ("mlp_plain", "mlp_residual", "mlp_gated_residual") for seed in (0, 1)]
-    assert len({batch_key(c) for c in configs}) == 1
+    assert len({stack_key(c) for c in configs}) == 1
     data = load_dataset("mnist")
     alone = _alone(configs, tmp_path, data)
     dirs = [tmp_path / f"batched-{i}" for i in range(len(configs))]
-    train_batched(configs, dirs, progress=False, data=data)
+    train_stacked(configs, dirs, progress=False, data=data)
     for i, c in enumerate(configs):
         on_disk = read_results(dirs[i])
         _assert_same_run(on_disk, alone[i])
@@ -384,7 +384,7 @@ def test_a_mixed_batch_refuses_models_of_another_shape():
     residual = create_model("mlp_residual", depth=4, width=6, in_features=5, num_classes=3)
     with pytest.raises(ValueError, match="gated residual layout"):
         StackedModels([plain, residual])
-    assert batch_key(RunConfig(model="mlp_plain", depth=4)) != batch_key(RunConfig(model="mlp_highway", depth=4))
+    assert stack_key(RunConfig(model="mlp_plain", depth=4)) != stack_key(RunConfig(model="mlp_highway", depth=4))
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -395,33 +395,46 @@ def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, m
     _interrupt_after_epoch_1(configs, dirs, data, monkeypatch)
     states = tmp_path / "study" / "runs" / ".batched"
     (name,) = [p.name for p in states.iterdir()]
-    assert name == batched_module.config_hash(configs, dirs)
+    assert name == stack_module.config_hash(configs, dirs)
     if legacy:  # a state folder named as before (absolute paths), resumed where it was written
-        name = batched_module.config_hash(configs, dirs, relative=False)
-        (states / batched_module.config_hash(configs, dirs)).rename(states / name)
+        name = stack_module.config_hash(configs, dirs, relative=False)
+        (states / stack_module.config_hash(configs, dirs)).rename(states / name)
         moved = dirs
     else:  # the study folder moved: relative names find the state again
         (tmp_path / "study").rename(tmp_path / "elsewhere")
         moved = [tmp_path / "elsewhere" / "runs" / d.name for d in dirs]
         states = tmp_path / "elsewhere" / "runs" / ".batched"
     resumed_from = {}
-    real_load = batched_module.load_stack_state
+    real_load = stack_module.load_stack_state
 
     def spy(state_dir):
         out = real_load(state_dir)
         resumed_from["epoch"] = out[0]["epoch"] if out else None
         return out
 
-    monkeypatch.setattr(batched_module, "load_stack_state", spy)
-    train_batched(configs, moved, progress=False, data=data, resume=True)
+    monkeypatch.setattr(stack_module, "load_stack_state", spy)
+    train_stacked(configs, moved, progress=False, data=data, resume=True)
     assert resumed_from["epoch"] == 1  # continued, not restarted
     assert all(len(read_results(d)["history"]) == 2 and read_results(d)["final"] is not None for d in moved)
 
 
-def test_the_former_names_of_the_stack_trainer_still_import():
-    # Issue 33 renamed "batch" (a stack) to "stack"; the former names stay importable, as the same objects.
-    from throughway.train import batched, full_batch, stacked
+def test_the_former_names_of_the_stack_trainer_import_from_their_one_module():
+    # "Batch" named a stack before the word was kept for a mini-batch: the former names stay importable from
+    # train.batched (the module's former name), as the same objects, and train's other modules define none.
+    import ast
+    from pathlib import Path
 
-    assert batched.train_batched is batched.train_stacked and batched.batch_key is batched.stack_key
-    assert stacked.BatchedOptimizer is stacked.StackedOptimizer and stacked.BatchedStep is stacked.StackedStep
-    assert stacked.batch_family is stacked.stack_family and full_batch.BatchedGD is full_batch.StackedGD
+    from throughway.train import batched, full_batch, stack, stacked
+
+    assert batched.train_batched is stack.train_stacked and batched.batch_key is stack.stack_key
+    assert batched.BatchedOptimizer is stacked.StackedOptimizer and batched.BatchedStep is stacked.StackedStep
+    assert batched.batch_family is stacked.stack_family and batched.BatchedGD is full_batch.StackedGD
+    former = {"train_batched", "batch_key", "BatchedOptimizer", "BatchedStep", "batch_family", "BatchedGD"}
+    defined = {}
+    for path in Path(stack.__file__).parent.glob("*.py"):
+        names = {target.id for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
+                 for target in node.targets if isinstance(target, ast.Name)}
+        if names & former and path.name != "batched.py":
+            defined[path.name] = sorted(names & former)
+    # full_batch keeps BatchedGD while three experiments import it from there (train.batched says so)
+    assert defined == {"full_batch.py": ["BatchedGD"]}

@@ -124,7 +124,7 @@ def test_version_and_top_level_help_list_every_command():
 
 def test_estimate_adds_set_up_fixed_costs_and_epochs_as_it_says(fake_mnist_root, monkeypatch):
     from throughway.study import stacking
-    from throughway.train.batched import epoch_starts
+    from throughway.train.loop import epoch_starts
 
     monkeypatch.setattr(stacking, "time_batch", lambda *a, **k: stacking.BatchTiming(0.01, 1e-5, 0.5))
     monkeypatch.setattr(stacking, "batch_overhead_s", lambda *a, **k: 2.0)  # larger than the 0.5 timed: it wins
@@ -188,7 +188,7 @@ def test_batch_seconds_is_set_up_plus_epochs():
 
 def test_full_runs_compile_by_default_and_quick_runs_and_tests_do_not():
     from throughway.study.stacking import COMPILE_MIN_STEPS, compiles, group_specs
-    from throughway.train.batched import epoch_starts
+    from throughway.train.loop import epoch_starts
 
     study = get_experiment("mnist-depth")
     full, quick = _config("mnist-depth"), _config("mnist-depth", "--quick")

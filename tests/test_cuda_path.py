@@ -12,11 +12,12 @@ import torch
 from throughway.data import to_splits
 from throughway.models import create_model
 from throughway.train import RunConfig, get_recipe, read_results
-from throughway.train import batched as batched_module
-from throughway.train.batched import order_generator, train_batched
-from throughway.train.graphed import GraphedStep, update_rows_on_device
+from throughway.train import stack as stack_module
+from throughway.train.stack import order_generator, train_stacked
+from throughway.train.graphed import GraphedStep
+from throughway.train.optim import update_rows_on_device
 from throughway.train.optim import update_rows
-from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer, train_epoch
+from throughway.train.stacked import StackedModels, StackedOptimizer, StackedStep, train_epoch
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -85,7 +86,7 @@ def test_the_static_epoch_equals_train_epoch_on_the_cpu(recipe):
     x, y, orders = _data()
     eager_stack, eager_opt = _stack(recipe=recipe)
     static_stack, static_opt = _stack(recipe=recipe)
-    eager = BatchedStep(eager_stack, eager_opt)
+    eager = StackedStep(eager_stack, eager_opt)
     static = GraphedStep(static_stack, static_opt)
     assert not static.capture  # the CPU runs the body eagerly
     for epoch in range(2):
@@ -106,7 +107,7 @@ def test_a_diverging_member_is_reported_at_the_same_step_and_the_stack_can_shrin
     stacks = [_stack(), _stack()]
     for _, opt in stacks:  # member 1 diverges: an enormous rate
         opt.param_groups[0]["lr"][1] = 1e12
-    eager = BatchedStep(*stacks[0])
+    eager = StackedStep(*stacks[0])
     static = GraphedStep(*stacks[1])
     a = train_epoch(eager, x, y, orders, 16)
     b = static.epoch(x, y, orders, 16)
@@ -124,16 +125,16 @@ def test_a_diverging_member_is_reported_at_the_same_step_and_the_stack_can_shrin
 
 
 def test_the_trainer_through_the_static_body_writes_the_eager_trainers_files(tmp_path, fake_mnist_root, monkeypatch):
-    """train_batched with the GPU's engine (GraphedStep, run eagerly on the CPU), interrupted and
+    """train_stacked with the GPU's engine (GraphedStep, run eagerly on the CPU), interrupted and
     resumed, gives the eager trainer's numbers exactly (the optimiser's step count and NAdam's product
     go back to the host at each epoch's end, so the batch checkpoint holds them)."""
     configs = [RunConfig(model="mlp_gated_residual", depth=2, recipe="gresnet-mnist", epochs=3, seed=s,
                          model_kwargs={"width": 8}, recipe_overrides={"lr": 0.002 * (s + 1), "batch_size": 64})
                for s in range(3)]
     eager_dirs = [tmp_path / f"eager-{s}" for s in range(3)]
-    train_batched(configs, eager_dirs, progress=False)
+    train_stacked(configs, eager_dirs, progress=False)
 
-    monkeypatch.setattr(batched_module, "_use_graphs", lambda device, cuda_graph: cuda_graph)
+    monkeypatch.setattr(stack_module, "_use_graphs", lambda device, cuda_graph: cuda_graph)
     epochs_seen = []
     real_epoch = GraphedStep.epoch
 
@@ -146,9 +147,9 @@ def test_the_trainer_through_the_static_body_writes_the_eager_trainers_files(tmp
     monkeypatch.setattr(GraphedStep, "epoch", epoch)
     dirs = [tmp_path / f"static-{s}" for s in range(3)]
     with pytest.raises(KeyboardInterrupt):
-        train_batched(configs, dirs, progress=False)
+        train_stacked(configs, dirs, progress=False)
     assert len(read_results(dirs[0])["history"]) == 1
-    train_batched(configs, dirs, progress=False, resume=True)
+    train_stacked(configs, dirs, progress=False, resume=True)
     assert len(epochs_seen) == 4  # 1, the interrupted 2, then 2 and 3 after the resume
     for a, b in zip(dirs, eager_dirs):
         ra, rb = read_results(a), read_results(b)
@@ -187,7 +188,7 @@ def test_blocks_compile_once_and_train_what_the_eager_kernels_train():
     x, y, orders = _data(n=64)
     eager_stack, eager_opt = _stack(depth=6, recipe="highway-mnist")
     blocks_stack, blocks_opt = _stack(depth=6, recipe="highway-mnist")  # three residual blocks
-    eager, blocks = BatchedStep(eager_stack, eager_opt), GraphedStep(blocks_stack, blocks_opt, compile="blocks")
+    eager, blocks = StackedStep(eager_stack, eager_opt), GraphedStep(blocks_stack, blocks_opt, compile="blocks")
     torch._dynamo.reset()
     counters.clear()
     for epoch in range(2):
@@ -254,7 +255,7 @@ def test_the_captured_epoch_equals_the_eager_one_on_the_gpu(recipe):
     x, y, orders = _data(n=300, device="cuda")
     eager_stack, eager_opt = _stack("cuda", recipe=recipe)
     graph_stack, graph_opt = _stack("cuda", recipe=recipe)
-    eager = BatchedStep(eager_stack, eager_opt)
+    eager = StackedStep(eager_stack, eager_opt)
     graphed = GraphedStep(graph_stack, graph_opt)
     assert graphed.capture
     for epoch in range(3):
@@ -292,7 +293,7 @@ def test_a_captured_epoch_does_not_synchronise_per_step():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_train_batched_on_a_gpu_captures_and_rolls_back_a_diverged_member_as_the_eager_step_does(tmp_path,
+def test_train_stacked_on_a_gpu_captures_and_rolls_back_a_diverged_member_as_the_eager_step_does(tmp_path,
                                                                                                    fake_mnist_root):
     """The whole trainer on a GPU, with and without graphs: the same member diverges in the same epoch,
     the others end with the same numbers (the same on-device data orders)."""
@@ -303,7 +304,7 @@ def test_train_batched_on_a_gpu_captures_and_rolls_back_a_diverged_member_as_the
     runs = {}
     for graphs in (True, False):
         dirs = [tmp_path / f"{graphs}-{s}" for s in range(3)]
-        train_batched(configs, dirs, progress=False, cuda_graph=graphs)
+        train_stacked(configs, dirs, progress=False, cuda_graph=graphs)
         runs[graphs] = [read_results(d) for d in dirs]
     assert [r["diverged"] for r in runs[True]] == [False, True, False]
     assert runs[True][1]["diverged_at"]["epoch"] == runs[False][1]["diverged_at"]["epoch"]
@@ -328,7 +329,7 @@ def test_a_compiled_step_is_captured_too():
     coordinates apart by up to 0.02 after two epochs, the loss sums equal to 1e-4)."""
     x, y, orders = _data(n=200, device="cuda")
     stacks = {name: _stack("cuda", depth=2, recipe="highway-mnist") for name in ("eager", "compiled", "captured")}
-    steps = {"eager": BatchedStep(*stacks["eager"]),
+    steps = {"eager": StackedStep(*stacks["eager"]),
              "compiled": GraphedStep(*stacks["compiled"], compile=True, capture=False),
              "captured": GraphedStep(*stacks["captured"], compile=True)}
     for epoch in range(2):

@@ -1,4 +1,4 @@
-"""train.full_batch: BatchedGD keeps every tensor it creates on its device, and the three full-batch
+"""train.full_batch: StackedGD keeps every tensor it creates on its device, and the three full-batch
 studies (hessian_dynamics, shortcut_lr, weight_norms) give it theirs (issue 23: `--device cuda`
 crashed them with data on the GPU and weights, learning rates or the active mask on the CPU).
 
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from throughway.study.shortcut import network_kwargs
-from throughway.train.full_batch import BatchedGD
+from throughway.train.full_batch import StackedGD
 
 
-def test_batched_gd_creates_every_tensor_on_its_device():
-    gd = BatchedGD(network_kwargs("shortcut2-zero", 2), [0, 1], [0.1, 0.2], device="meta")
+def test_stacked_gd_creates_every_tensor_on_its_device():
+    gd = StackedGD(network_kwargs("shortcut2-zero", 2), [0, 1], [0.1, 0.2], device="meta")
     assert {t.device.type for t in (gd.weights, gd.lrs, gd.active)} == {"meta"}
     assert {p.device.type for p in gd.model_at(1).parameters()} == {"meta"}
 
@@ -27,7 +27,7 @@ class _Reached(Exception):
 
 
 def _checked_trainer(monkeypatch, module, seen: list[set[str]]) -> None:
-    class Checked(BatchedGD):
+    class Checked(StackedGD):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen.append({t.device.type for t in (self.weights, self.lrs, self.active)})
@@ -64,7 +64,7 @@ def test_full_batch_studies_train_through_the_one_loop_and_its_divergence_rule()
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(32, 4, generator=generator, dtype=torch.float64)
     y = torch.randn(32, 4, generator=generator, dtype=torch.float64)
-    reference = BatchedGD(kwargs, [0, 1], [0.05, 60.0])  # the second learning rate diverges
+    reference = StackedGD(kwargs, [0, 1], [0.05, 60.0])  # the second learning rate diverges
     steps = [reference.step(x, y)[0].tolist() for _ in range(6)]
 
     class Seen:
@@ -78,9 +78,9 @@ def test_full_batch_studies_train_through_the_one_loop_and_its_divergence_rule()
             self.ends += 1
 
     seen = [Seen(), Seen()]
-    gd = BatchedGD(kwargs, [0, 1], [0.05, 60.0])
+    gd = StackedGD(kwargs, [0, 1], [0.05, 60.0])
     histories = train_full_batch(gd, x, y, 6, [[seen[0]], [seen[1]]])
-    # network 0: six epochs, each record the loss before its step, as BatchedGD.step returns it
+    # network 0: six epochs, each record the loss before its step, as StackedGD.step returns it
     assert [r["train_loss"] for r in histories[0].epochs] == [s[0] for s in steps]
     assert seen[0].epochs == [1, 2, 3, 4, 5, 6] and seen[0].ends == 1
     # network 1 diverged: the loop's rule ended it once, with its history marked and its weights frozen

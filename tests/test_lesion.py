@@ -223,3 +223,45 @@ def test_prune_is_importable_from_the_analysis_package() -> None:
     assert len(smaller.blocks) == len(model.blocks) - 1
     with lesion(model, 1):
         pass
+
+
+# -- one analysis call walks the block tree once ----------------------------------------------------------
+
+@pytest.fixture
+def tree_walks(monkeypatch):
+    """How many times the module tree is walked for blocks: calls of `layers.blocks.iter_blocks`, wherever
+    a module of the package holds it."""
+    import sys
+
+    from throughway.layers import blocks as layer_blocks
+
+    original, walks = layer_blocks.iter_blocks, []
+
+    def counted(model):
+        walks.append(model)
+        return original(model)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("throughway") and getattr(module, "iter_blocks", None) is original:
+            monkeypatch.setattr(module, "iter_blocks", counted)
+    return walks
+
+
+def test_one_removal_call_walks_the_block_tree_once(tree_walks):
+    # Each analysis call finds the blocks once and asks every question of what it found (it walked them 5
+    # times for one greedy order, and 21 times for a curve of 10 removals).
+    model = _gated([0.5 * i for i in range(10)])
+    tree_walks.clear()  # building it set the gates through find_branches
+    order = removal_order(model, "greedy")
+    assert len(tree_walks) == 1
+    removal_order(model, "random", torch.Generator().manual_seed(0))
+    assert len(tree_walks) == 2
+    curve = removal_curve(model, order, lambda m: float(len(m.blocks)))
+    assert curve == [10.0 - r for r in range(11)] and len(tree_walks) == 3
+    # A user's own module (no registry config): the blocks are taken out of a copy, still after one walk.
+    own = torch.nn.Sequential(*list(model.blocks))
+    removal_curve(own, [0, 1, 2], lambda m: float(len(m)))
+    assert len(tree_walks) == 4
+    # The next call walks again: a model changed in between is seen as it is.
+    smaller = prune(model, [0, 1])
+    assert removal_order(smaller, "greedy") == list(range(8)) and len(tree_walks) == 6

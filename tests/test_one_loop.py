@@ -1,6 +1,6 @@
 """Single and batched training share one loop (train.loop.run_loop; issue 15).
 
-`run_training` (fit) and `train_batched` with N = 1 write the same files with the same content: every
+`run_training` (fit) and `train_stacked` with N = 1 write the same files with the same content: every
 non-numeric field equal, every number equal to the stacked kernels' rounding (they compute the same
 arithmetic with batched matrix products and a flat optimiser, so not bit for bit: see test_batched.py
 for the tolerances per case). Interrupted the same way, both resume to exactly their uninterrupted
@@ -18,7 +18,7 @@ import pytest
 from throughway.data import load_dataset
 from throughway.train import RunConfig, run_training
 from throughway.train import loop as loop_module
-from throughway.train.batched import train_batched
+from throughway.train.stack import train_stacked
 
 from conftest import Crash
 
@@ -34,7 +34,7 @@ def _fit(out, **kw):
 
 
 def _batched(out, **kw):
-    return train_batched([CONFIG], [out], progress=False, data=load_dataset("mnist"), **kw)[0]
+    return train_stacked([CONFIG], [out], progress=False, data=load_dataset("mnist"), **kw)[0]
 
 
 def _same(a, b, where="results", numbers_exact=False):
@@ -117,7 +117,7 @@ def test_a_stop_request_ends_both_paths_after_that_epoch(tmp_path, fake_mnist_ro
         return real(engine, members, epochs, **kw)
 
     monkeypatch.setattr("throughway.train.loop.run_loop", counting)
-    monkeypatch.setattr("throughway.train.batched.run_loop", counting)
+    monkeypatch.setattr("throughway.train.stack.run_loop", counting)
     stop = _StopAfter(2)
     results = (_fit if path == "fit" else _batched)(tmp_path / "run", callbacks=[stop])
     assert loops == ["_ModuleEngine" if path == "fit" else "_StackEngine"]

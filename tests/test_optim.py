@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from throughway import create_model
 from throughway.train import build_optimizer, get_recipe
-from throughway.train.stacked import BatchedStep, StackedModels, StackedOptimizer
+from throughway.train.stacked import StackedModels, StackedOptimizer, StackedStep
 
 KINDS = [
     ("highway-mnist", {"momentum": 0.9, "weight_decay": 1e-3}),   # SGD with momentum and L2 decay
@@ -23,7 +23,7 @@ KINDS = [
 @pytest.mark.parametrize("recipe_name,overrides", KINDS)
 def test_one_model_and_a_stack_of_it_take_the_same_steps(recipe_name, overrides):
     # The same model, the same batches: `fit`'s path (a Linear per layer, FlatOptimizer over flat
-    # groups) and `train_batched`'s (baddbmm over a stack of one, StackedOptimizer over its (1, P)
+    # groups) and `train_stacked`'s (baddbmm over a stack of one, StackedOptimizer over its (1, P)
     # matrix) run one update rule (train.optim.update_rows). In float64 the two forwards differ by
     # ~1e-16 rounding; biases feeding a BatchNorm have a mathematically zero gradient, i.e. rounding
     # noise, which Adam/NAdam turn into steps of ~1e-10 in float64 (measured), so the parameters are
@@ -34,7 +34,7 @@ def test_one_model_and_a_stack_of_it_take_the_same_steps(recipe_name, overrides)
     torch.manual_seed(0)
     model = create_model("mlp_gated_residual", depth=4, width=8).double()
     stack = StackedModels([copy.deepcopy(model)])
-    step = BatchedStep(stack, StackedOptimizer(stack, [recipe]))
+    step = StackedStep(stack, StackedOptimizer(stack, [recipe]))
     optimizer = build_optimizer(model, recipe)
     generator = torch.Generator().manual_seed(1)
     for _ in range(6):
@@ -88,7 +88,7 @@ def test_a_stacks_optimiser_is_a_torch_optimiser_with_one_rate_per_model():
     def stepped(lrs):
         stack = StackedModels(copy.deepcopy(models))
         optimizer = StackedOptimizer(stack, [recipe.replace(lr=lr) for lr in lrs])
-        BatchedStep(stack, optimizer)(x, y)
+        StackedStep(stack, optimizer)(x, y)
         return stack, optimizer
 
     stack, optimizer = stepped([0.002, 0.01, 0.002])
@@ -105,5 +105,5 @@ def test_a_stacks_optimiser_is_a_torch_optimiser_with_one_rate_per_model():
     assert optimizer.param_groups[0]["params"] == [stack.flat] and len(optimizer.state) == 1
     assert optimizer.param_groups[0]["lr"].view(-1).tolist() == pytest.approx([0.002, 0.01])
     assert torch.equal(optimizer.state[stack.flat]["exp_avg"], kept_m)
-    BatchedStep(stack, optimizer)(x[:2], y[:2])
+    StackedStep(stack, optimizer)(x[:2], y[:2])
     assert optimizer.step_count == 2

@@ -58,7 +58,7 @@ def test_the_training_api_imports_where_there_is_no_fcntl():
 
     code = ("import sys; sys.modules['fcntl'] = None\n"
             "from throughway.train import fit, run_training\n"
-            "import throughway.train.rundir, throughway.train.batched\n"
+            "import throughway.train.rundir, throughway.train.stack\n"
             "print('imported')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr

@@ -9,7 +9,7 @@ from torch import nn
 from throughway.models import create_model
 from throughway.train import (RunConfig, build_optimizer, get_recipe, learning_rate_at, learning_rate_at_step,
                               param_groups, parameter_groups)
-from throughway.train.batched import train_batched
+from throughway.train.stack import train_stacked
 from throughway.train.loop import set_learning_rate
 
 
@@ -213,4 +213,4 @@ def test_batched_training_refuses_param_rules(tmp_path, fake_mnist_root):
     configs = [RunConfig(model="mlp_plain", depth=2, recipe="highway-mnist", epochs=1, seed=s,
                          model_kwargs={"width": 4}, recipe_overrides=rules) for s in (0, 1)]
     with pytest.raises(ValueError, match="param_rules"):  # its flat optimiser has no per-parameter multipliers
-        train_batched(configs, [tmp_path / "a", tmp_path / "b"], data=load_dataset("mnist"), progress=False)
+        train_stacked(configs, [tmp_path / "a", tmp_path / "b"], data=load_dataset("mnist"), progress=False)

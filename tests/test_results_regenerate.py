@@ -557,7 +557,7 @@ def test_compiled_quick_batch_trains_as_eager(data_root, tmp_path):
     instead of in each quick variant: a batch of the three MNIST-depth architectures trained through
     torch.compile writes the files an eager batch writes, with the same losses (to float32 rounding)."""
     from throughway.data import load_dataset
-    from throughway.train.batched import train_batched
+    from throughway.train.stack import train_stacked
     from throughway.train.config import RunConfig
 
     configs = [RunConfig(model=model, depth=2, recipe="gresnet-mnist", epochs=1, seed=seed, model_kwargs={"width": 8})
@@ -566,8 +566,8 @@ def test_compiled_quick_batch_trains_as_eager(data_root, tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        eager = train_batched(configs, [tmp_path / f"eager-{i}" for i in range(3)], progress=False, data=data)
-        compiled = train_batched(configs, [tmp_path / f"compiled-{i}" for i in range(3)], progress=False, data=data,
+        eager = train_stacked(configs, [tmp_path / f"eager-{i}" for i in range(3)], progress=False, data=data)
+        compiled = train_stacked(configs, [tmp_path / f"compiled-{i}" for i in range(3)], progress=False, data=data,
                                  compile=True)
     finally:
         torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ import torch
 
 from throughway.data.whiten import second_moment_dataset, whiten
 from throughway.study.shortcut import network_kwargs
-from throughway.train.full_batch import BatchedGD
+from throughway.train.full_batch import StackedGD
 from throughway.layers.shortcut import ShortcutUnit
 from throughway.models import create_model
 
@@ -77,7 +77,7 @@ def test_bad_arguments_name_the_field(kwargs, field):
                                                  ("orthogonal", "relu")])
 def test_batched_trainer_matches_the_real_model(network, activation):
     kwargs = network_kwargs(network, 4, activation=activation, zero_scale=0.3, width=5)
-    gd = BatchedGD(kwargs, [0, 1], [0.01, 0.02])
+    gd = StackedGD(kwargs, [0, 1], [0.01, 0.02])
     x, y = torch.randn(7, 5, dtype=torch.float64), torch.randn(7, 5, dtype=torch.float64)
     out = gd.forward(x)
     for r in range(2):

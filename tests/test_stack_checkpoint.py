@@ -1,4 +1,4 @@
-"""A stack's own checkpoint (train.batched: the state of models trained together) as untrusted input: its
+"""A stack's own checkpoint (train.stack: the state of models trained together) as untrusted input: its
 folder never a link, its JSON and tensors checked against the stack, only its own files deleted."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from throughway.train import RunConfig
-from throughway.train.batched import STATE_JSON, config_hash, train_batched
+from throughway.train.stack import STATE_JSON, config_hash, train_stacked
 from throughway.train.rundir import CHECKPOINT_FILE, RunDir
 
 from conftest import Crash, file_hashes, sha256_of
@@ -30,7 +30,7 @@ def _interrupted_batch(tmp_path: Path, data: Any) -> Path:
     """A batch interrupted after its first epoch; returns its state folder (the default one)."""
     dirs = _dirs(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        train_batched(STACK_CONFIGS, dirs, progress=False, data=data, callbacks=[Crash(after=1)])
+        train_stacked(STACK_CONFIGS, dirs, progress=False, data=data, callbacks=[Crash(after=1)])
     state = dirs[0].parent / ".batched" / config_hash(STACK_CONFIGS, dirs)
     assert (state / STATE_JSON).is_file()
     return state
@@ -65,7 +65,7 @@ def _bad_generator(t: dict[str, torch.Tensor]) -> None:
 
 
 def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_root, monkeypatch, victim):
-    from throughway.train import batched as batched_module
+    from throughway.train import stack as stack_module
     from throughway.train.rundir import RunLockedError
 
     configs = [RunConfig(model="mlp_plain", depth=2, epochs=2, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]
@@ -73,10 +73,10 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
     state = tmp_path / "state"
     with RunDir(dirs[1]).locked():
         with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
-            batched_module.train_batched(configs, dirs, progress=False, state_dir=state)
+            stack_module.train_stacked(configs, dirs, progress=False, state_dir=state)
     assert not (dirs[0] / "results.json").exists()
 
-    real = batched_module._evaluate
+    real = stack_module._evaluate
     calls = {"n": 0}
 
     def interrupt_after_epoch_1(*args, **kwargs):
@@ -85,10 +85,10 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batched_module, "_evaluate", interrupt_after_epoch_1)
+    monkeypatch.setattr(stack_module, "_evaluate", interrupt_after_epoch_1)
     with pytest.raises(KeyboardInterrupt):
-        batched_module.train_batched(configs, dirs, progress=False, state_dir=state)
-    monkeypatch.setattr(batched_module, "_evaluate", real)
+        stack_module.train_stacked(configs, dirs, progress=False, state_dir=state)
+    monkeypatch.setattr(stack_module, "_evaluate", real)
     meta = json.loads((state / "batch.json").read_text())
     meta["file"] = "../VICTIM.txt"
     (state / "batch.json").write_text(json.dumps(meta))
@@ -96,7 +96,7 @@ def test_batched_training_locks_and_validates_its_state(tmp_path, fake_mnist_roo
     stray.write_text("half")
     before = file_hashes(state)
     with pytest.raises(ValueError, match=r"batch\.json: field 'file' is '\.\./VICTIM\.txt'"):
-        batched_module.train_batched(configs, dirs, progress=False, state_dir=state, resume=True)
+        stack_module.train_stacked(configs, dirs, progress=False, state_dir=state, resume=True)
     assert victim.read_text() == "must survive\n"
     assert not stray.exists() and file_hashes(state) == {k: v for k, v in before.items() if k != stray.name}
 
@@ -111,7 +111,7 @@ def test_a_symlinked_batch_state_folder_is_refused_and_nothing_outside_is_delete
     state.parent.mkdir(parents=True)
     state.symlink_to(victim)
     with pytest.raises(ValueError, match=r"state folder is a symbolic link .*nothing was read, written or deleted"):
-        train_batched(STACK_CONFIGS, dirs, progress=False, data=fake_data)
+        train_stacked(STACK_CONFIGS, dirs, progress=False, data=fake_data)
     assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
     assert (victim / "keep.txt").read_text() == "must survive\n"
 
@@ -120,7 +120,7 @@ def test_a_finished_batch_deletes_only_its_own_state_files(tmp_path, fake_data):
     state = tmp_path / "my-state"
     state.mkdir()
     (state / "notes.txt").write_text("mine\n")
-    train_batched(STACK_CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, state_dir=state)
+    train_stacked(STACK_CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, state_dir=state)
     assert sorted(p.name for p in state.iterdir()) == ["notes.txt"]
 
 
@@ -144,7 +144,7 @@ def test_a_tampered_batch_json_is_refused_naming_the_field(tmp_path, fake_data, 
     _edit_json(state, edit)
     before = {p.name: sha256_of(p) for p in state.iterdir()}
     with pytest.raises(ValueError, match=rf"{STATE_JSON}: .*{named}"):
-        train_batched(STACK_CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
+        train_stacked(STACK_CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
     assert {p.name: sha256_of(p) for p in state.iterdir()} == before  # refused before anything was written
 
 
@@ -158,19 +158,18 @@ def test_batch_tensors_that_do_not_fit_the_batch_are_refused(tmp_path, fake_data
     _edit_tensors(state, edit)
     with pytest.raises(ValueError, match=rf"batch-e0001\.safetensors with .*{STATE_JSON}: does not fit this batch "
                                          rf"\({named}"):
-        train_batched(STACK_CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
+        train_stacked(STACK_CONFIGS, _dirs(tmp_path), progress=False, data=fake_data, resume=True)
 
 
 def test_a_batched_member_folder_holding_metrics_csv_is_refused_without_resume(tmp_path, fake_data):
     from throughway.train import RunExistsError
-    from throughway.train.batched import train_batched
 
     dirs = [tmp_path / "study" / f"run-{i}" for i in range(2)]
     dirs[1].mkdir(parents=True)
     (dirs[1] / "metrics.csv").write_text("my,own,numbers\n")
     configs = [RunConfig(model="mlp_gated_residual", depth=2, epochs=1, seed=s, model_kwargs={"width": 8}) for s in (0, 1)]
     with pytest.raises(RunExistsError, match=rf"{dirs[1]} already holds a run \(metrics.csv\); pass --resume"):
-        train_batched(configs, dirs, progress=False, data=fake_data)
+        train_stacked(configs, dirs, progress=False, data=fake_data)
     assert (dirs[1] / "metrics.csv").read_text() == "my,own,numbers\n"
 
 

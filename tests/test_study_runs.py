@@ -14,7 +14,7 @@ import pytest
 from throughway.cli import main
 from throughway.data.sources import save_cache
 from throughway.train import RunConfig
-from throughway.train.batched import STATE_JSON
+from throughway.train.stack import STATE_JSON
 
 from conftest import file_tree, make_arrays, run_cli, run_cli_out
 
@@ -50,8 +50,8 @@ TWO_SEED_STUDY = ["reproduce", "mnist-depth", "--quick", "--archs", "gated", "--
 def test_a_study_whose_runs_fail_exits_2_naming_the_error(tmp_path, fake_mnist_root, capsys, monkeypatch):
     out = tmp_path / "study"
     calls = {"n": 0}
-    import throughway.train.batched as batched
-    evaluate = batched._evaluate
+    import throughway.train.stack as stack
+    evaluate = stack._evaluate
 
     def interrupt(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -59,9 +59,9 @@ def test_a_study_whose_runs_fail_exits_2_naming_the_error(tmp_path, fake_mnist_r
             raise KeyboardInterrupt
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(batched, "_evaluate", interrupt)
+    monkeypatch.setattr(stack, "_evaluate", interrupt)
     assert main([*TINY_STUDY, "--out", str(out)]) == 130
-    monkeypatch.setattr(batched, "_evaluate", evaluate)
+    monkeypatch.setattr(stack, "_evaluate", evaluate)
     (state,) = (out / "runs" / ".batched").iterdir()
     _edit_json(state, lambda m: m.update(active=[0, 9]))
     capsys.readouterr()

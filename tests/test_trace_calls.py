@@ -1,11 +1,12 @@
-"""tools/trace_calls.py (issue 33): the files a `throughway` command goes through, and the CLI's share."""
+"""tools/trace_calls.py: the files a `throughway` command goes through, how often it goes straight back
+(ping-pongs), and the CLI's share."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import throughway
-from tools.trace_calls import crossings, summarise, trace
+from tools.trace_calls import crossings, pairs, ping_pongs, summarise, trace
 
 PACKAGE = Path(throughway.__file__).resolve().parent
 
@@ -18,6 +19,32 @@ def test_summary_counts_moves_and_returns():
              ("b.py", 9, "k", False, "a.py")]
     entering, back = crossings(calls)
     assert [c[2] for c in entering] == ["f", "g", "k"] and [c[2] for c in back] == ["k"]
+
+
+def test_a_ping_pong_is_a_return_straight_back():
+    entered = ["a.py", "b.py", "a.py", "b.py", "c.py", "a.py", "c.py", "d.py"]
+    # a → b → a, then b → a → b, then c → a → c; b → c → a is a move on, not back
+    assert ping_pongs(entered) == [("a.py", "b.py"), ("b.py", "a.py"), ("c.py", "a.py")]
+    assert pairs(ping_pongs(entered)) == {("a.py", "b.py"): 2, ("a.py", "c.py"): 1}
+    assert summarise(["a.py", "a.py", "b.py", "a.py"])["ping_pongs"] == [("a.py", "b.py")]
+
+
+def test_the_train_route_reads_one_way(tmp_path, fake_mnist_root, capsys):
+    """`throughway train`'s route, from the command's start (the registrations made while the package is
+    imported are every command's, not this one's): at most 5 ping-pongs outside the training loop (fit's
+    inside is one entry into train/loop.py: a core read on its own) and at most 13 with it, the loop's
+    calls to the distributed helpers, the schedule, the first step's checks, the optimiser and the gates
+    counted too (tools/trace_calls.py's docstring; 7 and 22 before the route was reworked)."""
+    status, calls = trace(["train", "--model", "mlp_gated_residual", "--depth", "2", "--epochs", "1", "--limit",
+                           "200", "--out", str(tmp_path / "run"), "--quiet"], PACKAGE, after_import=True)
+    assert status == 0
+    outside = ping_pongs(summarise([c[0] for c in calls if not c[3]])["entered"])
+    assert len(outside) <= 5, pairs(outside)
+    whole = ping_pongs(summarise([c[0] for c in calls])["entered"])
+    assert len(whole) <= 13, pairs(whole)
+    # fit's checks are one entry into train/checks.py (the walk went back and forth 6 times between loop.py and
+    # checks.py); the one return left is the first step's loss check
+    assert pairs(whole).get(("train/checks.py", "train/loop.py"), 0) <= 1
 
 
 def test_a_train_run_goes_through_the_command_line_once_and_no_study(tmp_path, fake_mnist_root, capsys):

@@ -197,12 +197,12 @@ def test_metrics_table_keeps_every_metric_in_a_stable_order():
 
 
 def test_batched_member_runs_write_metrics_csv(tmp_path, fake_mnist_root):
-    from throughway.train.batched import train_batched
+    from throughway.train.stack import train_stacked
 
     configs = [RunConfig(model="mlp_gated_residual", depth=2, epochs=2, seed=s, limit=64, model_kwargs={"width": 8},
                          recipe_overrides={"batch_size": 32}) for s in (0, 1)]
     dirs = [tmp_path / f"s{s}" for s in (0, 1)]
-    train_batched(configs, dirs, progress=False)
+    train_stacked(configs, dirs, progress=False)
     for d in dirs:
         rows = read_metrics_csv(d / METRICS_FILE)
         assert [r["test_error_pct"] for r in rows] == [r["test_error_pct"] for r in read_results(d)["history"]]

@@ -16,6 +16,10 @@ branches); `find_branches` lists them, named "encoder.layers.3.ff". The search d
 that block. Blocks are reported by their qualified name (`model.get_submodule(name)` returns the
 block; for the registry's models, "blocks.3" is `model.blocks[3]`), in module order.
 
+**One walk per call.** An analysis call finds the blocks once (`ModelBlocks`: one walk of the module
+tree) and asks every question of that call (which blocks, which can be removed, their gates, the names
+given) of it; the next call walks the model again, so a model changed in between is seen as it is.
+
 **Naming a block.** Every function that takes a block accepts either its qualified name (a str)
 or its position in `find_blocks(model)` counted from 0, as Python indexes (an int). `lesion` and
 the gate statistics work per branch: a branch name, a block name (all its branches) or a position
@@ -34,8 +38,8 @@ from torch import nn
 from ..layers.blocks import (BranchRef, block_branches, block_spec, check_blocks, find_branches, has_shortcut,
                              identity_shortcut, is_block, iter_blocks, registered_blocks)
 
-__all__ = ["FAMILIES", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate", "gate_value",
-           "gate_magnitude", "resolve_block", "resolve_blocks", "resolve_branches", "identity_shortcut"]
+__all__ = ["FAMILIES", "ModelBlocks", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate",
+           "gate_value", "gate_magnitude", "resolve_block", "resolve_blocks", "resolve_branches", "identity_shortcut"]
 
 # What `block_kind` and `gates.model_family` answer.
 FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
@@ -133,43 +137,100 @@ def _positions_error(blocks: dict[str, nn.Module], given: object) -> IndexError:
                       f"in find_blocks order) or qualified names {shown}")
 
 
+class ModelBlocks:
+    """The blocks of one model, found by one walk of its module tree (`layers.blocks.iter_blocks`, in module
+    order, keyed by qualified name), and their branches, read from those blocks without another walk.
+
+    One analysis call makes one and asks every question of it (the names and positions given, which
+    blocks can be removed, their gates), so the call walks the tree once. It belongs to that call and
+    is never kept beyond it: a model changed afterwards (a block added or removed, a gate inserted) is
+    walked afresh by the next call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.blocks: dict[str, nn.Module] = dict(iter_blocks(model))
+        self._branches: dict[str, BranchRef] | None = None
+
+    @property
+    def branches(self) -> dict[str, BranchRef]:
+        """Every residual branch, as `find_branches` lists them (read from the blocks found, once)."""
+        if self._branches is None:
+            self._branches = {ref.name: ref for name, block in self.blocks.items()
+                              for ref in block_branches(name, block)}
+        return self._branches
+
+    def resolve(self, block: int | str, *, negative: bool = False) -> tuple[str, nn.Module]:
+        """`resolve_block` on these blocks."""
+        blocks = self.blocks
+        if not blocks:
+            raise no_blocks_error(self.model)
+        if isinstance(block, str):
+            if block in blocks:
+                return block, blocks[block]
+            try:
+                module = self.model.get_submodule(block)
+            except AttributeError:
+                raise _positions_error(blocks, block) from None
+            raise ValueError(f"module {block!r} ({type(module).__name__}) is not a block; the blocks are {list(blocks)}")
+        if isinstance(block, bool) or not isinstance(block, int):
+            raise _positions_error(blocks, block)
+        low = -len(blocks) if negative else 0
+        if not low <= block < len(blocks):
+            raise _positions_error(blocks, block)
+        name = list(blocks)[block]
+        return name, blocks[name]
+
+    def resolve_all(self, blocks: Sequence[int | str]) -> list[str]:
+        """`resolve_blocks` on these blocks."""
+        if isinstance(blocks, (str, int, torch.Tensor)):
+            raise TypeError(f"blocks={blocks!r}: expected a list of positions or qualified names, e.g. [0, 2] or "
+                            f"['blocks.0']")
+        names: list[str] = []
+        for block in blocks:
+            name, _ = self.resolve(block)
+            if name in names:
+                raise ValueError(f"block {name!r} is listed twice in the blocks to remove")
+            names.append(name)
+        return names
+
+    def resolve_branches(self, which: int | str) -> list[BranchRef]:
+        """`resolve_branches` on these blocks' branches."""
+        branches = self.branches
+        if not branches:
+            raise no_blocks_error(self.model)
+        if isinstance(which, str):
+            if which in branches:
+                return [branches[which]]
+            of_block = [ref for ref in branches.values() if ref.block == which]
+            if of_block:
+                return of_block
+            try:
+                module: nn.Module | None = self.model.get_submodule(which)
+            except AttributeError:
+                module = None
+            if module is not None:
+                raise ValueError(f"module {which!r} ({type(module).__name__}) is not a block; the branches are "
+                                 f"{list(branches)[:8]}")
+            shown = list(branches)[:4] + (["..."] if len(branches) > 4 else [])
+            raise IndexError(f"block={which!r} is neither a branch nor a block of this model; accepted values are "
+                             f"branch or block names {shown} or positions 0 .. {len(branches) - 1}")
+        if isinstance(which, bool) or not isinstance(which, int) or not -len(branches) <= which < len(branches):
+            raise IndexError(f"block={which!r}: accepted values are positions 0 .. {len(branches) - 1} (from 0 in "
+                             f"find_branches order; {-len(branches)} .. -1 from the end) or branch or block names")
+        return [list(branches.values())[which]]
+
+
 def resolve_block(model: nn.Module, block: int | str, *, negative: bool = False) -> tuple[str, nn.Module]:
     """(qualified name, block) for `block`, a position in `find_blocks(model)` (from 0; from the end
     when negative=True allows it) or a qualified name. IndexError naming the accepted values,
     ValueError when the model has no blocks or the name is a module that is not a block."""
-    blocks = dict(iter_blocks(model))
-    if not blocks:
-        raise no_blocks_error(model)
-    if isinstance(block, str):
-        if block in blocks:
-            return block, blocks[block]
-        try:
-            module = model.get_submodule(block)
-        except AttributeError:
-            raise _positions_error(blocks, block) from None
-        raise ValueError(f"module {block!r} ({type(module).__name__}) is not a block; the blocks are {list(blocks)}")
-    if isinstance(block, bool) or not isinstance(block, int):
-        raise _positions_error(blocks, block)
-    low = -len(blocks) if negative else 0
-    if not low <= block < len(blocks):
-        raise _positions_error(blocks, block)
-    name = list(blocks)[block]
-    return name, blocks[name]
+    return ModelBlocks(model).resolve(block, negative=negative)
 
 
 def resolve_blocks(model: nn.Module, blocks: Sequence[int | str]) -> list[str]:
     """The qualified names of `blocks` (positions from 0 or qualified names, see `resolve_block`), in
     the order given. ValueError when one block is named twice."""
-    if isinstance(blocks, (str, int, torch.Tensor)):
-        raise TypeError(f"blocks={blocks!r}: expected a list of positions or qualified names, e.g. [0, 2] or "
-                        f"['blocks.0']")
-    names: list[str] = []
-    for block in blocks:
-        name, _ = resolve_block(model, block)
-        if name in names:
-            raise ValueError(f"block {name!r} is listed twice in the blocks to remove")
-        names.append(name)
-    return names
+    return ModelBlocks(model).resolve_all(blocks)
 
 
 def resolve_branches(model: nn.Module, which: int | str) -> list[BranchRef]:
@@ -178,26 +239,4 @@ def resolve_branches(model: nn.Module, which: int | str) -> list[BranchRef]:
     from 0 (negative from the end). For the toolkit's models, whose blocks have one branch each,
     positions and names are those of `find_blocks`. IndexError naming the accepted values,
     ValueError when the model has no blocks."""
-    branches = find_branches(model)
-    if not branches:
-        raise no_blocks_error(model)
-    if isinstance(which, str):
-        if which in branches:
-            return [branches[which]]
-        of_block = [ref for ref in branches.values() if ref.block == which]
-        if of_block:
-            return of_block
-        try:
-            module: nn.Module | None = model.get_submodule(which)
-        except AttributeError:
-            module = None
-        if module is not None:
-            raise ValueError(f"module {which!r} ({type(module).__name__}) is not a block; the branches are "
-                             f"{list(branches)[:8]}")
-        shown = list(branches)[:4] + (["..."] if len(branches) > 4 else [])
-        raise IndexError(f"block={which!r} is neither a branch nor a block of this model; accepted values are "
-                         f"branch or block names {shown} or positions 0 .. {len(branches) - 1}")
-    if isinstance(which, bool) or not isinstance(which, int) or not -len(branches) <= which < len(branches):
-        raise IndexError(f"block={which!r}: accepted values are positions 0 .. {len(branches) - 1} (from 0 in "
-                         f"find_branches order; {-len(branches)} .. -1 from the end) or branch or block names")
-    return [list(branches.values())[which]]
+    return ModelBlocks(model).resolve_branches(which)

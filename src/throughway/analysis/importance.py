@@ -83,7 +83,7 @@ from torch.nn import functional as F
 from ..layers.adapters import block_spec
 from ..layers.blocks import iter_blocks
 from .blocks import find_blocks, no_blocks_error, resolve_blocks
-from .removal import lesion, prune, removable_blocks, removal_order
+from .removal import lesion, one_number, prune, removable_blocks, removal_order
 
 __all__ = ["CRITERIA", "TOKENS", "importance_order", "gate_order", "block_influence", "angular_distances",
            "angular_spans", "lesion_scores", "greedy_lesion_order", "deepest_order", "random_order",
@@ -450,15 +450,8 @@ def _calibration_loss(model: nn.Module, batches: list[tuple[Any, Any]], loss_fn:
     total, samples = 0.0, 0
     device = _device(model)
     for inputs, targets in batches:
-        value = loss_fn(_call(model, _to(inputs, device)), _to(targets, device))
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise TypeError(f"loss_fn returned a tensor of shape {tuple(value.shape)}; it must return the batch's "
-                                f"loss as one number (a one-element tensor or a float)")
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"loss_fn returned {type(value).__name__} {value!r:.60}; it must return the batch's loss "
-                            f"as one number (a one-element tensor or a float)")
+        value = one_number(loss_fn(_call(model, _to(inputs, device)), _to(targets, device)), "loss_fn",
+                           "it must return the batch's loss as one number (a one-element tensor or a float)")
         if math.isnan(value):
             raise ValueError(f"loss_fn returned NaN with {closed}; the blocks cannot be ranked on it")
         weight = _samples(inputs)
@@ -656,14 +649,6 @@ def span_removal_curve(model: nn.Module, spans: Mapping[int, Sequence[int | str]
         resolved[n] = names
     curve = {}
     for n in [0, *sorted(resolved)]:
-        value = metric(prune(model, resolved[n], example_input) if n else model)
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise TypeError(f"metric returned a tensor of shape {tuple(value.shape)}; span_removal_curve needs one "
-                                f"number per model")
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"metric returned {type(value).__name__} {value!r:.60}; span_removal_curve needs one "
-                            f"number per model")
-        curve[n] = float(value)
+        curve[n] = one_number(metric(prune(model, resolved[n], example_input) if n else model), "metric",
+                              "span_removal_curve needs one number per model")
     return curve

@@ -1,7 +1,9 @@
 """Lesioning one block and physically removing blocks, on any model (the registry's or a user's own).
 
 Blocks are found wherever they sit (`analysis.blocks.find_blocks`) and named by their
-qualified name or by their position from 0 (see analysis.blocks).
+qualified name or by their position from 0 (see analysis.blocks). Each call finds them once
+(`analysis.blocks.ModelBlocks`) and passes what it found down: a 10-step `removal_curve` walks the
+module tree once, not once per question.
 
 * `lesion(model, block)` (highway paper section 4.2, figure 4): a context manager that closes the
   gate of one block, so the block copies its input: all transform gates of a highway layer set
@@ -30,23 +32,18 @@ import torch
 from torch import nn
 
 from ..layers import ScalarGate
-from ..layers.blocks import BranchRef, ClosedGate, block_spec, close_branches, iter_blocks
+from ..layers.blocks import BranchRef, ClosedGate, block_spec, check_blocks, close_branches
 from ..models import create_model
-from .blocks import (no_blocks_error, block_kind, find_branches, gate_magnitude, gate_value, identity_shortcut,
-                     resolve_blocks, resolve_branches)
+from .blocks import ModelBlocks, block_kind, gate_magnitude, gate_value, identity_shortcut, no_blocks_error
 
 __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
-           "removable_blocks", "unremovable_blocks", "STRATEGIES", "PRUNABLE_MODELS"]
+           "removable_blocks", "unremovable_blocks", "one_number", "STRATEGIES", "PRUNABLE_MODELS"]
 
 STRATEGIES = ("greedy", "random")
 # Registry names whose blocks are interchangeable (every block maps width to width) and whose
 # config rebuilds any number of them through `depth`: `prune` keeps them registry models.
 PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_highway", "mlp_plain", "mlp_rezero",
                    "mlp_layerscale")
-
-
-def _blocks(model: nn.Module) -> dict[str, nn.Module]:
-    return dict(iter_blocks(model))
 
 
 def _check_lesionable(model: nn.Module, ref: BranchRef) -> None:
@@ -87,7 +84,7 @@ def lesion(model: nn.Module, block: int | str) -> Iterator[nn.Module]:
     skips the branch's modules), since the output would then be unchanged. IndexError / ValueError
     naming the block when it does not exist, has no shortcut (a plain layer) or is already lesioned.
     """
-    refs = resolve_branches(model, block)
+    refs = ModelBlocks(model).resolve_branches(block)
     for ref in refs:
         _check_lesionable(model, ref)
     with close_branches(model, [ref.name for ref in refs]) as standins:
@@ -116,8 +113,11 @@ def layers_per_block(model: nn.Module) -> int:
     """How many of the paper's layers d one block of a registry model holds: `model.config["depth"]`
     / number of blocks (2 for the residual MLPs, whose blocks hold two Dot-BN-ReLU layers; 1 for
     plain, augmented and highway MLPs)."""
-    config = getattr(model, "config", None)
-    blocks = _blocks(model)
+    return _layers_per_block(ModelBlocks(model))
+
+
+def _layers_per_block(found: ModelBlocks) -> int:
+    config, blocks = getattr(found.model, "config", None), found.blocks
     if not isinstance(config, dict) or "depth" not in config:
         raise ValueError("this model carries no model.config with a 'depth'; build it with create_model")
     if not blocks:
@@ -128,15 +128,15 @@ def layers_per_block(model: nn.Module) -> int:
     return depth // len(blocks)
 
 
-def _registry_name(model: nn.Module) -> str | None:
-    """The registry name when `prune` rebuilds `model` from its config: a model of PRUNABLE_MODELS
+def _registry_name(found: ModelBlocks) -> str | None:
+    """The registry name when `prune` rebuilds the model from its config: a model of PRUNABLE_MODELS
     whose blocks are exactly `model.blocks`."""
-    config = getattr(model, "config", None)
+    config = getattr(found.model, "config", None)
     name = config.get("name") if isinstance(config, dict) else None
-    blocks = getattr(model, "blocks", None)
+    blocks = getattr(found.model, "blocks", None)
     if name not in PRUNABLE_MODELS or not isinstance(blocks, nn.ModuleList):
         return None
-    return cast(str, name) if list(_blocks(model)) == [f"blocks.{i}" for i in range(len(blocks))] else None
+    return cast(str, name) if list(found.blocks) == [f"blocks.{i}" for i in range(len(blocks))] else None
 
 
 def check_prunable(model: nn.Module) -> str:
@@ -149,16 +149,16 @@ def check_prunable(model: nn.Module) -> str:
     if name is None:
         raise ValueError("this model carries no model.config with its registry name (it was not built by "
                          "create_model)")
-    if _registry_name(model) is None:
+    if _registry_name(ModelBlocks(model)) is None:
         raise ValueError(f"model {name!r} cannot be pruned in every order: removal in any order is supported for "
                          f"{list(PRUNABLE_MODELS)}, whose blocks all keep the width and whose depth rebuilds "
                          f"any number of them (a CIFAR ResNet's stage-opening blocks change the shape)")
     return cast(str, name)
 
 
-def _check_shapes(model: nn.Module, names: Sequence[str], example_input: torch.Tensor | None) -> None:
+def _check_shapes(found: ModelBlocks, names: Sequence[str], example_input: torch.Tensor | None) -> None:
     """ValueError naming the first block of `names` whose output may not have its input's shape."""
-    blocks = _blocks(model)
+    model, blocks = found.model, found.blocks
     unsure = [name for name in names if not identity_shortcut(blocks[name])]
     if not unsure:
         return  # u = ... + x: an identity shortcut makes the output x's shape
@@ -262,9 +262,8 @@ def _update_library_config(model: nn.Module, pruned: nn.Module, names: Sequence[
                 object.__setattr__(module, "layer_idx", new)
 
 
-def _prune_by_config(model: nn.Module, name: str, names: Sequence[str]) -> nn.Module:
+def _prune_by_config(model: nn.Module, name: str, names: Sequence[str], per_block: int) -> nn.Module:
     config = dict(cast(dict, model.config))
-    per_block = layers_per_block(model)
     count = len(cast(nn.ModuleList, model.blocks))
     removed = {int(n.split(".")[1]) for n in names}
     kept = [i for i in range(count) if i not in removed]
@@ -321,17 +320,18 @@ def prune(model: nn.Module, blocks: Sequence[int | str], example_input: torch.Te
         name = config.get("name") if isinstance(config, dict) else type(config).__name__ if config is not None else None
         raise ValueError(f"model {type(model).__name__} ({name!r}) is on the meta device (it has shapes but no "
                          f"weights); prune needs a model with its weights, e.g. from load_model")
-    names = resolve_blocks(model, blocks)
-    registry_name = _registry_name(model)
+    found = ModelBlocks(model)
+    names = found.resolve_all(blocks)
+    registry_name = _registry_name(found)
     if registry_name is None:
-        _check_shapes(model, names, example_input)
-    return _prune_checked(model, names, registry_name)
+        _check_shapes(found, names, example_input)
+    return _prune_checked(found, names, registry_name)
 
 
-def _prune_checked(model: nn.Module, names: Sequence[str], registry_name: str | None) -> nn.Module:
+def _prune_checked(found: ModelBlocks, names: Sequence[str], registry_name: str | None) -> nn.Module:
     if registry_name is not None:
-        return _prune_by_config(model, registry_name, names)
-    return _remove_from_copy(model, names)
+        return _prune_by_config(found.model, registry_name, names, _layers_per_block(found))
+    return _remove_from_copy(found.model, names)
 
 
 def unremovable_blocks(model: nn.Module, example_input: Any = None) -> dict[str, str]:
@@ -344,14 +344,16 @@ def unremovable_blocks(model: nn.Module, example_input: Any = None) -> dict[str,
     (PRUNABLE_MODELS), whose blocks all keep the width. With `example_input` every block's spec is
     checked on it first (`layers.blocks.check_blocks`: ValueError naming the block and branch that
     fail)."""
-    blocks = _blocks(model)
-    if not blocks:
-        raise no_blocks_error(model)
-    if example_input is not None:
-        from ..layers.blocks import check_blocks
+    return _unremovable(ModelBlocks(model), example_input)
 
-        check_blocks(model, example_input)
-    if _registry_name(model) is not None:
+
+def _unremovable(found: ModelBlocks, example_input: Any) -> dict[str, str]:
+    blocks = found.blocks
+    if not blocks:
+        raise no_blocks_error(found.model)
+    if example_input is not None:
+        check_blocks(found.model, example_input)
+    if _registry_name(found) is not None:
         return {}
     reasons = {}
     for name, block in blocks.items():
@@ -372,8 +374,12 @@ def removable_blocks(model: nn.Module, example_input: Any = None) -> list[str]:
     non-projection blocks of a CIFAR or torchvision ResNet, every layer of a transformer).
     `unremovable_blocks` says why each other block is not (and checks the specs on `example_input`
     when given). The orders of `removal_order` are drawn from these."""
-    excluded = unremovable_blocks(model, example_input)
-    return [name for name in _blocks(model) if name not in excluded]
+    return _removable(ModelBlocks(model), example_input)
+
+
+def _removable(found: ModelBlocks, example_input: Any = None) -> list[str]:
+    excluded = _unremovable(found, example_input)
+    return [name for name in found.blocks if name not in excluded]
 
 
 def _block_key(model: nn.Module, name: str, refs: list[BranchRef]) -> tuple[float, float]:
@@ -406,27 +412,32 @@ def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | 
     block (ValueError naming the first branch without one, or with a NaN gate)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r}; accepted values: {list(STRATEGIES)}")
-    positions = {name: i for i, name in enumerate(_blocks(model))}
-    removable = [positions[name] for name in removable_blocks(model)]
+    found = ModelBlocks(model)
+    positions = {name: i for i, name in enumerate(found.blocks)}
+    removable = [positions[name] for name in _removable(found)]
     if strategy == "greedy":
-        branches = list(find_branches(model).values())
+        branches = list(found.branches.values())
         names = list(positions)
         keys = {i: _block_key(model, names[i], [r for r in branches if r.block == names[i]]) for i in removable}
         return sorted(removable, key=lambda i: (*keys[i], i))
     return [removable[i] for i in torch.randperm(len(removable), generator=generator).tolist()]
 
 
-def _metric_value(metric: Callable[[nn.Module], float], model: nn.Module) -> float:
-    value = metric(model)
+def one_number(value: Any, what: str, wanted: str) -> float:
+    """`value`, what a caller's function returned (a metric, a loss_fn), as a float when it is one number: a
+    float, an int or a one-element tensor. TypeError "`what` returned ...; `wanted`" otherwise (`wanted`
+    says what the caller needs)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise TypeError(f"metric returned a tensor of shape {tuple(value.shape)}; removal_curve needs one number "
-                            f"per model (a float or a one-element tensor), e.g. the test accuracy")
+            raise TypeError(f"{what} returned a tensor of shape {tuple(value.shape)}; {wanted}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"metric returned {type(value).__name__} {value!r:.60}; removal_curve needs one number per "
-                        f"model (a float or a one-element tensor)")
+        raise TypeError(f"{what} returned {type(value).__name__} {value!r:.60}; {wanted}")
     return float(value)
+
+
+_ONE_NUMBER_PER_MODEL = ("removal_curve needs one number per model (a float or a one-element tensor), e.g. the test "
+                         "accuracy")
 
 
 def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable[[nn.Module], float],
@@ -441,12 +452,14 @@ def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable
     if max_removed is not None and (isinstance(max_removed, bool) or not isinstance(max_removed, int)
                                     or max_removed < 0):
         raise ValueError(f"max_removed={max_removed!r}: expected None (all of the order) or an integer >= 0")
-    names = resolve_blocks(model, order)
-    registry_name = _registry_name(model)
+    found = ModelBlocks(model)
+    names = found.resolve_all(order)
+    registry_name = _registry_name(found)
     if registry_name is None:
-        _check_shapes(model, names, example_input)
+        _check_shapes(found, names, example_input)
     limit = len(names) if max_removed is None else min(max_removed, len(names))
     values = []
     for removed in range(limit + 1):
-        values.append(_metric_value(metric, _prune_checked(model, names[:removed], registry_name) if removed else model))
+        pruned = _prune_checked(found, names[:removed], registry_name) if removed else model
+        values.append(one_number(metric(pruned), "metric", _ONE_NUMBER_PER_MODEL))
     return values

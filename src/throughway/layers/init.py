@@ -8,16 +8,20 @@ restores every transform gate's constant bias (which must survive re-initialisat
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from torch import nn
 
 from .gates import TransformGate
+
+M = TypeVar("M", bound=nn.Module)
 
 __all__ = ["INIT_SCHEMES", "init_weights_"]
 
 INIT_SCHEMES = ("glorot_uniform", "glorot_normal", "he_normal", "he_uniform", "torch_default")
 
 
-def init_weights_(model: nn.Module, scheme: str = "glorot_uniform") -> nn.Module:
+def init_weights_(model: M, scheme: str = "glorot_uniform") -> M:
     """Initialise `model` in place with `scheme` (one of INIT_SCHEMES) and return it.
 
     "torch_default" keeps PyTorch's own Linear/Conv init (Kaiming uniform with a = √5, uniform

@@ -265,4 +265,4 @@ def highway_conv(
             nn.init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-    return model  # type: ignore[return-value]
+    return model

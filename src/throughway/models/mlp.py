@@ -105,10 +105,6 @@ def make_stem(stem: str, in_features: int, width: int, norm: str, activation: st
     raise ValueError(f"stem={stem!r} is not known; accepted values: {list(STEMS)}")
 
 
-def _finish(model: MLP, init: str) -> MLP:
-    return init_weights_(model, init)  # type: ignore[return-value]
-
-
 @register_model("mlp_plain", "fully connected plain net: stem, d Dot-BN-ReLU layers, classifier (gated-residual-v2 §3.1; highway §3.1 with norm='none')")
 def mlp_plain(
     depth: int = 2,
@@ -127,7 +123,7 @@ def mlp_plain(
     _check_common(depth, width, in_features, num_classes)
     stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum, bn_eps)
     blocks = [PlainBlock(dense_unit(width, width, norm, activation, bn_momentum, bn_eps)) for _ in range(depth)]
-    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
+    return init_weights_(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: str, activation: str,
@@ -145,7 +141,7 @@ def _residual(depth: int, width: int, in_features: int, num_classes: int, norm: 
         )
         for _ in range(depth // 2)
     ]
-    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
+    return init_weights_(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 @register_model("mlp_residual", "fully connected ResNet: d/2 blocks u = f_r(x) + x of two Dot-BN-ReLU layers (gated-residual-v2 §3.1)")
@@ -263,7 +259,7 @@ def mlp_augmented(
     stem_layer = make_stem(stem, in_features, width, norm, activation, bn_momentum, bn_eps)
     blocks = [augment(dense_unit(width, width, norm, activation, bn_momentum, bn_eps), k_init, gate_function)
               for _ in range(depth)]
-    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
+    return init_weights_(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
 
 
 @register_model("mlp_highway", "fully connected highway net: stem, d layers y = H(x)·T(x) + x·(1−T(x)), classifier (highway §3.1)")
@@ -285,4 +281,4 @@ def mlp_highway(
     _check_common(depth, width, in_features, num_classes)
     stem_layer = make_stem(stem, in_features, width, stem_norm, activation)
     blocks = [dense_highway_layer(width, activation, gate_bias) for _ in range(depth)]
-    return _finish(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)
+    return init_weights_(MLP(stem_layer, blocks, nn.Linear(width, num_classes)), init)

@@ -1,4 +1,4 @@
-"""Running a study's runs as stacks: models trained together (`throughway.train.batched`).
+"""Running a study's runs as stacks: models trained together (`throughway.train.stack`).
 
 Runs whose configs share `stack_key` and the recipe's shared fields (same model shape, data,
 optimiser kind, mini-batch size, epochs) train as one stack; the others go in other stacks. Stacks
@@ -6,8 +6,8 @@ are independent, so `jobs` > 1 spreads them over spawned worker processes as `ru
 single runs. Each run still gets its own ordinary run directory.
 
 (This module was study/batching.py before. Some of its names and of the dictionaries it
-returns still say "batch" for a stack: `run_batched`, `time_batch`, `BatchTiming`, `batch_seconds`,
-`project_batches` and its "batches"/"batch" keys.)
+returns still say "batch" for a stack: `time_batch`, `BatchTiming`, `batch_seconds`, `project_batches`
+and its "batches"/"batch" keys; `run_batched` is `run_stacked`'s former name.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from ..data import DataSplits, Split, load_dataset
 from ..report.tables import table_header, table_row
 from ..train import RESULTS_FILE, read_results
-from ..train.batched import PER_MODEL_RECIPE_FIELDS, stack_key, train_stacked
+from ..train.stack import PER_MODEL_RECIPE_FIELDS, stack_key, train_stacked
 from ..train.stacked import StackedStep, StackedModels, StackedOptimizer
 from ..train.config import build_model, resolve_recipe
 from .options import add_options
@@ -40,7 +40,7 @@ from .spec import RunSpec, check_specs
 from .workers import damaged_finished_runs, prepare_data, worker_threads
 from .shards import check_shard_fresh, select_shard, shard_environment
 
-__all__ = ["group_specs", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
+__all__ = ["group_specs", "run_stacked", "run_batched", "time_batch", "BatchTiming", "batch_seconds", "worker_start_s", "makespan", "depth_study_markdown",
            "project_batches", "projection_markdown", "add_estimate_options", "StudyProgress", "run_work", "compiles",
            "COMPILE_MIN_STEPS"]
 
@@ -73,7 +73,7 @@ def compiles(batch: Sequence[RunSpec], compile: bool | None, train_images: int) 
     --no-compile), else (None, the default) when it trains at least COMPILE_MIN_STEPS steps."""
     if compile is not None:
         return compile
-    from ..train.batched import epoch_starts
+    from ..train.loop import epoch_starts
 
     recipe = resolve_recipe(batch[0].config)
     return recipe.epochs * len(epoch_starts(train_images, recipe.batch_size)) >= COMPILE_MIN_STEPS
@@ -509,7 +509,7 @@ class StudyProgress:
             self._bar.close()
 
 
-def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
+def run_stacked(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume: bool, jobs: int = 1,
                 threads: int | None = None, progress: bool = True, max_batch: int = 64, compile: bool | None = None,
                 on_done: Callable[[str, str | None], Any] | None = None,
                 shard: str | None = None) -> dict[str, str | None]:
@@ -533,6 +533,10 @@ def run_batched(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
     with shard_environment(shard):
         return _run_batches(batches, out, resume=resume, jobs=jobs, threads=threads, progress=progress,
                             compile=compile, on_done=on_done)
+
+
+# The former name, kept while the experiments still call it (the one such alias of this module).
+run_batched = run_stacked
 
 
 def _run_batches(batches: list[list[RunSpec]], out: str | os.PathLike[str], *, resume: bool, jobs: int,

@@ -11,8 +11,8 @@ The safetensors file is written first under a new name, then the JSON that point
 previous safetensors file is deleted; an interrupt at any point leaves a consistent pair. Nothing is
 ever unpickled: loading uses safetensors and JSON only.
 
-A stack's checkpoint (`batched.train_stacked`) is the same pair in the stack's state folder, written
-and read by train.batched with this module's checks (`check_history`, `is_int`, `is_number`).
+A stack's checkpoint (`stack.train_stacked`) is the same pair in the stack's state folder, written
+and read by train.stack with this module's checks (`check_history`, `is_int`, `is_number`).
 
 `save_model` / `load_model` write and read a finished model (`model.safetensors`): the state of any
 nn.Module, with `model.config` in the metadata when the model has one (a registry model), so that

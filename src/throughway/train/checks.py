@@ -1,28 +1,35 @@
 """What `fit` checks before its first optimiser step: what flows through the loop, and the
 user's callables and callbacks.
 
-`fit` checks its containers in `inputs.resolve_data`; this module checks their contents and the
-caller's functions, each failure a TypeError / ValueError that names the argument and the accepted
+`check_fit` is the one entry: `fit` calls it first, and it runs every check below in order, cheapest
+first (nothing is read before the arguments are checked), and returns what `fit` trains with
+(`FitInputs`). Each failure is a TypeError / ValueError that names the argument and the accepted
 values (docs/reliability.md lists them):
 
-* `eval_batch_size` (`check_eval_batch_size`), `callbacks` (`check_callbacks`: a single callback is
-  wrapped in a list; a string, a class, or an object with none of the hooks is refused, a misspelt
-  hook is named with the nearest hook), `optimizer` (`check_optimizer_parameters`: none of the
-  model's parameters is refused, some of them is a warning);
+* the arguments: `recipe` (a Recipe or a registered name), `optimizer` (a torch optimiser),
+  `scheduler`, `loss_fn` and `train_transform` (callables), `eval_batch_size` (`check_eval_batch_size`),
+  `callbacks` (`check_callbacks`: a single callback is wrapped in a list; a string, a class, or an
+  object with none of the hooks is refused, a misspelt hook is named with the nearest hook),
+  `eval_data` beside `test_data`;
+* the data's containers (`inputs.resolve_data`), `channels_last` on the CPU (`check_channels_last`),
+  at least two training samples, finite inputs in every tensor split, `optimizer`'s parameters
+  (`check_optimizer_parameters`: none of the model's is refused, some of them is a warning);
+* inputs: floating inputs are cast to the model's floating dtype (`model_dtype`; `cast_inputs`);
 * a probe batch (`probe`): the model's output on the first training batch, computed in eval mode
   under no_grad with every module's mode restored afterwards (BatchNorm's running statistics are
   not updated), checked as a tensor (`check_outputs`); with the default cross-entropy, the labels
-  of every tensor split are checked against its width (`check_labels`: integers of any width,
-  cast to int64, one per output row, in 0 … classes − 1, or floating class probabilities of the
-  outputs' shape, as torch's cross-entropy takes them; a Dataset's or a DataLoader's labels as
-  each batch is read). A DataLoader's first batch is probed at the first step instead (reading it
-  up front would move its sampler's order).
-* at first use, before the first backward pass: the loss (`check_loss`: a 0-d floating tensor with
-  a gradient; a loss_fn is not called an extra time) and `scheduler(optimizer)` (an object with
-  `.step()`, checked in `loop`); after the first backward pass, before the first optimiser step,
-  that some trainable parameter received a gradient (`check_gradients`: a loss not computed from
-  the outputs would train nothing).
-* inputs: floating inputs are cast to the model's floating dtype (`model_dtype`; `cast_inputs`).
+  of every tensor split are checked against its width (`check_first_batch`, `check_labels`: integers
+  of any width, cast to int64, one per output row, in 0 … classes − 1, or floating class
+  probabilities of the outputs' shape, as torch's cross-entropy takes them; a Dataset's or a
+  DataLoader's labels as each batch is read). A DataLoader's first batch is probed at the first step
+  instead (reading it up front would move its sampler's order);
+* a per-step schedule needs the steps of an epoch: a DataLoader without a length is refused with it.
+
+At first use, in the loop: the loss (`check_loss`: a 0-d floating tensor with a gradient, before the
+first backward pass; a loss_fn is not called an extra time) and `scheduler(optimizer)` (an object with
+`.step()`); after the first backward pass, before the first optimiser step, that some trainable
+parameter received a gradient (`check_gradients`: a loss not computed from the outputs would train
+nothing).
 """
 
 from __future__ import annotations
@@ -31,19 +38,154 @@ import contextlib
 import difflib
 import random
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
-__all__ = ["HOOKS", "check_eval_batch_size", "check_callbacks", "check_optimizer_parameters", "model_dtype",
-           "cast_inputs", "check_labels", "check_outputs", "check_loss", "check_gradients", "probe", "modes_kept", "rng_kept",
-           "OUTPUT_ACCEPTED"]
+from ..data import DataSplits, Split
+from .inputs import ItemSplit, loader_length, resolve_data
+from .recipes import STEP_SCHEDULES, Recipe, get_recipe
+
+__all__ = ["HOOKS", "FitInputs", "check_fit", "check_eval_batch_size", "check_callbacks", "check_optimizer_parameters",
+           "model_dtype", "cast_inputs", "check_labels", "check_outputs", "check_first_batch", "check_loss",
+           "check_gradients", "probe", "modes_kept", "rng_kept", "OUTPUT_ACCEPTED"]
 
 HOOKS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_epoch_end", "on_fit_end")
 OUTPUT_ACCEPTED = ("a tensor of class scores (N, classes) for the default cross-entropy, or any tensor that "
                    "loss_fn(outputs, y) scores; return only that tensor from forward (wrap a model that "
                    "returns a tuple or dict)")
+
+
+_CALLABLES = {"scheduler": "a function of the optimizer that returns a torch LR scheduler",
+              "loss_fn": "a function loss_fn(outputs, y) returning the batch's mean loss as a 0-d tensor",
+              "train_transform": "a function of a batch x returning its augmented version"}
+
+
+@dataclass
+class FitInputs:
+    """What `fit` trains with, as `check_fit` checked it: the recipe, the callbacks as a list, the data's
+    device, the training split (a Split, an ItemSplit or a DataLoader) and the evaluation splits with their
+    floating inputs in the model's dtype and, under the default cross-entropy, their labels as int64; the
+    DataSplits given (None for the other forms), the model's floating dtype, and whether the first batch
+    was checked (False for a DataLoader: its first batch is checked at the first step)."""
+
+    recipe: Recipe
+    callbacks: list[Any]
+    device: torch.device
+    train: Split | ItemSplit | DataLoader
+    val: Split | DataLoader | None
+    test: Split | DataLoader | None
+    splits: DataSplits | None
+    dtype: torch.dtype | None
+    checked: bool
+
+
+def check_fit(model: nn.Module, data: Any, recipe: Recipe | str, callbacks: Any, *, val_data: Any, test_data: Any,
+              eval_data: Any, loss_fn: Any, optimizer: Any, scheduler: Any, train_transform: Any,
+              eval_batch_size: Any, channels_last: bool) -> FitInputs:
+    """Every check `fit` makes before its first step, in order (the module docstring lists them); the
+    arguments are `fit`'s. Returns what `fit` trains with (`FitInputs`)."""
+    if isinstance(recipe, str):
+        recipe = get_recipe(recipe)
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe: got {type(recipe).__name__}; accepted: a Recipe or a registered recipe's name")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer (a "
+                        f"FlatOptimizer is one), or None for the recipe's")
+    for name, function in (("scheduler", scheduler), ("loss_fn", loss_fn), ("train_transform", train_transform)):
+        if function is not None and not callable(function):
+            raise TypeError(f"{name}: got {type(function).__name__}; accepted: {_CALLABLES[name]}, or None")
+    check_eval_batch_size(eval_batch_size)
+    callbacks = check_callbacks(callbacks, stacklevel=4)  # the warning points at the line that called fit
+    if eval_data is not None:
+        if test_data is not None:
+            raise ValueError("eval_data and test_data: give one (eval_data is the older name of test_data)")
+        test_data = eval_data
+    device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
+    check_channels_last(model, device, channels_last)
+    if not isinstance(train, DataLoader) and len(train) < 2:
+        raise ValueError("the training split needs at least 2 samples")
+    names = ({"data": "data", "val": "val_data", "test": "test_data"} if splits is None else
+             {"data": "data (training split)", "val": "data (validation split)", "test": "data (test split)"})
+    _check_finite_inputs({names["data"]: train, names["val"]: val, names["test"]: test})
+    if optimizer is not None:
+        check_optimizer_parameters(model, optimizer)
+    dtype = model_dtype(model)
+    train, val, test = (_cast_split(split, dtype) for split in (train, val, test))
+    checked = not isinstance(train, DataLoader)
+    if checked:  # a DataLoader's first batch is checked at the first step instead (reading it now would move its order)
+        train, val, test = _probe_first_batch(model, train, {names["val"]: val, names["test"]: test},
+                                              recipe.batch_size, loss_fn, device, names["data"])
+    elif (optimizer is None and scheduler is None and recipe.schedule in STEP_SCHEDULES
+          and loader_length(train) is None):
+        raise ValueError(f"recipe {recipe.name!r}: schedule={recipe.schedule!r} sets the learning rate at every step "
+                         f"of {recipe.epochs} epochs, but data is a DataLoader without a length, so the steps are not "
+                         f"known; accepted: a DataLoader with a length (a map-style Dataset), in-memory data, or a "
+                         f"per-epoch schedule")
+    return FitInputs(recipe, callbacks, device, train, val, test, splits, dtype, checked)
+
+
+def _check_finite_inputs(splits: dict[str, Any]) -> None:
+    """ValueError naming the split when the inputs of a tensor split hold NaN or infinite values: the
+    data's fault, said before training, not a divergence found after the first step. A DataLoader is
+    not scanned (it would be read an extra time)."""
+    for name, split in splits.items():
+        if isinstance(split, Split) and split.x.is_floating_point():
+            bad = ~torch.isfinite(split.x).flatten(1).all(dim=1) if split.x.dim() > 1 else ~torch.isfinite(split.x)
+            if bool(bad.any()):
+                first = int(bad.nonzero()[0, 0])
+                raise ValueError(f"{name}: the inputs hold NaN or infinite values in {int(bad.sum())} sample(s) "
+                                 f"(the first: index {first}); accepted: finite numbers (check how the data was "
+                                 f"loaded or normalised); nothing was trained")
+
+
+def _cast_split(split: Any, dtype: torch.dtype | None) -> Any:
+    """An in-memory split with its floating inputs in the model's floating dtype (the split itself when they are)."""
+    if not isinstance(split, Split):
+        return split
+    x = cast_inputs(split.x, dtype)
+    return split if x is split.x else Split(x, split.y)
+
+
+def _probe_first_batch(model: nn.Module, train: Split | ItemSplit, evals: dict[str, Any], batch_size: int,
+                       loss_fn: Any, device: torch.device, argument: str) -> tuple[Any, Any, Any]:
+    """Probe the model with the first training batch and check its output and the labels (`check_first_batch`);
+    return (train, val, test) with their labels cast to int64 under the default cross-entropy."""
+    if isinstance(train, ItemSplit):  # the item read when it was checked, as a batch of one: no extra read
+        x, y = (t.unsqueeze(0).to(device) for t in train.first)
+        x = cast_inputs(x, model_dtype(model))
+    else:
+        x, y = train.x[:batch_size], train.y[:batch_size]
+    with rng_kept(device):  # a model may draw random numbers even in eval mode: training must draw the same ones
+        outputs = probe(model, x, argument)
+    if loss_fn is not None:  # checked at its first use, the first step, before the backward pass
+        return (train, *evals.values())
+    labelled = {argument: y if isinstance(train, ItemSplit) else train, **evals}
+    checked = list(check_first_batch(outputs, len(x), labelled).values())
+    return (train if isinstance(train, ItemSplit) else checked[0]), checked[1], checked[2]
+
+
+def check_first_batch(outputs: torch.Tensor, batch: int, labelled: dict[str, Any]) -> dict[str, Any]:
+    """Under the default cross-entropy: the model's `outputs` on a first training batch of `batch` samples
+    must be class scores (N, classes, ...) (ValueError naming the model's output), and the labels of each
+    entry of `labelled` (argument name → a Split, whose labels are checked whole, or a batch's label tensor;
+    anything else is left alone) must fit them (`check_labels`). Returns `labelled` with each Split's labels
+    cast to int64."""
+    if outputs.dim() < 2 or outputs.shape[0] != batch:
+        raise ValueError(f"model's output: shape {tuple(outputs.shape)} for a batch of {batch}; accepted: "
+                         f"{OUTPUT_ACCEPTED}")
+    classes = int(outputs.shape[1])
+    checked = {}
+    for name, split in labelled.items():
+        if isinstance(split, Split):
+            split = Split(split.x, check_labels(split.y, name, classes, (len(split), *outputs.shape[1:])))
+        elif isinstance(split, torch.Tensor):
+            check_labels(split, name, classes, (len(split), *outputs.shape[1:]))
+        checked[name] = split
+    return checked
 
 
 def check_eval_batch_size(eval_batch_size: Any) -> None:
@@ -78,13 +220,14 @@ def _hook_names(callback: Any) -> tuple[list[str], list[str]]:
     return [n for n in names if n in HOOKS], [n for n in names if n not in HOOKS]
 
 
-def check_callbacks(callbacks: Any) -> list[Any]:
+def check_callbacks(callbacks: Any, stacklevel: int = 3) -> list[Any]:
     """`callbacks` as a list: None or () is empty, a single callback object is wrapped in a list.
 
     TypeError naming `callbacks` for a string, a class instead of an instance, or an object with none
     of the hooks (`HOOKS`); ValueError for an object whose only `on_*` methods are near misses of a
     hook (e.g. `on_epoch_ends`, named with the hook it resembles), which the loop would never call,
-    and a warning saying the same for a near miss beside real hooks."""
+    and a warning saying the same for a near miss beside real hooks (`stacklevel` as warnings.warn's,
+    counted from this function: 3 is the line that called its caller)."""
     if callbacks is None:
         return []
     if isinstance(callbacks, (str, bytes)):
@@ -110,7 +253,7 @@ def check_callbacks(callbacks: Any) -> list[Any]:
                        f"hooks: {', '.join(HOOKS)}")
             if not hooks:
                 raise ValueError(message)
-            warnings.warn(message, UserWarning, stacklevel=3)  # it has hooks too: the near miss may be its own
+            warnings.warn(message, UserWarning, stacklevel=stacklevel)  # it has hooks too: the near miss may be its own
         if not hooks:
             raise TypeError(f"{where}: has none of the hooks fit calls; accepted: an object with any of "
                             f"{', '.join(HOOKS)}")
@@ -127,7 +270,8 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 def check_optimizer_parameters(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """ValueError naming `optimizer` when it holds none of `model`'s trainable parameters (it would train
-    nothing, silently); a warning naming how many it lacks when it holds only some of them."""
+    nothing, silently); a warning naming how many it lacks when it holds only some of them (pointing at the
+    line that called `fit`, which checks it through `check_fit`)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         return
@@ -139,7 +283,7 @@ def check_optimizer_parameters(model: nn.Module, optimizer: torch.optim.Optimize
                          f"model.parameters() (or a part of them), or None for the recipe's")
     if missing:
         warnings.warn(f"optimizer: holds {len(trainable) - missing} of the model's {len(trainable)} trainable "
-                      f"parameters; the other {missing} are not trained", UserWarning, stacklevel=3)
+                      f"parameters; the other {missing} are not trained", UserWarning, stacklevel=4)
 
 
 def model_dtype(model: nn.Module) -> torch.dtype | None:

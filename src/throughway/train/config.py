@@ -2,7 +2,7 @@
 
 `check_config(config)` is the one check of a run's config (device, dataset, depth, seed, recipe and
 overrides, the model and its arguments, built on the meta device): `run.run_training` and
-`batched.train_batched` call it first, before the lock and the data, and pass the recipe it returns on.
+`stack.train_stacked` call it first, before the lock and the data, and pass the recipe it returns on.
 `build_model` builds the config's model as every run does (seeded, the data's input size and classes);
 `check_resumable` says whether a run directory's recorded config is this one's (a resume continues
 only the same run).
@@ -74,7 +74,7 @@ def check_config(config: RunConfig) -> Recipe:
     the dataset, the recipe and its overrides, and the model with its arguments (built on the meta
     device, so no memory is allocated); return the recipe the run trains with (`resolve_recipe`).
     Raises ValueError / KeyError / TypeError naming the field. A run checks its config once, here:
-    `run_training` and `train_batched` call it first and pass the recipe on."""
+    `run_training` and `train_stacked` call it first and pass the recipe on."""
     check_device(config.device)
     if config.dataset not in DATASET_SHAPES and config.dataset not in TEXT_DATASETS:
         raise ValueError(f"dataset={config.dataset!r} is not known; accepted values: "
@@ -86,8 +86,11 @@ def check_config(config: RunConfig) -> Recipe:
     if config.limit is not None and (not isinstance(config.limit, int) or config.limit < 2):
         raise ValueError(f"limit={config.limit!r}: must be at least 2 (BatchNorm needs two samples)")
     _finite("model_kwargs", config.model_kwargs)
+    # What the config names: the recipe with its overrides, and the model's arguments; then the rules that
+    # join them to the data set (a text data set trains a language model, in steps).
     recipe = resolve_recipe(config)
-    _check_text_rules(config, recipe)
+    language_model = "vocab_size" in model_entry(config.model).parameters()
+    _check_text_rules(config, recipe, language_model)
     shape, classes = DATASET_SHAPES[config.dataset] if config.dataset in DATASET_SHAPES else ((), TEXT_DATASETS[config.dataset])
     kwargs = model_kwargs_for(config, shape, classes)
     with torch.device("meta"):
@@ -105,10 +108,10 @@ def check_config(config: RunConfig) -> Recipe:
     return recipe
 
 
-def _check_text_rules(config: RunConfig, recipe: Recipe) -> None:
+def _check_text_rules(config: RunConfig, recipe: Recipe, language_model: bool) -> None:
     """What differs between a text data set's run (train.lm: a causal language model, trained in steps) and
-    an image data set's: ValueError naming the field and the accepted values."""
-    language_model = "vocab_size" in model_entry(config.model).parameters()
+    an image data set's: ValueError naming the field and the accepted values. `language_model`: whether the
+    config's model takes token ids (its factory has a `vocab_size`)."""
     if config.dataset in TEXT_DATASETS:
         if not language_model:
             raise ValueError(f"model={config.model!r} with dataset={config.dataset!r}: a text data set trains a causal "
@@ -230,7 +233,7 @@ def model_kwargs_for(config: RunConfig, input_shape: Sequence[int], num_classes:
 def build_model(config: RunConfig, data: DataSplits | TextSplits) -> torch.nn.Module:
     """The model of `config`, initialised as every run does: torch.manual_seed(config.seed), then
     create_model with the data's input size and classes (a text data set: its vocabulary size), on
-    config.device (shared with the batched trainer). Raises ValueError when config.model_kwargs
+    config.device (shared with the stack trainer). Raises ValueError when config.model_kwargs
     contradicts the data (see `model_kwargs_for`)."""
     shape = () if isinstance(data, TextSplits) else data.input_shape
     kwargs = model_kwargs_for(config, shape, data.num_classes)

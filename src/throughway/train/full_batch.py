@@ -29,7 +29,7 @@ from .optim import update_rows
 from .recipes import Recipe
 from .state import History, TrainState
 
-__all__ = ["StackedGD", "train_full_batch", "BatchedGD"]  # BatchedGD: StackedGD's former name
+__all__ = ["StackedGD", "train_full_batch"]
 
 
 class StackedGD:
@@ -130,8 +130,8 @@ class StackedGD:
         return model
 
 
-# The former name (from when "batched" meant a stack, before "batch" was kept for a mini-batch): the same
-# class, no warning, so that code written against it still runs.
+# The former name, kept while three experiments (hessian_dynamics, shortcut_lr, weight_norms) import it from
+# here; train.batched lists every former name.
 BatchedGD = StackedGD
 
 

@@ -9,8 +9,8 @@ depth-100 stack launches thousands of small kernels per step. `GraphedStep` runs
   replay needs no argument from the host;
 * forward, per-model cross-entropy, backward into the flat gradient, and the optimiser's update with
   the step-dependent scalars (bias corrections, NAdam's momentum product) computed on the device
-  (`update_rows_on_device`: `optim.update_rows`'s rule and kernels; on the CPU the same numbers bit
-  for bit, tests/test_cuda_path.py);
+  (`optim.update_rows_on_device`: `optim.update_rows`'s rule and kernels; on the CPU the same numbers
+  bit for bit, tests/test_cuda_path.py);
 * the epoch's totals (loss sums, errors, the first non-finite step and its loss) accumulated on the
   device with `stacked.train_epoch`'s arithmetic, read once at the epoch's end, where the loop
   applies its one divergence rule (train.loop.run_loop).
@@ -28,52 +28,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.nn import functional as F
 
 from .loop import epoch_starts
-from .optim import EAGER, Kernels
+from .optim import update_rows_on_device
 from .stacked import EpochTotals, StackedModels, StackedOptimizer, backward, compiled_forward
 
-__all__ = ["GraphedStep", "update_rows_on_device"]
+__all__ = ["GraphedStep"]
 
 _WARMUP_STEPS = 3  # torch's advice for a whole-network capture: warm up on a side stream first
-
-
-@torch.no_grad()
-def update_rows_on_device(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, Any], *, lr: torch.Tensor,
-                          momentum: torch.Tensor | None = None, weight_decay: torch.Tensor | float | None = None,
-                          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, momentum_decay: float = 4e-3,
-                          nesterov: bool = False, kernels: Kernels = EAGER) -> None:
-    """`optim.update_rows` with its step-dependent scalars computed on the device, so that a step never
-    waits for the host and can be captured in a CUDA graph. `state["step"]` (and NAdam's
-    `state["mu_product"]`) are float32 0-d tensors on `p`'s device; the other arguments are
-    update_rows's. The scalars are computed in float64 and rounded where update_rows rounds them, and
-    the elementwise passes are the same kernels, so on the CPU the update is update_rows's bit for bit."""
-    if isinstance(weight_decay, torch.Tensor):
-        g = g.addcmul(p, weight_decay)
-    elif weight_decay:
-        g = g.add(p, alpha=weight_decay)
-    step_t = state["step"]
-    step_t.add_(1)
-    if kind == "sgd":
-        kernels.sgd(p, g, state.get("momentum_buffer"), momentum, -lr, nesterov)
-        return
-    m, v = state["exp_avg"], state["exp_avg_sq"]
-    beta1, beta2 = betas
-    step = step_t.double()
-    bc2_root = torch.sqrt(1.0 - torch.pow(beta2, step))
-    if kind == "adam":
-        neg_step = lr * (-1.0 / (1.0 - torch.pow(beta1, step))).float()
-        kernels.adam(p, g, m, v, neg_step, bc2_root.to(p.dtype), beta1, beta2, eps)
-        return
-    mu = beta1 * (1.0 - 0.5 * torch.pow(0.96, step * momentum_decay))
-    mu_next = beta1 * (1.0 - 0.5 * torch.pow(0.96, (step + 1.0) * momentum_decay))
-    mu_product_t = state["mu_product"]
-    mu_product_t.mul_(mu.float())  # update_rows multiplies the float32 product by a Python float, rounded to float32
-    mu_product = mu_product_t.double()
-    c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_root).float()
-    c_avg = lr * (-mu_next / (1.0 - mu_product * mu_next) * bc2_root).float()
-    kernels.nadam(p, g, m, v, c_grad, c_avg, (eps * bc2_root).to(p.dtype), beta1, beta2)
 
 
 class GraphedStep:
@@ -94,18 +56,12 @@ class GraphedStep:
         self.capture = cuda if capture is None else capture
         self.warmup = warmup
         self._forward_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = compiled_forward(
-            stack, self._forward_loss_eager, compile)
+            stack, stack.training_loss, compile)
         self._key: tuple[Any, ...] | None = None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
 
     # -- the step's body, from static buffers ------------------------------------------------------
-    def _forward_loss_eager(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.stack.forward_logits(x, training=True)  # (N, classes, B)
-        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
-        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
-        return losses, wrong
-
     def _body(self, size: int) -> None:
         """One step on the batch of `size` samples at the device-side offset `self.start`."""
         columns = self.start + self.columns[size]                      # (B,)
@@ -121,13 +77,7 @@ class GraphedStep:
                                   betas=tuple(group["betas"]), eps=float(group["eps"]),
                                   momentum_decay=float(group["momentum_decay"]), nesterov=bool(group["nesterov"]),
                                   kernels=self.optimizer.kernels)
-            # stacked.train_epoch's totals, on the device
-            losses = losses.detach()
-            bad = ~torch.isfinite(losses) & (self.bad_step < 0)
-            self.bad_step.copy_(torch.where(bad, self.index, self.bad_step))
-            self.bad_loss.copy_(torch.where(bad, losses.float(), self.bad_loss))
-            self.loss_sum.add_(losses.double() * size)
-            self.wrong.add_(wrong)
+            self.totals.add(losses.detach(), wrong, self.index, size)  # stacked.train_epoch's totals, on the device
             self.index.add_(1)
             self.start.add_(size)
 
@@ -148,10 +98,7 @@ class GraphedStep:
         self.columns = {s: torch.arange(s, device=device) for s in sizes}
         self.start = torch.zeros((), dtype=torch.long, device=device)
         self.index = torch.zeros((), dtype=torch.long, device=device)
-        self.loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
-        self.wrong = torch.zeros(k, dtype=torch.long, device=device)
-        self.bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
-        self.bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
+        self.totals = EpochTotals.zeros(k, device)
         self.lr = torch.zeros((k, 1), dtype=self.stack.flat.dtype, device=device)
         group = self.optimizer.param_groups[0]
         state = self.optimizer.state[group["params"][0]]
@@ -168,10 +115,10 @@ class GraphedStep:
         self.orders.copy_(orders)
         self.start.zero_()
         self.index.zero_()
-        self.loss_sum.zero_()
-        self.wrong.zero_()
-        self.bad_step.fill_(-1)
-        self.bad_loss.zero_()
+        self.totals.loss_sum.zero_()
+        self.totals.wrong.zero_()
+        self.totals.bad_step.fill_(-1)
+        self.totals.bad_loss.zero_()
         self.lr.copy_(group["lr"])
         for key in ("step", "mu_product"):
             if key in self.opt_state:
@@ -231,5 +178,6 @@ class GraphedStep:
         state["step"] += len(sizes)  # the host's copy of the step count, without reading the device
         if "mu_product" in self.opt_state:
             state["mu_product"] = self.opt_state["mu_product"].detach().to("cpu", copy=True)
-        return EpochTotals(self.loss_sum.clone(), self.wrong.clone(), self.bad_step.clone(), self.bad_loss.clone(),
-                           sum(sizes))
+        totals = self.totals
+        return EpochTotals(totals.loss_sum.clone(), totals.wrong.clone(), totals.bad_step.clone(),
+                           totals.bad_loss.clone(), sum(sizes))

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from ..data import DataSplits, Split
 
-__all__ = ["ACCEPTED_DATA", "ItemSplit", "resolve_data", "user_split", "model_device", "check_materialised", "to_device"]
+__all__ = ["ACCEPTED_DATA", "ItemSplit", "resolve_data", "user_split", "model_device", "check_materialised", "to_device",
+           "loader_length"]
 
 ACCEPTED_DATA = ("DataSplits, a pair of tensors (x, y), a torch.utils.data.Dataset of (x, y) items, "
                  "or a torch.utils.data.DataLoader yielding (x, y) batches")
@@ -49,6 +50,14 @@ def to_device(batch: Any, device: torch.device, argument: str) -> tuple[torch.Te
         raise TypeError(f"{argument}: a DataLoader batch is {type(batch).__name__}; accepted: a pair of tensors (x, y)")
     x, y = batch
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def loader_length(loader: DataLoader) -> int | None:
+    """The batches of an epoch of `loader`, or None when it has no length (an iterable Dataset's)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def _pair(x: Any, y: Any, argument: str, device: torch.device) -> Split:

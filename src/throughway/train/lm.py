@@ -45,7 +45,7 @@ from . import distributed
 from .callbacks import ProgressPrinter
 from .checks import check_callbacks, check_eval_batch_size, modes_kept
 from .inputs import model_device
-from .loop import EpochStats, Member, call, run_loop, set_learning_rate
+from .loop import EpochStats, Member, count_step, run_loop, set_learning_rate
 from .optim import build_optimizer
 from .recipes import STEP_SCHEDULES, Recipe, get_recipe, learning_rate_at, learning_rate_at_step
 from .state import History, TrainState
@@ -220,14 +220,8 @@ class _LMEngine:
             if recipe.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, recipe.grad_clip)
             optimizer.step()
-            targets = block.shape[0] * self.context
-            stats.loss_sum[0] += loss_value * targets
             wrong += (logits.detach().argmax(dim=-1) != block[:, 1:]).sum()
-            stats.seen += targets
-            stats.steps += 1
-            state.step += 1
-            call(callbacks[0], "on_step_end", state, state.step, loss_value)
-            if state.stop:
+            if count_step(stats, state, callbacks[0], loss_value, block.shape[0] * self.context):
                 break
         stats.wrong = [int(wrong)]
         self.extra = {"train_bpc": bits_per_character(stats.loss_sum[0] / stats.seen) if stats.seen else None}

@@ -31,20 +31,21 @@ marked `stopped_at_step`). The built-in pieces are callbacks too: progress outpu
 `callbacks.ProgressPrinter` (added by `progress=True`), and a run directory's checkpoints,
 results.json, metrics.csv and TensorBoard events are callbacks that `run.run_training` adds.
 
-The epoch loop itself is `run_loop`, shared with `batched.train_stacked` (many models as one stack) and
+The epoch loop itself is `run_loop`, shared with `stack.train_stacked` (many models as one stack) and
 `full_batch.train_full_batch` (the Demystifying ResNet studies' full-batch descent): one loop for
 one model and for many. What differs between them is only how an epoch of steps is computed,
 evaluated and rolled back, the `Engine` (the one narrow seam); `fit` supplies the engine of one
 module (`_ModuleEngine`: the batches, the forward, the divergence check, the step and
-`on_step_end`), `batched._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
+`on_step_end`), `stack._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
 written once, here: the learning rates, the hooks, divergence (the member's history is kept and
 marked, its weights go back to the end of its last finished epoch, it leaves the loop and its
 `on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record
 (`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
 
 What the loop keeps per model and shows its callbacks (`History`, `TrainState`, `Callback`) is in
-train.state, a leaf that names no trainer (re-exported here). The file reads top to bottom: the
-callbacks' calls and the one resume path (`call`, `progress_entry`, `restore_progress`), the loop
+train.state, a leaf that names no trainer (re-exported here), with the one resume path: what a
+checkpoint stores of a member's progress (`TrainState.progress_entry`) and how it is read back
+(`TrainState.restore_progress`). The file reads top to bottom: the callbacks' calls (`call`), the loop
 (`Engine`, `Member`, `run_loop`), evaluation, then `fit` and its engine. The hooks' contract does
 not depend on how many models the loop trains: `state.model` is whatever module is
 trained, `loss` in `on_step_end` is the float the optimiser minimised in that step, and per-model
@@ -74,21 +75,20 @@ from ..data import DataSplits, Split
 from ..layers import branch_gate_values
 from . import distributed
 from .callbacks import ProgressPrinter
-from .checks import (OUTPUT_ACCEPTED, cast_inputs, check_callbacks, check_channels_last, check_eval_batch_size,
-                     check_gradients, check_labels, check_loss, check_optimizer_parameters, check_outputs, model_dtype,
-                     modes_kept, probe, rng_kept)
-from .inputs import ItemSplit, model_device, resolve_data, to_device, user_split
+from .checks import (cast_inputs, check_first_batch, check_fit, check_gradients, check_labels, check_loss, check_outputs,
+                     model_dtype, modes_kept, probe)
+from .inputs import ItemSplit, loader_length, model_device, to_device, user_split
 from .optim import build_optimizer
-from .recipes import STEP_SCHEDULES, Recipe, get_recipe, learning_rate_at, learning_rate_at_step
+from .recipes import STEP_SCHEDULES, Recipe, learning_rate_at, learning_rate_at_step
 from .state import Callback, History, TrainState
 
-__all__ = ["History", "TrainState", "Callback", "call", "progress_entry", "restore_progress", "EpochStats", "Engine",
+__all__ = ["History", "TrainState", "Callback", "call", "count_step", "EpochStats", "Engine",
            "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
            "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
 
 
 # ----------------------------------------------------------------------------------------------
-# Calling the callbacks; the one resume path
+# Calling the callbacks
 # ----------------------------------------------------------------------------------------------
 def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
     """Call `hook(*args)` on every callback that has it, in order (every hook is optional)."""
@@ -96,21 +96,6 @@ def call(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
         method = getattr(callback, hook, None)
         if method is not None:
             method(*args)
-
-
-def progress_entry(state: TrainState) -> dict[str, Any]:
-    """What a checkpoint stores of a member's progress besides tensors (JSON-able): its history and
-    elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's
-    checkpoint.json, a stack's batch.json) store exactly this per model, read back by `restore_progress`."""
-    return {"history": state.history.to_dict(), "elapsed_s": state.elapsed_s}
-
-
-def restore_progress(state: TrainState, entry: dict[str, Any]) -> None:
-    """Set `state`'s history, epoch (finished epochs = the history's records) and elapsed seconds from a
-    `progress_entry` read back from a checkpoint. The one resume path of `fit` and `train_stacked`."""
-    state.history = History.from_dict(entry["history"])
-    state.epoch = len(state.history.epochs)
-    state.elapsed_s = float(entry.get("elapsed_s", 0.0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,6 +186,18 @@ def epoch_record(epoch: int, lr: float, loss_sum: float, wrong: int | None, seen
     record["epoch_time_s"] = epoch_time
     record["elapsed_s"] = elapsed
     return record
+
+
+def count_step(stats: EpochStats, state: TrainState, callbacks: Sequence[Any], loss: float, seen: int) -> bool:
+    """The bookkeeping of a finished step of a one-member engine (`fit`'s, train.lm's): the step's mean loss
+    `loss` over `seen` samples (or targets) into the epoch's totals, the step counted in the epoch and in
+    `state.step`, then `on_step_end`; returns whether a callback set `state.stop`."""
+    stats.loss_sum[0] += loss * seen
+    stats.seen += seen
+    stats.steps += 1
+    state.step += 1
+    call(callbacks, "on_step_end", state, state.step, loss)
+    return state.stop
 
 
 def _end(member: Member) -> None:
@@ -417,20 +414,6 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group.get("lr_mult", 1.0)
 
 
-def _check_finite_inputs(splits: dict[str, Any]) -> None:
-    """ValueError naming the split when the inputs of a tensor split hold NaN or infinite values: the
-    data's fault, said before training, not a divergence found after the first step. A DataLoader is
-    not scanned (it would be read an extra time)."""
-    for name, split in splits.items():
-        if isinstance(split, Split) and split.x.is_floating_point():
-            bad = ~torch.isfinite(split.x).flatten(1).all(dim=1) if split.x.dim() > 1 else ~torch.isfinite(split.x)
-            if bool(bad.any()):
-                first = int(bad.nonzero()[0, 0])
-                raise ValueError(f"{name}: the inputs hold NaN or infinite values in {int(bad.sum())} sample(s) "
-                                 f"(the first: index {first}); accepted: finite numbers (check how the data was "
-                                 f"loaded or normalised); nothing was trained")
-
-
 def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequence[Any] = (), *,
         val_data: TrainData | None = None, test_data: TrainData | None = None,
         eval_data: TrainData | None = None, loss_fn: LossFn | None = None,
@@ -500,37 +483,10 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     The model leaves `fit` in the mode it came in: every module's training flag is given back (it
     trains in training mode and is evaluated in eval mode in between).
     """
-    if isinstance(recipe, str):
-        recipe = get_recipe(recipe)
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: got {type(recipe).__name__}; accepted: a Recipe or a registered recipe's name")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer: got {type(optimizer).__name__}; accepted: a torch.optim.Optimizer (a "
-                        f"FlatOptimizer is one), or None for the recipe's")
-    for name, function in (("scheduler", scheduler), ("loss_fn", loss_fn), ("train_transform", train_transform)):
-        if function is not None and not callable(function):
-            raise TypeError(f"{name}: got {type(function).__name__}; accepted: {_CALLABLES[name]}, or None")
-    check_eval_batch_size(eval_batch_size)
-    callbacks = check_callbacks(callbacks)
-    if eval_data is not None:
-        if test_data is not None:
-            raise ValueError("eval_data and test_data: give one (eval_data is the older name of test_data)")
-        test_data = eval_data
-    device, train, val, test, splits = resolve_data(model, data, val_data, test_data)
-    check_channels_last(model, device, channels_last)
-    if not isinstance(train, DataLoader) and len(train) < 2:
-        raise ValueError("the training split needs at least 2 samples")
-    names = ({"data": "data", "val": "val_data", "test": "test_data"} if splits is None else
-             {"data": "data (training split)", "val": "data (validation split)", "test": "data (test split)"})
-    _check_finite_inputs({names["data"]: train, names["val"]: val, names["test"]: test})
-    if optimizer is not None:
-        check_optimizer_parameters(model, optimizer)
-    dtype = model_dtype(model)
-    train, val, test = (_cast_split(split, dtype) for split in (train, val, test))
-    checked = not isinstance(train, DataLoader)
-    if checked:  # a DataLoader's first batch is checked at the first step instead (reading it now would move its order)
-        train, val, test = _check_first_batch(model, train, {names["val"]: val, names["test"]: test}, recipe.batch_size,
-                                              loss_fn, device, names["data"])
+    checked = check_fit(model, data, recipe, callbacks, val_data=val_data, test_data=test_data, eval_data=eval_data,
+                        loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler, train_transform=train_transform,
+                        eval_batch_size=eval_batch_size, channels_last=channels_last)
+    recipe, callbacks, train = checked.recipe, checked.callbacks, checked.train
     schedule = optimizer is None and scheduler is None
     if optimizer is None:
         optimizer = build_optimizer(model, recipe)
@@ -538,63 +494,18 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     rank, world = distributed.rank_and_world()
     n = 0 if isinstance(train, DataLoader) else len(train)
     starts = epoch_starts(n, recipe.batch_size, world)
-    steps_per_epoch = _loader_length(train) if isinstance(train, DataLoader) else len(starts)
-    if schedule and recipe.schedule in STEP_SCHEDULES and steps_per_epoch is None:
-        raise ValueError(f"recipe {recipe.name!r}: schedule={recipe.schedule!r} sets the learning rate at every step "
-                         f"of {recipe.epochs} epochs, but data is a DataLoader without a length, so the steps are not "
-                         f"known; accepted: a DataLoader with a length (a map-style Dataset), in-memory data, or a "
-                         f"per-epoch schedule")
-    state = TrainState(model, optimizer, recipe, splits, generator, History(), steps_per_epoch=steps_per_epoch)
+    steps_per_epoch = loader_length(train) if isinstance(train, DataLoader) else len(starts)
+    state = TrainState(model, optimizer, recipe, checked.splits, generator, History(), steps_per_epoch=steps_per_epoch)
     if progress and rank == 0:
         callbacks = [*callbacks, ProgressPrinter(label=label)]
-    engine = _ModuleEngine(state, optimizer, train, {"val": val, "test": test}, starts, schedule=schedule,
-                           scheduler=scheduler, device=device,
+    engine = _ModuleEngine(state, optimizer, train, {"val": checked.val, "test": checked.test}, starts,
+                           schedule=schedule, scheduler=scheduler, device=checked.device,
                            loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
-                           amp=amp, channels_last=channels_last, compile_model=compile_model, checked=checked,
-                           dtype=dtype)
+                           amp=amp, channels_last=channels_last, compile_model=compile_model, checked=checked.checked,
+                           dtype=checked.dtype)
     with modes_kept(model):  # the caller's training flags come back, module by module (a frozen submodule stays in eval)
         run_loop(engine, [Member(state, callbacks)], recipe.epochs)
     return state.history
-
-
-_CALLABLES = {"scheduler": "a function of the optimizer that returns a torch LR scheduler",
-              "loss_fn": "a function loss_fn(outputs, y) returning the batch's mean loss as a 0-d tensor",
-              "train_transform": "a function of a batch x returning its augmented version"}
-
-
-def _cast_split(split: Any, dtype: torch.dtype | None) -> Any:
-    """An in-memory split with its floating inputs in the model's floating dtype (the split itself when they are)."""
-    if not isinstance(split, Split):
-        return split
-    x = cast_inputs(split.x, dtype)
-    return split if x is split.x else Split(x, split.y)
-
-
-def _check_first_batch(model: nn.Module, train: Any, evals: dict[str, Any], batch_size: int, loss_fn: LossFn | None,
-                       device: torch.device, argument: str) -> tuple[Any, Any, Any]:
-    """Check the model's output on the first training batch and the labels (see train.checks); return (train,
-    val, test) with their labels cast to int64 under the default cross-entropy."""
-    if isinstance(train, ItemSplit):  # the item read when it was checked, as a batch of one: no extra read
-        x, y = (t.unsqueeze(0).to(device) for t in train.first)
-        x = cast_inputs(x, model_dtype(model))
-    else:
-        x, y = train.x[:batch_size], train.y[:batch_size]
-    with rng_kept(device):  # a model may draw random numbers even in eval mode: training must draw the same ones
-        outputs = probe(model, x, argument)
-    if loss_fn is not None:  # checked at its first use, the first step, before the backward pass
-        return (train, *evals.values())
-    if outputs.dim() < 2 or outputs.shape[0] != len(x):
-        raise ValueError(f"model's output: shape {tuple(outputs.shape)} for a batch of {len(x)}; accepted: "
-                         f"{OUTPUT_ACCEPTED}")
-    classes = int(outputs.shape[1])
-    checked = []
-    for name, split in ((argument, train), *evals.items()):
-        if isinstance(split, Split):
-            split = Split(split.x, check_labels(split.y, name, classes, (len(split), *outputs.shape[1:])))
-        elif isinstance(split, ItemSplit):
-            check_labels(y, name, classes, (len(y), *outputs.shape[1:]))
-        checked.append(split)
-    return checked[0], checked[1], checked[2]
 
 
 class _ModuleEngine:
@@ -674,20 +585,12 @@ class _ModuleEngine:
         return cast_inputs(x, self.dtype), _integer_labels(y) if self.labels else y
 
     def _first_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """fit's up-front checks on a DataLoader's first batch, before the first step (train.checks)."""
+        """fit's up-front checks on a DataLoader's first batch, before the first step (train.checks); the
+        in-memory evaluation splits' labels are checked and cast once, here."""
         outputs = probe(self.state.model, x, "data")
-        if self.loss_fn is not None:
-            pass  # checked at its first use, in the step, before the backward pass
-        elif outputs.dim() < 2 or outputs.shape[0] != len(x):
-            raise ValueError(f"model's output: shape {tuple(outputs.shape)} for a batch of {len(x)}; accepted: "
-                             f"{OUTPUT_ACCEPTED}")
-        else:
-            classes = int(outputs.shape[1])
-            check_labels(y, "data", classes, (len(y), *outputs.shape[1:]))
-            for key, split in self.evals.items():  # the in-memory evaluation splits, labels cast once
-                if isinstance(split, Split):
-                    labels = check_labels(split.y, f"{key}_data", classes, (len(split), *outputs.shape[1:]))
-                    self.evals[key] = Split(split.x, labels)
+        if self.loss_fn is None:  # else checked at its first use, in the step, before the backward pass
+            checked = check_first_batch(outputs, len(x), {"data": y, **{f"{k}_data": v for k, v in self.evals.items()}})
+            self.evals = {key: checked[f"{key}_data"] for key in self.evals}
         self.checked = True
 
     def _step_labels(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -774,13 +677,8 @@ class _ModuleEngine:
                 check_gradients(state.model, self.loss_fn is not None)
                 self.check_gradients = False
             optimizer.step()
-            stats.loss_sum[0] += loss_value * batch_seen
             wrong = wrong + wrong_count
-            stats.seen += batch_seen
-            stats.steps += 1
-            state.step += 1
-            call(callbacks[0], "on_step_end", state, state.step, loss_value)
-            if state.stop:
+            if count_step(stats, state, callbacks[0], loss_value, batch_seen):
                 break
         stats.wrong = [int(wrong) if classified else None]
         return stats
@@ -808,10 +706,3 @@ class _ModuleEngine:
 
     def keep(self, positions: Sequence[int]) -> None:
         """Nothing to do: the one member has ended when it is dropped."""
-
-
-def _loader_length(loader: DataLoader) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:
-        return None

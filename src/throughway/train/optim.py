@@ -1,6 +1,8 @@
 """The one update rule of every trainer: SGD (momentum, Nesterov), Adam, AdamW and NAdam over rows of parameters.
 
-Every path of the toolkit updates its parameters through `update_rows`, written once here:
+Every path of the toolkit updates its parameters through `update_rows`, written once here (with
+`update_rows_on_device`, the same rule with its step-dependent scalars kept on the device, for a step
+captured as a CUDA graph: train.graphed; both read NAdam's momentum schedule from `nadam_momentum`):
 
 * `FlatOptimizer` (`fit`, `throughway train`): a real `torch.optim.Optimizer` whose groups each hold
   one flat vector, the concatenation of the group's parameters (a model as one row);
@@ -36,7 +38,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .recipes import Recipe, parameter_groups
 
-__all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "update_rows", "closure_loss", "FlatOptimizer",
+__all__ = ["KINDS", "Kernels", "EAGER", "compiled_kernels", "nadam_momentum", "update_rows", "update_rows_on_device",
+           "closure_loss", "FlatOptimizer",
            "build_optimizer"]
 
 KINDS = ("sgd", "adam", "nadam", "adamw")
@@ -105,6 +108,13 @@ def compiled_kernels() -> Kernels:
 # The update rule
 # ----------------------------------------------------------------------------------------------
 
+def nadam_momentum(beta1: float, step: Any, momentum_decay: float) -> Any:
+    """NAdam's momentum coefficient of step t (1-based), μ_t = β1·(1 − 0.5·0.96^(t·ψ)) with ψ the momentum
+    decay (Dozat 2016, §3, as torch.optim.NAdam and Keras schedule it). `step` is a Python number (the
+    result is one) or a tensor on the device (the result is a tensor, computed there)."""
+    return beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
+
+
 def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, Any], *, lr: torch.Tensor,
                 momentum: torch.Tensor | None = None, weight_decay: float | torch.Tensor | None = None,
                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, momentum_decay: float = 4e-3,
@@ -152,8 +162,7 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
         bc2_sqrt = torch.tensor(math.sqrt(1 - beta2 ** step), dtype=p.dtype, device=p.device)
         kernels.adam(p, g, m, v, neg_step, bc2_sqrt, beta1, beta2, eps)
         return
-    mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
-    mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
+    mu, mu_next = nadam_momentum(beta1, step, momentum_decay), nadam_momentum(beta1, step + 1, momentum_decay)
     mu_product_t = state.setdefault("mu_product", torch.ones((), dtype=torch.float32))
     mu_product_t *= mu
     mu_product = float(mu_product_t)
@@ -165,6 +174,42 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
     c_avg = lr * (-mu_next / (1.0 - mu_product_next) * bc2_root)
     eps_t = torch.tensor(eps * bc2_root, dtype=p.dtype, device=p.device)
     kernels.nadam(p, g, m, v, c_grad, c_avg, eps_t, beta1, beta2)
+
+
+@torch.no_grad()
+def update_rows_on_device(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, Any], *, lr: torch.Tensor,
+                          momentum: torch.Tensor | None = None, weight_decay: torch.Tensor | float | None = None,
+                          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, momentum_decay: float = 4e-3,
+                          nesterov: bool = False, kernels: Kernels = EAGER) -> None:
+    """`update_rows` ("sgd", "adam", "nadam") with its step-dependent scalars computed on the device, so that
+    a step never waits for the host and can be captured in a CUDA graph (train.graphed). `state["step"]` (and
+    NAdam's `state["mu_product"]`) are float32 0-d tensors on `p`'s device; the other arguments are
+    update_rows's. The scalars are computed in float64 and rounded where update_rows rounds them, and the
+    elementwise passes are the same kernels, so on the CPU the update is update_rows's bit for bit."""
+    if isinstance(weight_decay, torch.Tensor):
+        g = g.addcmul(p, weight_decay)
+    elif weight_decay:
+        g = g.add(p, alpha=weight_decay)
+    step_t = state["step"]
+    step_t.add_(1)
+    if kind == "sgd":
+        kernels.sgd(p, g, state.get("momentum_buffer"), momentum, -lr, nesterov)
+        return
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    beta1, beta2 = betas
+    step = step_t.double()
+    bc2_root = torch.sqrt(1.0 - torch.pow(beta2, step))
+    if kind == "adam":
+        neg_step = lr * (-1.0 / (1.0 - torch.pow(beta1, step))).float()
+        kernels.adam(p, g, m, v, neg_step, bc2_root.to(p.dtype), beta1, beta2, eps)
+        return
+    mu, mu_next = nadam_momentum(beta1, step, momentum_decay), nadam_momentum(beta1, step + 1.0, momentum_decay)
+    mu_product_t = state["mu_product"]
+    mu_product_t.mul_(mu.float())  # update_rows multiplies the float32 product by a Python float, rounded to float32
+    mu_product = mu_product_t.double()
+    c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_root).float()
+    c_avg = lr * (-mu_next / (1.0 - mu_product * mu_next) * bc2_root).float()
+    kernels.nadam(p, g, m, v, c_grad, c_avg, (eps * bc2_root).to(p.dtype), beta1, beta2)
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:

@@ -46,13 +46,13 @@ from .checkpoint import (check_model_config, has_checkpoint, load_checkpoint, lo
                          save_checkpoint, save_model, verify_checkpoint_file)
 from .config import RunConfig, RunExistsError, build_model, check_config, check_resumable
 from .lm import DEFAULT_LM_EVAL_BATCH, fit_lm
-from .loop import DEFAULT_EVAL_BATCH, History, TrainState, fit, progress_entry, restore_progress
-from .stacked import BatchedOptimizer
+from .loop import DEFAULT_EVAL_BATCH, TrainState, fit
+from .stacked import StackedOptimizer
 from .recipes import Recipe
 from .rundir import MODEL_FILE, RESULTS_FILE, RunDir, interrupts_deferred
 
-__all__ = ["run_training", "RESULTS_FILE", "RESULTS_FORMAT", "read_results", "results_header", "final_summary",
-           "ResultsFiles", "prepare_run_dir", "check_finished_model"]
+__all__ = ["run_training", "RESULTS_FILE", "RESULTS_FORMAT", "read_results", "results_header", "ResultsFiles",
+           "prepare_run_dir", "check_finished_model"]
 
 RESULTS_FORMAT = "throughway-results-1"
 
@@ -171,7 +171,7 @@ def check_finished_model(run: RunDir, results: dict[str, Any], advice: str | Non
     skipped as finished: a missing, truncated or damaged file, or one that is
     not a regular file (a FIFO, a folder), is rebuilt from the run's checkpoint of the final epoch
     (checked against its SHA-256 and against results.json's model config); without that checkpoint
-    (a batched run keeps none), ValueError naming the file and ending with `advice` (default: choose
+    (a stacked run keeps none), ValueError naming the file and ending with `advice` (default: choose
     another --out; a study says how to retrain that one run). Nothing else is written."""
     path = run.model
     try:
@@ -261,25 +261,9 @@ def _data_summary(data: DataSplits | TextSplits) -> dict[str, Any]:
             "test": len(data.test)}
 
 
-def final_summary(history: History) -> dict[str, Any]:
-    """results.json's `final` field for a run that ended with `history`."""
-    last = history.last()
-    return {
-        "epochs_completed": len(history.epochs),
-        "diverged": history.diverged,
-        "test_error_pct": last["test_error_pct"] if last else None,
-        "val_error_pct": last["val_error_pct"] if last else None,
-        "train_loss": last["train_loss"] if last else None,
-        "k_mean": last.get("k_mean") if last else None,
-        "k": last.get("k") if last else None,
-        # a language model's (train.lm): the last epoch's bits per character
-        **{key: last[key] for key in ("train_bpc", "val_bpc", "test_bpc") if last and key in last},
-    }
-
-
 class ResultsFiles:
     """Callback that keeps a run directory's results.json and metrics.csv current every epoch and writes
-    model.safetensors at the end; shared by `run_training` and `train_batched` (one writer for both).
+    model.safetensors at the end; shared by `run_training` and `train_stacked` (one writer for both).
 
     `results` is the header (`results_header`); `write=False` (a non-zero rank of a distributed run)
     writes nothing."""
@@ -293,7 +277,7 @@ class ResultsFiles:
         self.results["history"] = state.history.epochs
         self.results["diverged"] = state.history.diverged
         self.results["diverged_at"] = state.history.diverged_at
-        self.results["final"] = final_summary(state.history) if final else None
+        self.results["final"] = state.history.final() if final else None
         atomic_write_json(self.out_dir / RESULTS_FILE, self.results)
         write_metrics_csv(self.out_dir, state.history.epochs)
 
@@ -313,8 +297,8 @@ class ResultsFiles:
 
 
 def _own_optimizer(state: TrainState) -> torch.optim.Optimizer:
-    if not isinstance(state.optimizer, torch.optim.Optimizer) or isinstance(state.optimizer, BatchedOptimizer):
-        raise TypeError("a run's own checkpoint needs the run's own optimiser; a batched run checkpoints the batch")
+    if not isinstance(state.optimizer, torch.optim.Optimizer) or isinstance(state.optimizer, StackedOptimizer):
+        raise TypeError("a run's own checkpoint needs the run's own optimiser; a stacked run checkpoints the stack")
     return state.optimizer
 
 
@@ -328,13 +312,15 @@ class _RunFiles(ResultsFiles):
         self.progress = progress  # False (--quiet): no "resuming" line either; quiet means nothing on stderr
         # Stored in every checkpoint.json, so a resume is checked even when results.json is gone.
         self.identity = {"config": results["config"], "model": {"config": results["model"]["config"]}}
+        self.optimizer: torch.optim.Optimizer | None = None  # the run's own, checked as it starts
 
     def on_fit_start(self, state: TrainState) -> None:
-        """Restore the checkpoint when resuming, then write results.json."""
+        """Check that the run has an optimiser of its own to checkpoint, restore the checkpoint when resuming,
+        then write results.json."""
+        self.optimizer = _own_optimizer(state)
         if self.resume and has_checkpoint(self.out_dir):
-            meta = load_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state),
-                                   generator=state.generator)
-            restore_progress(state, meta)
+            meta = load_checkpoint(self.out_dir, model=state.model, optimizer=self.optimizer, generator=state.generator)
+            state.restore_progress(meta)
             if self.write and self.progress:
                 print(f"  resuming {self.out_dir} after epoch {state.epoch}", file=sys.stderr, flush=True)
         super().on_fit_start(state)
@@ -343,7 +329,7 @@ class _RunFiles(ResultsFiles):
         """Checkpoint the epoch and rewrite results.json, both or neither under Ctrl-C (`interrupts_deferred`)."""
         with interrupts_deferred():
             if self.write:
-                save_checkpoint(self.out_dir, model=state.model, optimizer=_own_optimizer(state),
-                                generator=state.generator, epoch=state.epoch,
-                                extra={**progress_entry(state), **self.identity})
+                save_checkpoint(self.out_dir, model=state.model, optimizer=self.optimizer or _own_optimizer(state),
+                                generator=state.generator,
+                                epoch=state.epoch, extra={**state.progress_entry(), **self.identity})
             super().on_epoch_end(state, record)

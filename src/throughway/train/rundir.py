@@ -1,6 +1,6 @@
 """The run directory as untrusted input: its paths, an exclusive lock, validated file names, cleanup.
 
-Single runs (`run.run_training`) and stacks (`batched.train_stacked`) write their files through
+Single runs (`run.run_training`) and stacks (`stack.train_stacked`) write their files through
 a `RunDir`, which promises:
 
 * nothing outside the directory is read or deleted because of a name found in one of its JSON
@@ -286,7 +286,7 @@ def interrupts_deferred() -> Iterator[None]:
     """Hold back Ctrl-C (SIGINT) while the block runs, then raise it: an epoch's files are written whole.
 
     An interrupt between a run's checkpoint and its results.json left checkpoint.json one epoch ahead of
-    the history (seen under load in tests/test_hostile_inputs.py::test_two_processes_on_one_out). Each file
+    the history (seen under load in tests/test_rundir.py::test_two_processes_on_one_out). Each file
     is atomic on its own; this makes the pair atomic against an interrupt. Outside the main thread (where
     Python delivers signals) it does nothing. SIGKILL and power loss still land anywhere: resume then
     trusts checkpoint.json, and results.json is rewritten from it.

@@ -1,5 +1,5 @@
 """N small models of one shape held as stacked tensors: `StackedModels`, the stack that
-`train.batched` drives (the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
+`train.stack` drives (the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
 and its computation: one step of every model (`StackedStep`), one epoch (`train_epoch`) and the
 evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_members`).
 
@@ -35,10 +35,9 @@ from .loop import epoch_starts, evaluate_members
 from .optim import EAGER, closure_loss, compiled_kernels, update_rows
 from .recipes import Recipe, parameter_groups
 
-__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "compiled_forward", "own_name", "stack_family", "SUPPORTED_MODELS",
-           "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack", "EVAL_CHUNK",
-           # The former names (from when "batch" meant a stack), the same objects:
-           "BatchedOptimizer", "BatchedStep", "batch_family"]
+__all__ = ["StackedModels", "StackedOptimizer", "backward", "canonical_name", "compiled_forward", "own_name", "stack_family",
+           "SUPPORTED_MODELS", "MIXABLE_MODELS", "StackedStep", "EpochTotals", "train_epoch", "evaluate_stack",
+           "EVAL_CHUNK"]
 
 SUPPORTED_MODELS = ("mlp_plain", "mlp_residual", "mlp_gated_residual", "mlp_highway", "mlp_augmented", "mlp_rezero",
                     "mlp_layerscale")
@@ -214,7 +213,7 @@ class StackedModels:
         self.bn_names = [n for n, m in template.named_modules()
                          if isinstance(m, nn.BatchNorm1d) and m.track_running_stats]
         if any(isinstance(m, nn.BatchNorm1d) and not m.track_running_stats for m in template.modules()):
-            raise ValueError("BatchNorm without running statistics is not supported by batched training")
+            raise ValueError("BatchNorm without running statistics is not supported by stacked training")
         self.running: dict[str, torch.Tensor] = {}
         for n in self.bn_names:
             for key in ("running_mean", "running_var"):
@@ -359,6 +358,15 @@ class StackedModels:
             x = x.transpose(1, 2)  # (N, features, B): a strided view that the batched product reads as is
         return self._module(self.template, "", x)
 
+    def training_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training step's forward of every model on its batch, `x` (N, B, features) and `y` (N, B):
+        each model's mean cross-entropy (N,) and its number of errors (N,). What `StackedStep` and
+        `graphed.GraphedStep` differentiate (through `compiled_forward`)."""
+        logits = self.forward_logits(x, training=True)  # (N, classes, B)
+        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
+        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
+        return losses, wrong
+
     def _linear(self, prefix: str, x: torch.Tensor, scope: _Scope) -> torch.Tensor:
         w = scope.params[f"{prefix}weight"]
         b = scope.params.get(f"{prefix}bias")
@@ -409,7 +417,7 @@ class StackedModels:
             return self._module(m.branch, f"{prefix}branch.", x, scope)
         if isinstance(m, ResidualBlock):
             if not isinstance(m.shortcut, nn.Identity):
-                raise TypeError(f"{prefix}: batched training supports identity shortcuts only")
+                raise TypeError(f"{prefix}: stacked training supports identity shortcuts only")
             out = self._module(m.branch, f"{prefix}branch.", x, scope)
             if self.mixed:  # u = s·x + g·f_r(x): s = 0 for plain nets, g = 1 for ungated ones
                 g = torch.where(self.gate_mask, self._gate(f"{prefix}gate.", cast(ScalarGate, m.gate), scope), 1.0)
@@ -425,7 +433,7 @@ class StackedModels:
             return g * self._module(m.branch, f"{prefix}branch.", x, scope) + (1.0 - g) * x
         if isinstance(m, HighwayLayer):
             if not isinstance(m.gate, TransformGate):
-                raise TypeError(f"{prefix}gate: batched training supports TransformGate only")
+                raise TypeError(f"{prefix}gate: stacked training supports TransformGate only")
             if x.dim() == 2:  # one shared input batch (B, C): every model's copy of it, feature-major
                 x = x.t().unsqueeze(0).expand(self.n, *x.t().shape)
             t = torch.sigmoid(self._module(m.gate.linear, f"{prefix}gate.linear.", x, scope))
@@ -443,7 +451,7 @@ class StackedModels:
                 else:
                     h = self._module(block, f"blocks.{i}.", h, scope)
             return self._module(cast(nn.Module, m.head), "head.", h, scope)
-        raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by batched training "
+        raise TypeError(f"{prefix or 'model'}: module {type(m).__name__} is not supported by stacked training "
                         f"(supported models: {list(SUPPORTED_MODELS)})")
 
 
@@ -494,13 +502,7 @@ class StackedStep:
 
     def __init__(self, stack: StackedModels, optimizer: StackedOptimizer, compile: bool | str = False) -> None:
         self.stack, self.optimizer = stack, optimizer
-        self._forward_loss = compiled_forward(stack, self._forward_loss_eager, compile)
-
-    def _forward_loss_eager(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.stack.forward_logits(x, training=True)  # (N, classes, B)
-        losses = F.cross_entropy(logits, y, reduction="none").mean(1)
-        wrong = (logits.detach().argmax(dim=1) != y).sum(1)
-        return losses, wrong
+        self._forward_loss = compiled_forward(stack, stack.training_loss, compile)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Train on `x` (N, B, features), `y` (N, B) with the optimiser's current per-model learning
@@ -524,6 +526,26 @@ class EpochTotals:
     bad_loss: torch.Tensor
     seen: int
 
+    @classmethod
+    def zeros(cls, models: int, device: torch.device) -> "EpochTotals":
+        """The totals before an epoch's first step: nothing seen, no step bad."""
+        return cls(torch.zeros(models, dtype=torch.float64, device=device),
+                   torch.zeros(models, dtype=torch.long, device=device),
+                   torch.full((models,), -1, dtype=torch.long, device=device),
+                   torch.zeros(models, dtype=torch.float32, device=device), 0)
+
+    @torch.no_grad()
+    def add(self, losses: torch.Tensor, wrong: torch.Tensor, step: int | torch.Tensor, size: int) -> None:
+        """Count step `step` (0-based in the epoch, a number or a 0-d tensor on the device) of batches of
+        `size` samples: each model's mean loss (N,) and errors (N,), in place (the tensors stay where they
+        are, as a captured CUDA graph needs). A model's first non-finite loss is kept with its step; the
+        samples seen are the caller's to count."""
+        bad = ~torch.isfinite(losses) & (self.bad_step < 0)
+        self.bad_step.copy_(torch.where(bad, step, self.bad_step))
+        self.bad_loss.copy_(torch.where(bad, losses.float(), self.bad_loss))
+        self.loss_sum.add_(losses.double() * size)
+        self.wrong.add_(wrong)
+
 
 def train_epoch(step: StackedStep, train_x: torch.Tensor, train_y: torch.Tensor, orders: torch.Tensor,
                 batch_size: int) -> EpochTotals:
@@ -533,24 +555,14 @@ def train_epoch(step: StackedStep, train_x: torch.Tensor, train_y: torch.Tensor,
     finite keeps stepping to the epoch's end (its slices never mix with the others'); the caller
     restores and drops it (see `train_stacked`)."""
     k, n = orders.shape
-    device = step.stack.device
-    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
-    wrong = torch.zeros(k, dtype=torch.long, device=device)
-    bad_step = torch.full((k,), -1, dtype=torch.long, device=device)
-    bad_loss = torch.zeros(k, dtype=torch.float32, device=device)
-    seen = 0
+    totals = EpochTotals.zeros(k, step.stack.device)
     for i, start in enumerate(epoch_starts(n, batch_size)):
         index = orders[:, start:start + batch_size]
         x, y = train_x[index], train_y[index]  # (k, B, features), (k, B)
         losses, batch_wrong = step(x, y)
-        with torch.no_grad():
-            bad = ~torch.isfinite(losses) & (bad_step < 0)
-            bad_step = torch.where(bad, torch.full_like(bad_step, i), bad_step)
-            bad_loss = torch.where(bad, losses.float(), bad_loss)
-            loss_sum += losses.double() * y.shape[1]
-            wrong += batch_wrong
-        seen += y.shape[1]
-    return EpochTotals(loss_sum, wrong, bad_step, bad_loss, seen)
+        totals.add(losses, batch_wrong, i, y.shape[1])
+        totals.seen += y.shape[1]
+    return totals
 
 
 # ----------------------------------------------------------------------------------------------
@@ -576,7 +588,7 @@ class StackedOptimizer(torch.optim.Optimizer):
     def __init__(self, stack: StackedModels, recipes: Sequence[Recipe], compile: bool = False) -> None:
         first = recipes[0]
         if any(r.param_rules for r in recipes):
-            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by batched "
+            raise ValueError("param_rules (per-parameter lr_mult / decay_mult) are not supported by stacked "
                              "training; train these runs one at a time (throughway train)")
         self.kernels = compiled_kernels() if compile else EAGER
         self.kind = first.optimizer
@@ -638,7 +650,7 @@ class StackedOptimizer(torch.optim.Optimizer):
         group["params"] = [self.stack.flat]
         self.state[self.stack.flat] = state
 
-    # The stack checkpoint's names (train.batched) for the state's tensors.
+    # The stack checkpoint's names (train.stack) for the state's tensors.
     _CHECKPOINT_NAMES = {"momentum_buffer": "buf", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -673,10 +685,3 @@ class StackedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"StackedOptimizer({self.kind}, {self.stack.n} models of {self.stack.size} values)"
-
-
-# The former names (from when "batch" meant a stack, before it was kept for a mini-batch): the same
-# objects, no warning, so that code written against them still runs.
-BatchedOptimizer = StackedOptimizer
-BatchedStep = StackedStep
-batch_family = stack_family

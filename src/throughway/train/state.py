@@ -1,6 +1,6 @@
 """What the training loop keeps per model and shows its callbacks: `History`, `TrainState`, `Callback`.
 
-A leaf of train/: these types name no trainer, so every trainer (`loop.fit`, `batched.train_stacked`,
+A leaf of train/: these types name no trainer, so every trainer (`loop.fit`, `stack.train_stacked`,
 `full_batch.train_full_batch`) and every callback (train.callbacks, a user's own) imports them from
 here without importing another trainer. `TrainState.optimizer` is typed as an `Updater` (anything
 with a `step` method: a torch.optim.Optimizer, or the full-batch trainer), not as one engine's class.
@@ -60,6 +60,22 @@ class History:
         """Rebuild a History from `to_dict`'s output."""
         return cls(epochs=list(data["epochs"]), diverged=bool(data["diverged"]), diverged_at=data["diverged_at"])
 
+    def final(self) -> dict[str, Any]:
+        """The run's outcome, as results.json's `final` field holds it once the run has ended: the epochs
+        completed, whether it diverged, and the last record's errors, training loss and gates (a language
+        model's bits per character too, train.lm); None for each number before the first epoch ends."""
+        last = self.last()
+        return {
+            "epochs_completed": len(self.epochs),
+            "diverged": self.diverged,
+            "test_error_pct": last["test_error_pct"] if last else None,
+            "val_error_pct": last["val_error_pct"] if last else None,
+            "train_loss": last["train_loss"] if last else None,
+            "k_mean": last.get("k_mean") if last else None,
+            "k": last.get("k") if last else None,
+            **{key: last[key] for key in ("train_bpc", "val_bpc", "test_bpc") if last and key in last},
+        }
+
 
 @dataclass
 class TrainState:
@@ -84,6 +100,19 @@ class TrainState:
     stop: bool = False
     step: int = 0
     steps_per_epoch: int | None = None
+
+    def progress_entry(self) -> dict[str, Any]:
+        """What a checkpoint stores of this member's progress besides tensors (JSON-able): its history and
+        elapsed seconds; its epoch is the history's length. Both checkpoint kinds (a run's checkpoint.json,
+        a stack's batch.json) store exactly this per model, read back by `restore_progress`."""
+        return {"history": self.history.to_dict(), "elapsed_s": self.elapsed_s}
+
+    def restore_progress(self, entry: dict[str, Any]) -> None:
+        """Set the history, the epoch (finished epochs = the history's records) and the elapsed seconds from
+        a `progress_entry` read back from a checkpoint: the one resume path of `fit` and `train_stacked`."""
+        self.history = History.from_dict(entry["history"])
+        self.epoch = len(self.history.epochs)
+        self.elapsed_s = float(entry.get("elapsed_s", 0.0))
 
 
 class Callback(Protocol):
