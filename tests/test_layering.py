@@ -229,6 +229,37 @@ def test_nothing_imports_the_command_line():
     assert importers == [] or set(importers) <= {"__main__.py"}, importers
 
 
+def _other_experiments(module: str, path: Path) -> set[str]:
+    """The experiment modules that experiment `module` (dotted name, at `path`) imports anywhere in its
+    file, but its own `<study>_report` companion (docs/design.md: a large study's tables and findings
+    beside it)."""
+    experiments = {m for m in _modules() if m.startswith("throughway.experiments.")}
+    return {m for m in _module_imports(path, everywhere=True, name=module)
+            if m in experiments and m not in (module, f"{module}_report")}
+
+
+def test_no_experiment_imports_another_experiments_helpers():
+    # docs/design.md: what two studies share lives in study/ or report/, never in one experiment that the
+    # other imports (the experiments' __init__ only lists them for the command line).
+    importers = {str(path.relative_to(PACKAGE)): sorted(found) for module, path in _modules().items()
+                 if module.startswith("throughway.experiments.") and (found := _other_experiments(module, path))}
+    assert not importers, importers
+
+
+def test_the_experiment_check_sees_one(tmp_path):
+    import textwrap
+
+    probe = tmp_path / "_probe.py"  # read as if it were throughway/experiments/layer_drop.py
+    probe.write_text(textwrap.dedent("""
+        from .layer_drop_report import table
+        def f():
+            from .gate_family import GATED_FAMILIES
+        from throughway.experiments.mnist_depth_report import findings_markdown
+    """))
+    assert _other_experiments("throughway.experiments.layer_drop", probe) == {
+        "throughway.experiments.gate_family", "throughway.experiments.mnist_depth_report"}
+
+
 def _private_imports(path: Path) -> list[str]:
     """`from <module of the package> import _name` anywhere in `path`: another module's private name."""
     found = []

@@ -219,3 +219,13 @@ def test_no_difference_is_said_with_its_interval():
     test = paired_t_test([1.0, 1.2, 0.9, 1.1, 1.0], [1.05, 1.1, 1.0, 1.0, 1.1])
     assert no_difference_text(test) == f"no difference detected; 95% CI [{test.ci_low:+.2f}, {test.ci_high:+.2f}]"
     assert format_interval(None, 1.0) == "—" and format_p(0.000123) == "0.00012" and format_p(None) == "—"
+
+
+def test_a_curve_mean_and_a_finite_value_are_written_once():
+    from throughway.report.stats import finite, mean_curve
+
+    # The seeds' mean removal curve, point by point, as far as the shortest curve; None for none.
+    assert mean_curve([[1.0, 2.0, 3.0], [3.0, 4.0]]) == [2.0, 3.0]
+    assert mean_curve([]) is None
+    # A diverged run's NaN or infinity is recorded as missing, which mean_std then skips.
+    assert [finite(v) for v in (1.5, math.nan, math.inf, None)] == [1.5, None, None, None]

@@ -26,6 +26,7 @@ import torch
 
 from .._io import atomic_write_json
 from ..analysis.hessian import apply_tolerance, exact_hessian, spectrum_summary, squared_error_loss
+from ..report.stats import finite
 from ..report.tables import table_head, table_row
 from ..study.options import option, MAX_SEEDS
 from ..study.folders import read_summary
@@ -195,10 +196,6 @@ def write_report(out: str | os.PathLike[str]) -> str:
                          findings=findings_markdown)
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
 class _HessianPoints:
     """A network's callback: the Hessian and its spectrum at the epochs in `marks`, before that epoch's
     step and after the last one (a network that diverged is measured no more), into `trace`."""
@@ -260,8 +257,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         for seed, history in zip(config.seeds, histories):
             for epoch in range(config.epochs):
                 record = history.epochs[epoch] if epoch < len(history.epochs) else {}
-                new[seed]["loss"].append(_finite(record.get("train_loss")))
-                new[seed]["gradient_norm"].append(_finite(record.get("gradient_norm")))
+                new[seed]["loss"].append(finite(record.get("train_loss")))
+                new[seed]["gradient_norm"].append(finite(record.get("gradient_norm")))
         for r, seed in enumerate(config.seeds):
             new[seed]["diverged_at"] = gd.diverged_at[r]
             traces[_trace_key(network, seed)] = new[seed]

@@ -63,7 +63,7 @@ from ..data.text import TextSplits, random_blocks
 from ..layers import ScalarGate, find_branches
 from ..models import create_model
 from ..report.stats import (CORRECTION, MIN_PAIRS_FOR_VERDICT, format_interval, format_mean_std, format_p, judge,
-                            mean_std, paired_by_seed)
+                            mean_curve, mean_std, paired_by_seed)
 from ..report.tables import table_header, table_row
 from ..study.nets import seeded_model
 from ..study.options import StudyOptions, add_options, option, quick_config
@@ -332,11 +332,8 @@ def _parameters(config: Config) -> int:
 # ---- tables and words -----------------------------------------------------------------------------------
 
 def _mean_curve(cell: dict[str, Any], criterion: str) -> list[float] | None:
-    curves = [e["dropping"]["curves"][criterion] for e in cell["per_seed"]
-              if "dropping" in e and criterion in e["dropping"]["curves"]]
-    if not curves:
-        return None
-    return [sum(values) / len(values) for values in zip(*curves)]
+    return mean_curve([e["dropping"]["curves"][criterion] for e in cell["per_seed"]
+                       if "dropping" in e and criterion in e["dropping"]["curves"]])
 
 
 def table_markdown(summary: dict[str, Any]) -> str:

@@ -89,7 +89,7 @@ from ..layers import find_branches
 from ..models import create_model
 from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, SIGNIFICANCE, TOO_FEW,
                             format_interval, format_mean_std, format_p, gated_comparisons, judge, judged_in_words,
-                            mean_std, paired_by_seed)
+                            mean_curve, mean_std, paired_by_seed)
 from ..report.tables import paired_cells, paired_columns, table_header, table_row
 from ..study.nets import seeded_model, test_accuracy
 from ..study.options import MAX_SEEDS, StudyOptions, add_options, option, quick_config
@@ -366,11 +366,8 @@ def _by(summary: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
 
 
 def _mean_curve(cell: dict[str, Any], criterion: str) -> list[float] | None:
-    curves = [e["analysis"]["curves"][criterion] for e in cell["per_seed"]
-              if criterion in e.get("analysis", {}).get("curves", {})]
-    if not curves:
-        return None
-    return [sum(values) / len(values) for values in zip(*curves)]
+    return mean_curve([e["analysis"]["curves"][criterion] for e in cell["per_seed"]
+                       if criterion in e.get("analysis", {}).get("curves", {})])
 
 
 def _layers(depth: int) -> str:

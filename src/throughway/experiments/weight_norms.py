@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..report.stats import finite
 from ..report.tables import table_head, table_row
 from ..study.options import check_even_depths, option
 from ..study.summary import remake_report
@@ -78,10 +79,6 @@ def write_report(out: str | os.PathLike[str]) -> str:
     return remake_report(out, table_markdown, [(plot_weight_norms, "figure3_weight_norms.png")])
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
 def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jobs: int = 1,
         progress: bool = True) -> dict[str, Any]:
     """Train one network per (activation, depth) (resumable per curve), then report."""
@@ -110,8 +107,8 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             gd = BatchedGD(kwargs, [config.seed], [config.lr], device=config.device)
             norms: list[float | None] = [float(gd.average_frobenius_norm()[0])]
             records = train_full_batch(gd, x, y, epochs)[0].epochs  # one per finished epoch
-            losses: list[float | None] = [_finite(r["train_loss"]) for r in records] + [None] * (epochs - len(records))
-            norms += [_finite(r["avg_frobenius"]) for r in records] + [None] * (epochs - len(records))
+            losses: list[float | None] = [finite(r["train_loss"]) for r in records] + [None] * (epochs - len(records))
+            norms += [finite(r["avg_frobenius"]) for r in records] + [None] * (epochs - len(records))
             with torch.no_grad():
                 last = float(gd.losses(x, y)[0])
             losses.append(last if bool(gd.active[0]) and math.isfinite(last) else None)

@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 __all__ = ["PairedTest", "EquivalenceTest", "SIGNIFICANCE", "CONFIDENCE", "POWER", "CORRECTION",
-           "MIN_PAIRS_FOR_VERDICT", "NO_DIFFERENCE", "TOO_FEW", "mean_std", "format_mean_std", "LAST_EPOCHS",
+           "MIN_PAIRS_FOR_VERDICT", "NO_DIFFERENCE", "TOO_FEW", "finite", "mean_std", "mean_curve", "format_mean_std", "LAST_EPOCHS",
            "last_epochs_mean",
            "regularized_incomplete_beta", "student_t_sf", "student_t_cdf", "student_t_ppf", "noncentral_t_cdf",
            "paired_power", "minimum_detectable_difference", "paired_t_test", "paired_by_seed", "equivalence_test",
@@ -51,6 +51,12 @@ NO_DIFFERENCE = "no difference detected"
 TOO_FEW = "too few seeds"
 
 
+def finite(value: float | None) -> float | None:
+    """`value` if it is a finite number, else None: a diverged run's NaN or infinity recorded as a
+    missing value (JSON holds neither, and `mean_std` skips None)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
     """The seeds' summary of `values` (None entries skipped): {"mean", "std", "n", "values"}, with
     `std` the sample standard deviation (n − 1 in the denominator). With no value mean and std are
@@ -62,6 +68,14 @@ def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
     mean = sum(vals) / len(vals)
     std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
     return {"mean": mean, "std": std, "n": len(vals), "values": vals}
+
+
+def mean_curve(curves: Sequence[Sequence[float]]) -> list[float] | None:
+    """The seeds' mean curve: the mean of `curves` point by point (as far as the shortest one goes),
+    None when there is no curve."""
+    if not curves:
+        return None
+    return [sum(values) / len(values) for values in zip(*curves)]
 
 
 def format_mean_std(stat: Mapping[str, Any], fmt: str = ".2f", std_fmt: str | None = None, *, count: bool = False,
