@@ -436,5 +436,30 @@ def test_the_former_names_of_the_stack_trainer_import_from_their_one_module():
                  for target in node.targets if isinstance(target, ast.Name)}
         if names & former and path.name != "batched.py":
             defined[path.name] = sorted(names & former)
-    # full_batch keeps BatchedGD while three experiments import it from there (train.batched says so)
+    # full_batch keeps BatchedGD where it lived, a one-line alias (train.batched says so)
     assert defined == {"full_batch.py": ["BatchedGD"]}
+
+
+def test_the_former_names_kept_where_they_lived_are_the_same_objects_and_unused_by_the_toolkit():
+    # full_batch.BatchedGD and study.stacking.run_batched stay importable for code written against them; each
+    # is its new name's very object, and the toolkit's own modules call only the new names.
+    import re
+    from pathlib import Path
+
+    from throughway.study import stacking
+    from throughway.train import full_batch
+
+    assert full_batch.BatchedGD is full_batch.StackedGD
+    assert stacking.run_batched is stacking.run_stacked and "run_batched" in stacking.__all__
+    package = Path(stacking.__file__).parents[1]
+    users = {}
+    for path in package.rglob("*.py"):
+        if path.name == "batched.py" and path.parent.name == "train":
+            continue  # the module of the former names
+        code = [line for line in path.read_text().splitlines()
+                if not line.lstrip().startswith("#") and not re.fullmatch(r"\s*(BatchedGD|run_batched) = \w+", line)]
+        found = sorted({m for line in code for m in re.findall(r"\b(BatchedGD|run_batched)\b\s*[(=.]", line)}
+                       | {m for line in code for m in re.findall(r"import .*\b(BatchedGD|run_batched)\b", line)})
+        if found:
+            users[str(path.relative_to(package))] = found
+    assert users == {}, users

@@ -33,7 +33,7 @@ def _checked_trainer(monkeypatch, module, seen: list[set[str]]) -> None:
             seen.append({t.device.type for t in (self.weights, self.lrs, self.active)})
             raise _Reached
 
-    monkeypatch.setattr(module, "BatchedGD", Checked)
+    monkeypatch.setattr(module, "StackedGD", Checked)
 
 
 @pytest.mark.parametrize("study", ["hessian_dynamics", "shortcut_lr", "weight_norms"])

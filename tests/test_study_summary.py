@@ -126,7 +126,7 @@ def test_a_study_writes_its_report_once_its_first_run_ends(tmp_path, monkeypatch
         on_done("run-a", None)
         on_done("run-b", None)
 
-    monkeypatch.setattr(runner, "run_batched", train)
+    monkeypatch.setattr(runner, "run_stacked", train)
     study = Study("example", Example, lambda config: [], lambda config, out: {"cells": []},
                   lambda out: reports.append(1), min_interval_s=3600)
     final = study.run(CONFIG, tmp_path)

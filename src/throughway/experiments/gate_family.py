@@ -230,7 +230,7 @@ def _update_removal(config: Config, out: Path, redo_shared_orders: bool = False)
                           redo_shared_orders=redo_shared_orders)
 
 
-# The study as the study machinery runs it (study.runner): the runs of a depth train as stacks (train.batched),
+# The study as the study machinery runs it (study.runner): the runs of a depth train as stacks (train.stack),
 # whatever the seed count; the summary (with the removal curves of the runs finished since) and the figures are
 # rewritten at most every study.summary.REFRESH_INTERVAL_S as stacks end. `run` trains it (resumable).
 STUDY = Study(NAME, Config, specs, summarize, write_report)

@@ -33,7 +33,7 @@ from ..study.folders import read_summary
 from ..study.summary import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
 from ..train import TrainState
-from ..train.full_batch import BatchedGD, train_full_batch
+from ..train.full_batch import StackedGD, train_full_batch
 from ..study.resumable import ResumableOptions, ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report", "hessian_epochs", "findings_markdown",
@@ -248,7 +248,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             continue
         started = time.perf_counter()
         kwargs = network_kwargs(network, config.depth, zero_scale=config.zero_scale)
-        gd = BatchedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds), device=config.device)
+        gd = StackedGD(kwargs, list(config.seeds), [config.lr] * len(config.seeds), device=config.device)
         new: dict[int, dict[str, Any]] = {
             s: {"network": network, "seed": s, "model": kwargs, "lr": config.lr, "hessian": [],
                 "loss": [], "gradient_norm": [], "diverged_at": None} for s in config.seeds}

@@ -48,7 +48,7 @@ say how it was measured); the whole 60,000-image training set (no validation spl
 an optimisation study).
 
 Trials of one (architecture, depth, activation) train together as one batched computation
-(throughway.train.batched); trials with different activations cannot share a batch. `--shard i/N`
+(throughway.train.stack); trials with different activations cannot share a batch. `--shard i/N`
 trains the i-th of N disjoint parts of the search (i = 1..N; batches i, i + N, ... of its batches,
 study.shards), so a job array spreads the search over machines, its shards running at once into one
 folder (docs/cluster.md); `--merge` (or `throughway report DIR`) builds the summary, table and figure
@@ -77,7 +77,7 @@ from ..study.folders import check_same_settings, read_summary
 from ..study.options import MAX_SEEDS, StudyOptions, json_config, option, quick_config
 from ..study.shards import parse_shard, select_shard
 from ..study.spec import RunSpec
-from ..study.stacking import add_estimate_options, group_specs, project_batches, projection_markdown, run_batched
+from ..study.stacking import add_estimate_options, group_specs, project_batches, projection_markdown, run_stacked
 from ..study.summary import StudySummary, check_run_results, remake_report
 from .highway_depth_report import (PAPER_OBSERVATIONS, PAPER_SEARCH_TRIALS, RANKINGS, findings_markdown, observations,
                                    ranked_loss, table_markdown)
@@ -185,7 +185,7 @@ def run_name(arch: str, layers: int, trial: int) -> str:
 def specs(config: Config, shard: str | None = None) -> list[RunSpec]:
     """One RunSpec per (layers, arch, trial), shallowest first (a time-boxed search then completes whole
     cells of the table, the cheapest first); with `shard` 'i/N', only that shard's: the runs of batches
-    i, i + N, ... of the search's batches (study.shards, as `run_batched(..., shard=...)` trains them)."""
+    i, i + N, ... of the search's batches (study.shards, as `run_stacked(..., shard=...)` trains them)."""
     out = []
     for layers in sorted(config.layers):
         for arch in config.archs:
@@ -304,7 +304,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
         if started and not resume:
             raise RunExistsError(f"{out}/runs already holds {len(started)} of this shard's {len(mine)} trials "
                                  f"(e.g. {started[0]}); pass --resume to continue them, or choose another --out")
-        run_batched(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
+        run_stacked(specs(config), out / "runs", resume=resume, jobs=jobs, progress=progress,
                     max_batch=config.max_batch, compile=config.compile,
                     on_done=partial(refresh, force=False), shard=config.shard)
     summary = refresh()

@@ -199,7 +199,7 @@ def write_report(out: str | os.PathLike[str]) -> str:
 
 
 # The study as the study machinery runs it (study.runner): the nets of one depth (every architecture and seed)
-# train together as one stack (train.batched: per-model semantics of fit, one ordinary run directory each),
+# train together as one stack (train.stack: per-model semantics of fit, one ordinary run directory each),
 # whatever the number of seeds, so that a one-seed study trains through the same code as a five-seed one; the
 # summary, table and figures are rewritten as stacks end (at most every REFRESH_INTERVAL_S), so that those of a
 # long study can be read while it runs. `run` trains it (or its shard, `config.shard`; resumable).

@@ -31,7 +31,7 @@ from ..study.options import option, MAX_SEEDS
 from ..study.summary import remake_report
 from ..study.shortcut import NETWORKS, network_kwargs, optimal_linear_loss, whitened_data
 from ..train import History
-from ..train.full_batch import BatchedGD, train_full_batch
+from ..train.full_batch import StackedGD, train_full_batch
 from ..study.resumable import ResumableOptions, ResumableStudy
 from ..report.tables import table_header, table_row
 
@@ -256,7 +256,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             started = time.perf_counter()
             kwargs = network_kwargs(network, depth, activation=None if linear else "relu", zero_scale=config.zero_scale)
             seeds = [s for s in range(config.seeds) for _ in lrs]
-            gd = BatchedGD(kwargs, seeds, lrs * config.seeds, device=config.device)
+            gd = StackedGD(kwargs, seeds, lrs * config.seeds, device=config.device)
             histories = train_full_batch(gd, x, y, config.epochs)
             curve_every = max(1, config.epochs // 100)
             loss_curves = [[_loss_at(h, epoch) for h in histories] for epoch in range(0, config.epochs, curve_every)]

@@ -24,7 +24,7 @@ from ..report.tables import table_head, table_row
 from ..study.options import check_even_depths, option
 from ..study.summary import remake_report
 from ..study.shortcut import network_kwargs, whitened_data
-from ..train.full_batch import BatchedGD, train_full_batch
+from ..train.full_batch import StackedGD, train_full_batch
 from ..study.resumable import ResumableOptions, ResumableStudy
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "run", "write_report"]
@@ -104,7 +104,7 @@ def run(config: Config, out: str | os.PathLike[str], *, resume: bool = False, jo
             started = time.perf_counter()
             kwargs = network_kwargs("shortcut2-zero", depth, activation=None if activation == "linear" else "relu",
                                     zero_scale=config.zero_scale)
-            gd = BatchedGD(kwargs, [config.seed], [config.lr], device=config.device)
+            gd = StackedGD(kwargs, [config.seed], [config.lr], device=config.device)
             norms: list[float | None] = [float(gd.average_frobenius_norm()[0])]
             records = train_full_batch(gd, x, y, epochs)[0].epochs  # one per finished epoch
             losses: list[float | None] = [finite(r["train_loss"]) for r in records] + [None] * (epochs - len(records))

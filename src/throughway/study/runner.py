@@ -22,7 +22,7 @@ from ..train import RESULTS_FILE
 from .folders import check_run_folders, check_study_folder, check_study_links, read_summary
 from .options import check_stored_config, config_from_json, json_config
 from .spec import RunSpec
-from .stacking import run_batched
+from .stacking import run_stacked
 from .summary import REFRESH_INTERVAL_S, StudySummary
 from .workers import run_many
 
@@ -39,7 +39,7 @@ class Study:
     * `summarize(config, out)`: the summary of the runs under `out`/runs as they stand (finished or not),
       after any analysis it needs of the finished runs (gate-family: their removal curves);
     * `write_report(out)`: table.md, findings.md and the figures from `out`/results.json alone;
-    * `stacked`: the runs train as stacks of models (`stacking.run_batched`, a config's `compile` honoured),
+    * `stacked`: the runs train as stacks of models (`stacking.run_stacked`, a config's `compile` honoured),
       else one per worker process (`workers.run_many`);
     * `analyse(config, spec, run_dir)`: the study's analysis of one finished run, in the worker that trained
       it (one run per worker only), skipping what it already wrote;
@@ -82,7 +82,7 @@ class Study:
         summary(report=False)
         on_done = partial(summary, force=False)
         if self.stacked:
-            run_batched(specs, out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=on_done,
+            run_stacked(specs, out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=on_done,
                         compile=getattr(config, "compile", None), shard=config.shard)
         else:
             run_many(specs, out / "runs", resume=resume, jobs=jobs, progress=progress, on_done=on_done,

@@ -5,7 +5,7 @@ Every study of many runs has the two options of `study.options.StudyOptions`, th
     shard: str      # --shard i/N | auto (resolved here: `resolve_shard`)
     merge: bool     # --merge
 
-and hands `config.shard` to `run_batched` / `run_many` (which train only this shard's part) and to
+and hands `config.shard` to `run_stacked` / `run_many` (which train only this shard's part) and to
 `StudySummary` (which writes the shared summary under the summary lock). `throughway reproduce`
 takes `study_lock(out, shard, merge)` around the study.
 

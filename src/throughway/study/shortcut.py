@@ -7,7 +7,7 @@
   Hessian; see `throughway.data.whiten.second_moment_dataset`).
 * `optimal_linear_loss`: the least-squares optimum a linear network can reach.
 
-Their trainer, `BatchedGD` (full-batch gradient descent of R networks at once), is in
+Their trainer, `StackedGD` (full-batch gradient descent of R networks at once), is in
 `throughway.train.full_batch`.
 """
 

@@ -24,8 +24,8 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
     depth, limit, recipe and its overrides, model arguments), before any data is read or any run
     starts, so that a bad study option is one error (ValueError naming the run and the field), not
     a study whose runs all fail. The model is built (on the meta device) once per stack shape
-    (`train.batched.stack_key`); the recipe of every run is resolved."""
-    from ..train.batched import stack_key
+    (`train.stack.stack_key`); the recipe of every run is resolved."""
+    from ..train.stack import stack_key
     from ..train.config import check_config, resolve_recipe
 
     names = [spec.name for spec in specs]

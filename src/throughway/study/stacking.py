@@ -126,7 +126,7 @@ def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int,
     x = torch.rand(eval_chunk, features, generator=g).to(stack.device)
     y = torch.randint(0, num_classes, (eval_chunk,), generator=g).to(stack.device)
 
-    def evaluate() -> None:  # the arithmetic of train.batched's evaluation of one chunk
+    def evaluate() -> None:  # the arithmetic of train.stack's evaluation of one chunk
         logits = stack.forward_logits(x, training=False)
         yy = y.unsqueeze(0).expand(n, -1)
         F.cross_entropy(logits, yy, reduction="none").sum(1, dtype=torch.float64)
@@ -142,7 +142,7 @@ def time_batch(batch: Sequence[RunSpec], steps: int = 4, input_shape: tuple[int,
 
 def makespan(durations: Sequence[float], workers: int) -> float:
     """Wall time of jobs of `durations` handed, in order, to the first of `workers` that is free
-    (what run_batched's process pool does)."""
+    (what run_stacked's process pool does)."""
     free = [0.0] * max(1, workers)
     for d in durations:
         heapq.heappush(free, heapq.heappop(free) + d)
@@ -203,7 +203,7 @@ def contention(batch: Sequence[RunSpec], jobs: int, threads: int, input_shape: t
 
 
 def worker_start_s() -> float:
-    """Seconds a fresh worker process of `run_batched` (spawned) takes to start and import the toolkit:
+    """Seconds a fresh worker process of `run_stacked` (spawned) takes to start and import the toolkit:
     measured by starting one."""
     began = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import throughway.study.stacking"], check=True, capture_output=True)
@@ -231,17 +231,17 @@ def _process_age_s() -> float | None:
 def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max_batch: int = 64,
                     compile: bool | None = None, shard: str | None = None,
                     measure_all: bool | None = None) -> dict[str, Any]:
-    """Project how long `run_batched(specs, jobs=jobs)` takes on this machine without training: time
+    """Project how long `run_stacked(specs, jobs=jobs)` takes on this machine without training: time
     every batch (`time_batch`, with the threads a worker of `jobs` gets), scale it to the configs'
-    epochs and data sizes (`batch_seconds`), hand the batches, in run_batched's order, to `jobs`
+    epochs and data sizes (`batch_seconds`), hand the batches, in run_stacked's order, to `jobs`
     workers (`makespan`), and add the fixed costs: a process's start (`worker_start_s`) and loading
     the data (timed here), with jobs > 1 again for each worker. Each batch's set-up is measured by a
     real one-epoch run on two mini-batches (`batch_overhead_s`); with jobs > 1 the step and
-    evaluation times are scaled by the measured slowdown of workers training at once (`contention`). A batch that `run_batched` would
+    evaluation times are scaled by the measured slowdown of workers training at once (`contention`). A batch that `run_stacked` would
     compile (`compiles`) is timed compiled, its compilation included in its set-up (minutes). Assumes the machine is otherwise
     as busy as while measuring and that no model diverges (a diverged model leaves its batch: an
     upper bound); the study's own reporting after each batch is not included. `shard` 'i/N' projects
-    only the batches that shard trains (`run_batched(..., shard=...)`).
+    only the batches that shard trains (`run_stacked(..., shard=...)`).
 
     `measure_all` False (None: when the timed steps, evaluations and set-ups project less than
     SHORT_STUDY_S) skips the three measurements that cost seconds each whatever the study's size, so
@@ -267,7 +267,7 @@ def project_batches(specs: Sequence[RunSpec], jobs: int = 1, steps: int = 4, max
     if not batches:
         raise ValueError(f"--shard {shard}: this shard has no batch to train (the study has fewer batches than "
                          f"shards)")
-    jobs = min(jobs, max(1, len(batches)))  # as run_batched: no more workers than batches
+    jobs = min(jobs, max(1, len(batches)))  # as run_stacked: no more workers than batches
     threads = worker_threads(jobs)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -535,7 +535,8 @@ def run_stacked(specs: Sequence[RunSpec], out: str | os.PathLike[str], *, resume
                             compile=compile, on_done=on_done)
 
 
-# The former name, kept while the experiments still call it (the one such alias of this module).
+# `run_batched`: the former name of `run_stacked`, the same function, for code written against it (the
+# module's one former-name alias; the toolkit itself calls `run_stacked`).
 run_batched = run_stacked
 
 

@@ -88,7 +88,7 @@ class StudySummary:
 
     `summarize(config, out)` and `write_report(out)` are the study's own functions (what `study.runner.Study`
     declares). Calling the StudySummary (`summary(name, error)`, the `on_done` hook of
-    `run_many`/`run_batched`) records `error` against run `name` if there is one, rebuilds the summary with
+    `run_many`/`run_stacked`) records `error` against run `name` if there is one, rebuilds the summary with
     `summarize(config, out)`, adds the study's command line (`command.command_line`), environment (of
     `config.device`) and errors, writes `out`/results.json atomically and remakes the report with
     `write_report(out)` (not with `report=False`); it returns the summary. With `min_interval_s` > 0 a call

@@ -3,10 +3,9 @@
 "Batch" named a stack of models trained together before the word was kept for a mini-batch; this module
 was `train.stack`'s name. Every name below is the object its new name gives, without a warning, so that a
 script written for an earlier version (docs/guide.md showed `from throughway.train.batched import
-train_batched`) still runs. The toolkit's own modules use the new names, but for three that are being
-reworked beside this change: study.runs imports `batch_key` from here, the experiments call
-study.stacking's `run_batched` (`run_stacked`) and import `full_batch.BatchedGD`, both kept where they
-live until those callers switch.
+train_batched`) still runs. The toolkit's own modules use the new names. Two former names also stay where
+they lived, each a one-line alias there: `full_batch.BatchedGD` (`StackedGD`) and study.stacking's
+`run_batched` (`run_stacked`).
 
 New name (module)                     former name
 `train_stacked`, `stack_key` (stack)  `train_batched`, `batch_key`

@@ -130,8 +130,8 @@ class StackedGD:
         return model
 
 
-# The former name, kept while three experiments (hessian_dynamics, shortcut_lr, weight_norms) import it from
-# here; train.batched lists every former name.
+# `BatchedGD`: the former name of `StackedGD`, the same class, for code written against it where it lived;
+# the toolkit itself uses `StackedGD`, and train.batched lists every former name.
 BatchedGD = StackedGD
 
 
