@@ -57,7 +57,17 @@ from throughway.data import DataSplits, Split  # noqa: E402
 # What a device window brings back (at most 8 files, no sub-folders): the device, the GPU tests'
 # output, the three measurements, the highway shard's bookkeeping and runs, and a summary.
 OUTPUT_FILES = ("device.json", "device_check.log", "protocol.json", "wrn.json", "highway_shard.json",
-                "highway_runs.tar.gz", "summary.md")
+                "highway_runs.tar.gz", "summary.md", "profile.json", "conv.json", "studies.tar.gz")
+
+# Each part's files; a window runs a selection of parts (device_check.sh --parts) whose files together
+# must fit what a window brings back (at most 8).
+PART_FILES: dict[str, tuple[str, ...]] = {
+    "device": ("device.json", "device_check.log"), "gpu-tests": (), "wrn": ("wrn.json",),
+    "protocol": ("protocol.json",), "highway": ("highway_shard.json", "highway_runs.tar.gz"),
+    "profile": ("profile.json",), "conv": ("conv.json",), "studies": ("studies.tar.gz",),
+    "summary": ("summary.md",),
+}
+DEFAULT_PARTS = ("device", "gpu-tests", "wrn", "protocol", "highway", "summary")
 
 # Dense bf16 peak FLOP/s by device name (the vendors' datasheets, without sparsity); the first key
 # contained in torch.cuda.get_device_name() wins, so the specific names come first.
@@ -226,16 +236,16 @@ def project_protocol(per_depth: dict[int, dict[str, float]], epochs: int = PROTO
             "total_min": total / 60}
 
 
-def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, batch_size: int,
-                        device: torch.device, width: int = 50, compile: str | None = None) -> dict[str, float]:
-    """Seconds of the first and later training epochs and of one evaluation of a stack of 3·seeds
-    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device` (compiled by
-    torch.compile when `compile` is "whole" or "blocks": the first epoch then includes the compilation)."""
+def protocol_stack(depth: int, seeds: int, device: torch.device, width: int = 50, batch_size: int = 128,
+                   compile: str | None = None) -> tuple[Any, Any, list[torch.Generator]]:
+    """The Table 1 protocol's stack of one depth: 3·seeds models (plain, residual, gated residual) in one
+    StackedModels, its NAdam, the GraphedStep that trains it (compiled when `compile` is "whole" or
+    "blocks") and one shuffling generator per model."""
     from throughway.models import create_model
     from throughway.train import get_recipe
     from throughway.train.stack import order_generator
     from throughway.train.graphed import GraphedStep
-    from throughway.train.stacked import StackedModels, StackedOptimizer, evaluate_stack
+    from throughway.train.stacked import StackedModels, StackedOptimizer
 
     recipe = get_recipe("gresnet-mnist", batch_size=batch_size)
     models = []
@@ -247,15 +257,32 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     optimizer = StackedOptimizer(stack, [recipe] * len(models))
     optimizer.param_groups[0]["lr"] = torch.full((len(models), 1), recipe.lr, device=device)
     step = GraphedStep(stack, optimizer, compile={None: False, "whole": True, "blocks": "blocks"}[compile])
-    x, y = data.train.x.flatten(1), data.train.y
     generators = [order_generator(device).manual_seed(i) for i in range(len(models))]
+    return stack, step, generators
+
+
+def _protocol_epoch(step: Any, x: torch.Tensor, y: torch.Tensor, generators: list[torch.Generator],
+                    batch_size: int) -> None:
+    """One training epoch of a protocol stack, ended by its one read, as the trainer does."""
+    orders = torch.stack([torch.randperm(len(x), generator=g, device=g.device) for g in generators])
+    totals = step.epoch(x, y, orders, batch_size)
+    totals.loss_sum.tolist()
+
+
+def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, batch_size: int,
+                        device: torch.device, width: int = 50, compile: str | None = None) -> dict[str, float]:
+    """Seconds of the first and later training epochs and of one evaluation of a stack of 3·seeds
+    models (plain, residual, gated residual) of `depth`, through GraphedStep on `device` (compiled by
+    torch.compile when `compile` is "whole" or "blocks": the first epoch then includes the compilation)."""
+    from throughway.train.stacked import evaluate_stack
+
+    stack, step, generators = protocol_stack(depth, seeds, device, width, batch_size, compile)
+    x, y = data.train.x.flatten(1), data.train.y
     times = []
     for _ in range(epochs):
         _sync(device)
         start = time.perf_counter()
-        orders = torch.stack([torch.randperm(len(x), generator=g, device=g.device) for g in generators])
-        totals = step.epoch(x, y, orders, batch_size)
-        totals.loss_sum.tolist()  # the epoch's one read, as the trainer does
+        _protocol_epoch(step, x, y, generators, batch_size)
         _sync(device)
         times.append(time.perf_counter() - start)
     evaluate_stack(stack, data.test)  # warm-up
@@ -266,7 +293,7 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     eval_s = time.perf_counter() - start
     later = times[1:] or times
     return {"first_epoch_s": times[0], "epoch_s": statistics.median(later), "eval_s": eval_s,
-            "models": len(models), "captures": step.captures, "epochs_timed": len(times)}
+            "models": 3 * seeds, "captures": step.captures, "epochs_timed": len(times)}
 
 
 def random_mnist(train: int, test: int, device: torch.device) -> DataSplits:
@@ -577,6 +604,223 @@ def highway(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
+# profile: what bounds a captured protocol epoch, measured
+# ----------------------------------------------------------------------------------------------
+
+def kernel_kind(name: str) -> str:
+    """The kind of a kernel (or, on a CPU, an operator) by its name: matmul, optimizer (foreach),
+    reduction, elementwise, memory (copies and sets) or other."""
+    n = name.lower()
+    if "memcpy" in n or "memset" in n or "copy_" in n:
+        return "memory"
+    if any(k in n for k in ("gemm", "cutlass", "xmma", "sm90_", "sm80_", "cublas", "matmul", "bmm", "addmm", "mm")):
+        return "matmul"
+    if "foreach" in n or "multi_tensor" in n:
+        return "optimizer (foreach)"
+    if any(k in n for k in ("reduce", "softmax", "norm", "sum", "mean", "max")):
+        return "reduction"
+    if any(k in n for k in ("elementwise", "vectorized", "unrolled", "pointwise", "triton")):
+        return "elementwise"
+    return "other"
+
+
+def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by the union of (start, end) intervals given in microseconds: the time the
+    device ran at least one kernel."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e6
+
+
+def profile_events(events: Sequence[Any], device: torch.device) -> dict[str, Any]:
+    """Kernel count, time and busy time by kind from a torch.profiler event list: the device's kernels on
+    a GPU, the top-level operators on a CPU (the dry run)."""
+    cuda = device.type == "cuda"
+    kernels = [e for e in events if (e.device_type == torch.autograd.DeviceType.CUDA if cuda
+                                     else e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None)]
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    durations = sorted(e.time_range.elapsed_us() for e in kernels)
+    by_kind: dict[str, dict[str, float]] = {}
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        kind = by_kind.setdefault(kernel_kind(e.name), {"count": 0, "time_s": 0.0})
+        kind["count"] += 1
+        kind["time_s"] += e.time_range.elapsed_us() / 1e6
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:8]
+    return {"kernels": len(kernels), "kernel_time_s": sum(durations) / 1e6, "busy_s": busy_seconds(spans),
+            "median_kernel_us": statistics.median(durations) if durations else None,
+            "mean_kernel_us": statistics.fmean(durations) if durations else None,
+            "by_kind": by_kind, "top": [{"name": name[:120], "time_s": t} for name, t in top]}
+
+
+def profile(args: argparse.Namespace) -> dict[str, Any]:
+    """One captured training epoch of the protocol's stack at each of `args.depths`, timed without the
+    profiler and then profiled (torch.profiler, CUDA activity): kernels per step, the device's busy
+    share of the epoch (the union of kernel intervals over the profiled epoch's wall time) and the time
+    by kernel kind. A busy share near 1 with long kernels says the arithmetic bounds the step; a low
+    share or a median kernel of a few microseconds says launches and gaps do."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    device = torch.device(args.device)
+    data = random_mnist(args.samples, 16, device)
+    x, y = data.train.x.flatten(1), data.train.y
+    steps = math.ceil(args.samples / args.batch_size)
+    result: dict[str, Any] = {"device": str(device), "samples": args.samples, "batch_size": args.batch_size,
+                              "steps": steps, "seeds": args.seeds, "width": args.width, "depths": {}}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for depth in args.depths:
+        stack, step, generators = protocol_stack(depth, args.seeds, device, args.width, args.batch_size)
+        _protocol_epoch(step, x, y, generators, args.batch_size)  # the capture
+        _sync(device)
+        start = time.perf_counter()
+        _protocol_epoch(step, x, y, generators, args.batch_size)
+        _sync(device)
+        wall = time.perf_counter() - start
+        with torch_profile(activities=activities) as prof:
+            start = time.perf_counter()
+            _protocol_epoch(step, x, y, generators, args.batch_size)
+            _sync(device)
+            profiled_wall = time.perf_counter() - start
+        measured = profile_events(prof.events(), device)
+        measured.update({"models": 3 * args.seeds, "epoch_s": wall, "profiled_epoch_s": profiled_wall,
+                         "kernels_per_step": measured["kernels"] / steps,
+                         "busy_share": measured["busy_s"] / profiled_wall if profiled_wall > 0 else None,
+                         "captured": bool(getattr(step, "captures", 0))})
+        result["depths"][str(depth)] = measured
+        print(f"profile d = {depth}: {measured['kernels_per_step']:.0f} kernels a step, median "
+              f"{measured['median_kernel_us'] or 0:.1f} us, busy {100 * (measured['busy_share'] or 0):.0f}% of "
+              f"{profiled_wall:.3f} s (unprofiled epoch {wall:.3f} s)", flush=True)
+        del stack, step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# conv: the conv highway step, as the table runs it and with channels_last and bf16 autocast
+# ----------------------------------------------------------------------------------------------
+
+CONV_VARIANTS = {  # name -> (amp, channels_last)
+    "fp32 (as the table runs)": (False, False),
+    "channels_last": (False, True),
+    "bf16 autocast + channels_last": (True, True),
+}
+
+
+def conv(args: argparse.Namespace) -> dict[str, Any]:
+    """Images per second of `fit` on the highway paper's conv net (`highway_conv` d = 10, recipe
+    highway-conv-mnist) at each width, for each of CONV_VARIANTS, on random MNIST-shaped data resident
+    on the device (a step's speed does not depend on the values); each after a warm-up fit. The
+    speed-ups are over the fp32 step, measured in the same run."""
+    from throughway.models import create_model
+    from throughway.train import fit, get_recipe
+    device = torch.device(args.device)
+    n = args.batch * args.steps
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 1, 28, 28, generator=g).to(device)
+    y = torch.randint(0, 10, (n,), generator=g).to(device)
+    recipe = get_recipe("highway-conv-mnist", epochs=1, batch_size=args.batch)
+    tiny = Split(x[:2], y[:2])
+    result: dict[str, Any] = {"device": str(device), "batch": args.batch, "steps": args.steps, "widths": {}}
+    for width in args.widths:
+        rows: dict[str, Any] = {}
+        for name, (amp, channels_last) in CONV_VARIANTS.items():
+            if amp and device.type != "cuda":
+                continue  # bf16 autocast is the GPU's; the dry run skips it
+            torch.manual_seed(0)
+            net = create_model("highway_conv", depth=10, width=width).to(device)
+            warm = DataSplits("bench", 10, Split(x[:args.batch * 3], y[:args.batch * 3]), None, tiny)
+            fit(net, warm, recipe, progress=False, amp=amp, channels_last=channels_last)
+            data = DataSplits("bench", 10, Split(x, y), None, tiny)
+            history = fit(net, data, recipe, progress=False, amp=amp, channels_last=channels_last)
+            speed = n / history.epochs[0]["epoch_time_s"]
+            rows[name] = {"images_per_s": speed, "epoch_s_at_60000": 60_000 / speed}
+            print(f"conv highway w = {width}, {name}: {speed:.0f} images/s", flush=True)
+        base = rows["fp32 (as the table runs)"]["images_per_s"]
+        for row in rows.values():
+            row["speedup"] = row["images_per_s"] / base
+        result["widths"][str(width)] = rows
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# studies: the layer-dropping studies on the GPU, resumable across windows
+# ----------------------------------------------------------------------------------------------
+
+def study_command(name: str, out: Path, args: argparse.Namespace, resume: bool) -> list[str]:
+    """The `throughway reproduce NAME` command a window runs (its own settings: the study's defaults)."""
+    command = [sys.executable, "-m", "throughway", "reproduce", name, "--out", str(out), "--device", args.device,
+               "--jobs", str(args.jobs[name]), "--threads", "1", "--quiet"]
+    if args.data_dir:
+        command += ["--data-dir", args.data_dir]
+    if args.dry_run:
+        command.append("--quick")
+    if resume:
+        command.append("--resume")
+    return command
+
+
+def _study_state(folder: Path) -> dict[str, Any]:
+    runs = folder / "runs"
+    names = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    finished = [n for n in names if (runs / n / "results.json").is_file()
+                and json.loads((runs / n / "results.json").read_text()).get("final") is not None]
+    return {"runs": len(names), "finished": len(finished), "summary": (folder / "results.json").is_file()}
+
+
+def studies(args: argparse.Namespace) -> dict[str, Any]:
+    """Train the studies named in `args.studies` at once (one `throughway reproduce` each, its runs in
+    --jobs worker processes sharing the GPU), each resumed from `args.resume_from`/<study> when a former
+    window left it there; at `args.budget_s` (less the margin) every study still training is interrupted
+    (SIGINT, then SIGTERM: a study keeps every finished run and each run's last checkpoint). The study
+    folders and studies.json go into OUT/studies.tar.gz."""
+    import signal
+    started = time.time()
+    work = Path(tempfile.mkdtemp(prefix="studies-"))
+    report: dict[str, Any] = {"studies": {}, "budget_s": args.budget_s, "device": args.device}
+    children = []
+    for name in args.studies:
+        folder = work / name
+        earlier = Path(args.resume_from) / name if args.resume_from else None
+        resume = earlier is not None and earlier.is_dir()
+        if earlier is not None and resume:
+            shutil.copytree(earlier, folder)
+        command = study_command(name, folder, args, resume)
+        log = open(work / f"{name}.log", "w")
+        children.append((name, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True), log))
+        report["studies"][name] = {"command": " ".join(command[1:]), "resumed": resume,
+                                   "before": _study_state(folder)}
+    deadline = started + args.budget_s - args.margin_s
+    for name, child, log in children:
+        try:
+            code = child.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:  # interrupted: finished runs and checkpoints stay
+            os.killpg(child.pid, signal.SIGINT)
+            try:
+                code = child.wait(timeout=args.margin_s / 2)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGTERM)
+                code = child.wait()
+        log.close()
+        report["studies"][name].update({"exit_code": code, "after": _study_state(work / name),
+                                        "seconds": time.time() - started})
+        print(f"study {name}: exit {code}, {report['studies'][name]['after']}", flush=True)
+    _write_json(work / "studies.json", report)
+    with tarfile.open(Path(args.out) / "studies.tar.gz", "w:gz") as archive:
+        for entry in sorted(work.iterdir()):
+            archive.add(entry, arcname=entry.name, filter=_run_files)
+    shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
 # summary.md
 # ----------------------------------------------------------------------------------------------
 
@@ -597,8 +841,35 @@ def _revision_text(device: dict[str, Any]) -> str:
     return f"git {revision} (whether the tree was dirty was not recorded)"
 
 
-def summary(out: Path) -> str:
-    """summary.md: the window's device and each part's headline, or why it is missing."""
+def _summary_second_round(out: Path, parts: Sequence[str]) -> list[str]:
+    """The profile's, the conv step's and the studies' headlines."""
+    lines: list[str] = []
+    prof = _read(out, "profile.json")
+    if "profile" in parts and prof:
+        lines += ["", "Profile of one captured protocol epoch (" f"{prof['steps']} steps of {prof['batch_size']}):", "",
+                  "| d | models | kernels a step | median kernel (us) | busy share | epoch (s) |", "|---|---|---|---|---|---|"]
+        for d, m in prof["depths"].items():
+            lines.append(f"| {d} | {m['models']} | {m['kernels_per_step']:.0f} | {m['median_kernel_us'] or 0:.1f} | "
+                         f"{100 * (m['busy_share'] or 0):.0f}% | {m['epoch_s']:.3f} |")
+    elif "profile" in parts:
+        lines += ["", "Profile: profile.json missing (see device_check.log)."]
+    c = _read(out, "conv.json")
+    if "conv" in parts and c:
+        lines += ["", f"Conv highway step (batch {c['batch']}, {c['steps']} steps, one run):", ""]
+        for width, rows in c["widths"].items():
+            lines.append(f"- w = {width}: " + "; ".join(f"{name} {row['images_per_s']:.0f} images/s "
+                                                       f"(×{row['speedup']:.2f})" for name, row in rows.items()))
+    elif "conv" in parts:
+        lines += ["", "Conv step: conv.json missing (see device_check.log)."]
+    if "studies" in parts:
+        archive = out / "studies.tar.gz"
+        lines += ["", f"Studies: {'studies.tar.gz written' if archive.is_file() else 'studies.tar.gz missing'} "
+                      "(studies.json inside it; see device_check.log for each study's state)."]
+    return lines
+
+
+def summary(out: Path, parts: Sequence[str] = DEFAULT_PARTS) -> str:
+    """summary.md: the window's device and the headline of each of `parts`, or why it is missing."""
     lines = ["# Device check", ""]
     device = _read(out, "device.json")
     if device:
@@ -608,7 +879,9 @@ def summary(out: Path) -> str:
         lines.append("Device: device.json missing.")
     lines.append("")
     protocol_result = _read(out, "protocol.json")
-    if protocol_result and not protocol_result.get("projection"):
+    if "protocol" not in parts:
+        pass
+    elif protocol_result and not protocol_result.get("projection"):
         measured = ", ".join(f"d = {d}: epoch {m['epoch_s']:.3f} s" for d, m in protocol_result["at_protocol_size"].items())
         lines.append(f"Table 1 protocol: stopped before every depth was measured, no projection ({measured or 'none'}).")
     elif protocol_result:
@@ -625,7 +898,9 @@ def summary(out: Path) -> str:
         lines.append("Table 1 protocol: protocol.json missing (the part failed or ran out of time; see device_check.log).")
     lines.append("")
     w = _read(out, "wrn.json")
-    if w:
+    if "wrn" not in parts:
+        pass
+    elif w:
         share = ("" if w["toolkit_share_of_peak"] is None else
                  f"; share of the bf16 peak: toolkit {100 * w['toolkit_share_of_peak']:.1f}%, hand loop "
                  f"{100 * w['hand_loop_share_of_peak']:.1f}%")
@@ -639,12 +914,15 @@ def summary(out: Path) -> str:
         lines.append("WRN step: wrn.json missing (see device_check.log).")
     lines.append("")
     h = _read(out, "highway_shard.json")
-    if h:
+    if "highway" not in parts:
+        pass
+    elif h:
         lines.append(f"Conv highway table shard {', '.join(h['shard']) or '(none)'}: {h['outcome']}.")
         for name, status in (h.get("after") or {}).items():
             lines.append(f"- {name}: {status['status']} after epoch {status['epoch']}")
     else:
         lines.append("Conv highway shard: highway_shard.json missing (see device_check.log).")
+    lines += _summary_second_round(out, parts)
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     return text
@@ -654,10 +932,15 @@ def summary(out: Path) -> str:
 # The command line
 # ----------------------------------------------------------------------------------------------
 
-DRY_RUN = {  # tiny sizes on the CPU: every part in seconds
+# The studies a window trains and their worker processes sharing the GPU (16 cores on the lent machines).
+STUDY_JOBS = {"layer-drop": 7, "transformer-gates": 7}
+
+DRY_RUN: dict[str, dict[str, Any]] = {  # tiny sizes on the CPU: every part in seconds
     "protocol": {"depths": [2, 4], "seeds": 1, "samples": 300, "test": 100, "epochs": 2, "width": 8},
     "wrn": {"depth": 10, "widen": 1, "batch": 8, "steps": 2, "warmup": 1},
     "highway": {"epochs": 2, "limit": 64, "parallel": 2},
+    "profile": {"depths": [2, 4], "seeds": 1, "samples": 256, "width": 8},
+    "conv": {"widths": [4], "batch": 8, "steps": 2},
 }
 
 
@@ -709,7 +992,24 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", default=None)
     s.add_argument("--epochs", type=int, default=HIGHWAY_EPOCHS)
     s.add_argument("--limit", type=int, default=None)
-    part("summary", "write summary.md from the parts' files")
+    s = part("profile", "profile one captured protocol epoch per depth: kernels and busy time by kind")
+    s.add_argument("--depths", type=int, nargs="+", default=[50, 100])
+    s.add_argument("--seeds", type=int, default=PROTOCOL_SEEDS)
+    s.add_argument("--samples", type=int, default=128 * 100, help="training images of the profiled epoch")
+    s.add_argument("--batch-size", type=int, default=128)
+    s.add_argument("--width", type=int, default=50)
+    s = part("conv", "time the conv highway step: fp32, channels_last, bf16 autocast")
+    s.add_argument("--widths", type=int, nargs="+", default=[16, 32])
+    s.add_argument("--batch", type=int, default=100, help="the recipe's batch (highway-conv-mnist)")
+    s.add_argument("--steps", type=int, default=300)
+    s = part("studies", "train the layer-dropping studies at once, resumable across windows")
+    s.add_argument("--studies", nargs="+", default=list(STUDY_JOBS), choices=list(STUDY_JOBS))
+    s.add_argument("--budget-s", type=float, required=True, help="seconds this part may take in all")
+    s.add_argument("--margin-s", type=float, default=30.0, help="kept for interrupting and archiving")
+    s.add_argument("--resume-from", default=None, help="a folder holding a former window's study folders")
+    s.add_argument("--data-dir", default=None)
+    s = part("summary", "write summary.md from the parts' files")
+    s.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="the parts the window ran, comma-separated")
     part("which-commit", "print the commits whose sources OUT/device.json's sources_sha256 names, newest first "
                          "(run it where the history is, not on the device)")
     return p
@@ -740,8 +1040,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = highway(args)
         _write_json(out / "highway_shard.json", report)
         print(f"highway shard {report['shard']}: {report['outcome']}", flush=True)
+    elif args.part == "profile":
+        _write_json(out / "profile.json", profile(args))
+    elif args.part == "conv":
+        _write_json(out / "conv.json", conv(args))
+    elif args.part == "studies":
+        args.jobs = dict(STUDY_JOBS) if not args.dry_run else {name: 1 for name in STUDY_JOBS}
+        studies(args)
     elif args.part == "summary":
-        print(summary(out), end="")
+        print(summary(out, args.parts.split(",")), end="")
     elif args.part == "which-commit":
         digest = (_read(out, "device.json") or {}).get("sources_sha256")
         commits = commits_of(digest) if digest else []

@@ -5,7 +5,14 @@
 #   then summary.md. Each part runs under its own `timeout`, so one failure cannot eat the window;
 #   the highway shard gets what is left of the budget and stops its runs at an epoch's end before it.
 #
-#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--compile-protocol] [--dry-run]
+#   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--compile-protocol]
+#                                            [--parts=LIST] [--studies-s=SECONDS] [--resume-studies=DIR] [--dry-run]
+#
+# --parts=LIST: the parts to run, comma-separated, in this script's order whatever the list's
+#   (default device,gpu-tests,wrn,protocol,highway,summary); also: profile (one captured protocol epoch
+#   profiled at d = 50 and 100), conv (the conv highway step in fp32, channels_last and bf16), studies
+#   (the layer-dropping studies trained on the GPU, --studies-s seconds, default what is left less 20;
+#   resumed from --resume-studies=DIR, a former window's unpacked studies.tar.gz).
 #
 # --tests=EXPR: only the GPU tests pytest's `-k EXPR` selects (a later window re-checks what changed).
 # --compile-protocol: the protocol's step compiled by torch.compile inside the captured graph, one block
@@ -24,6 +31,9 @@ DATA_DIR=${THROUGHWAY_DATA:-.throughway-data}
 DRY=""
 TESTS=""
 COMPILE=""
+PARTS=device,gpu-tests,wrn,protocol,highway,summary
+STUDIES_S=""
+RESUME_STUDIES=""
 for arg in "$@"; do
   case $arg in
     --dry-run) DRY=--dry-run ;;
@@ -31,12 +41,22 @@ for arg in "$@"; do
     --data-dir=*) DATA_DIR=${arg#*=} ;;
     --tests=*) TESTS=${arg#*=} ;;
     --compile-protocol) COMPILE="--compile blocks" ;;
-    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --compile-protocol --dry-run" >&2; exit 2 ;;
+    --parts=*) PARTS=${arg#*=} ;;
+    --studies-s=*) STUDIES_S=${arg#*=} ;;
+    --resume-studies=*) RESUME_STUDIES=${arg#*=} ;;
+    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --compile-protocol --parts=LIST --studies-s=SECONDS --resume-studies=DIR --dry-run" >&2; exit 2 ;;
   esac
 done
 case $BUDGET_S in ''|*[!0-9]*) echo "device_check.sh: --budget-s=$BUDGET_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
+case $STUDIES_S in *[!0-9]*) echo "device_check.sh: --studies-s=$STUDIES_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
+for name in ${PARTS//,/ }; do
+  case $name in device|gpu-tests|wrn|protocol|highway|profile|conv|studies|summary) ;;
+    *) echo "device_check.sh: --parts: unknown part '$name'; accepted: device gpu-tests wrn protocol highway profile conv studies summary" >&2; exit 2 ;;
+  esac
+done
+want() { case ",$PARTS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 # A window's outputs (device_check.py's OUTPUT_FILES; tests/test_device_check.py checks the two lists agree).
-OUTPUT_FILES="device.json device_check.log protocol.json wrn.json highway_shard.json highway_runs.tar.gz summary.md"
+OUTPUT_FILES="device.json device_check.log protocol.json wrn.json highway_shard.json highway_runs.tar.gz summary.md profile.json conv.json studies.tar.gz"
 for name in $OUTPUT_FILES; do
   if [ -e "$OUT/$name" ] || [ -L "$OUT/$name" ]; then
     echo "device_check.sh: OUT=$OUT already holds $name, a window's output; refused, nothing was changed: give an empty or new folder" >&2
@@ -66,24 +86,32 @@ part() {  # part NAME LIMIT_S COMMAND...: run COMMAND under `timeout`, its outpu
   echo "== $name: exit $code after $(( $(date +%s) - began )) s$([ $code = 124 ] && echo ' (time limit)')" >>"$LOG"
 }
 
-part device 30 "$PY" scripts/device_check.py device --out "$OUT" $DRY
-if [ -z "$DRY" ]; then
+want device && part device 30 "$PY" scripts/device_check.py device --out "$OUT" $DRY
+if [ -n "$DRY" ]; then
+  echo "== gpu-tests: not run in a dry run" >>"$LOG"
+elif want gpu-tests; then
   part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
     tests/test_cuda_path.py
-else
-  echo "== gpu-tests: not run in a dry run" >>"$LOG"
 fi
 # The WRN step first: it takes seconds. The protocol's step is captured with eager kernels unless
 # --compile-protocol: window h200-2026-11-26-b compiled the whole unrolled step, 17-65 s per depth, about
 # what it saves over 100 epochs, and it ate that window (results/device-check/COMMAND.txt).
-part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
-part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
-HIGHWAY_S=$(( $(left) - 25 ))
+want wrn && part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
+want profile && part profile "$(smaller 60 $(( $(left) - 60 )))" "$PY" scripts/device_check.py profile --out "$OUT" $DRY
+want conv && part conv "$(smaller 60 $(( $(left) - 60 )))" "$PY" scripts/device_check.py conv --out "$OUT" $DRY
+want protocol && part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
 DATA_ARG=()
 [ -z "$DRY" ] && DATA_ARG=(--data-dir "$DATA_DIR")
+if want studies; then
+  STUDY_BUDGET=${STUDIES_S:-$(( $(left) - 20 ))}
+  (( STUDY_BUDGET > $(left) - 20 )) && STUDY_BUDGET=$(( $(left) - 20 ))
+  part studies "$(( STUDY_BUDGET + 15 ))" "$PY" scripts/device_check.py studies --out "$OUT" --budget-s "$STUDY_BUDGET" \
+    "${DATA_ARG[@]}" ${RESUME_STUDIES:+--resume-from "$RESUME_STUDIES"} $DRY
+fi
+HIGHWAY_S=$(( $(left) - 25 ))
 (( HIGHWAY_S < 30 )) && HIGHWAY_S=-15  # under half a minute left: skipped (no run could finish an epoch)
-part highway "$(( HIGHWAY_S + 15 ))" "$PY" scripts/device_check.py highway --out "$OUT" --budget-s "$HIGHWAY_S" \
+want highway && part highway "$(( HIGHWAY_S + 15 ))" "$PY" scripts/device_check.py highway --out "$OUT" --budget-s "$HIGHWAY_S" \
   "${DATA_ARG[@]}" $DRY
-part summary 15 "$PY" scripts/device_check.py summary --out "$OUT"
+want summary && part summary 15 "$PY" scripts/device_check.py summary --out "$OUT" --parts "$PARTS"
 echo "== done after $(( $(date +%s) - START )) s of a $BUDGET_S s budget" >>"$LOG"
 cat "$OUT/summary.md" 2>/dev/null

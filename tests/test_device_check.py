@@ -182,9 +182,15 @@ def test_the_shell_script_takes_the_protocol_compiled_on_request():
     assert args.compile == "blocks" and dc.parser().parse_args(["protocol", "--out", "x"]).compile is None
 
 
+SECOND_ROUND = ("device", "wrn", "profile", "conv", "protocol", "studies", "summary")
+
+
 def test_the_outputs_fit_what_a_device_window_brings_back():
-    """At most 8 files, no folders, names of letters, digits, '.', '_' and '-'."""
-    assert len(dc.OUTPUT_FILES) <= 8
+    """At most 8 files a window (the default parts, or the profile/conv/studies round), no folders,
+    names of letters, digits, '.', '_' and '-'."""
+    for parts in (dc.DEFAULT_PARTS, SECOND_ROUND):
+        assert sum(len(dc.PART_FILES[part]) for part in parts) <= 8, parts
+    assert sorted(dc.OUTPUT_FILES) == sorted(f for files in dc.PART_FILES.values() for f in files)
     assert all(name.replace(".", "").replace("_", "").replace("-", "").isalnum() for name in dc.OUTPUT_FILES)
     sh = SCRIPT.read_text()
     py = (REPOSITORY / "scripts" / "device_check.py").read_text()
@@ -208,9 +214,13 @@ def test_the_shell_script_needs_out(tmp_path):
 
 def test_every_part_is_time_limited_and_the_highway_part_gets_the_rest_of_the_budget():
     sh = SCRIPT.read_text()
-    parts = [line for line in sh.splitlines() if line.startswith("part ")]
-    # the WRN step (seconds) before the protocol (minutes): window h200-2026-11-26-b's protocol ate the window
-    assert [p.split()[1] for p in parts] == ["device", "wrn", "protocol", "highway", "summary"]
+    parts = [line.split("&& ", 1)[1] for line in sh.splitlines() if line.startswith("want ")]
+    assert all(line.startswith("want " + p.split()[1] + " ") for line, p in
+               zip([li for li in sh.splitlines() if li.startswith("want ")], parts))  # each part behind its own name
+    # the WRN step (seconds) before the protocol (minutes): window h200-2026-11-26-b's protocol ate the window;
+    # the studies and the highway shard take what is left
+    assert [p.split()[1] for p in parts] == ["device", "wrn", "profile", "conv", "protocol", "highway", "summary"]
+    assert "part studies" in sh and sh.index("part studies") > sh.index("part protocol")
     assert "timeout --kill-after" in sh and "gpu-tests" in sh and "-m gpu" in sh
     assert "--budget-s \"$HIGHWAY_S\"" in sh
 
@@ -309,3 +319,86 @@ def test_device_json_records_the_commit_that_ran_and_whether_the_tree_was_dirty(
     text = dc._revision_text({**stale})
     assert f"git HEAD {first}, but the sources differed from it (dirty" in text and stale["sources_sha256"] in text
     assert dc._revision_text({"git_revision": first, "git_dirty": False}) == f"git {first} (clean)"
+
+
+# --------------------------------------------------------------------------------------------
+# The second round's parts: profile, conv, studies
+
+
+def test_kernels_are_sorted_into_kinds_by_name():
+    assert dc.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n") == "matmul"
+    assert dc.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel") == "optimizer (foreach)"
+    assert dc.kernel_kind("void at::native::reduce_kernel<512, 1>") == "reduction"
+    assert dc.kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "elementwise"
+    assert dc.kernel_kind("Memcpy DtoD (Device -> Device)") == "memory"
+    assert dc.kernel_kind("something new") == "other"
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    # overlapping kernels count once, a gap not at all (microseconds in, seconds out)
+    assert dc.busy_seconds([(0, 10), (5, 20), (30, 40)]) == pytest.approx(30e-6)
+    assert dc.busy_seconds([(30, 40), (0, 10), (2, 3)]) == pytest.approx(20e-6)
+    assert dc.busy_seconds([]) == 0.0
+
+
+def test_the_profile_and_conv_dry_runs_write_their_files_and_the_summary_reads_them(tmp_path):
+    assert dc.main(["profile", "--out", str(tmp_path), "--dry-run"]) == 0
+    assert dc.main(["conv", "--out", str(tmp_path), "--dry-run"]) == 0
+    prof = json.loads((tmp_path / "profile.json").read_text())
+    assert set(prof["depths"]) == {"2", "4"}
+    for m in prof["depths"].values():
+        assert m["kernels"] > 0 and 0 < m["busy_share"] and m["kernels_per_step"] == m["kernels"] / prof["steps"]
+        assert sum(k["count"] for k in m["by_kind"].values()) == m["kernels"]
+    conv = json.loads((tmp_path / "conv.json").read_text())
+    rows = conv["widths"]["4"]
+    assert rows["fp32 (as the table runs)"]["speedup"] == 1.0 and "channels_last" in rows
+    text = dc.summary(tmp_path, ["profile", "conv"])
+    assert "kernels a step" in text and "w = 4" in text and "protocol.json missing" not in text
+
+
+def _stand_in_study(tmp_path: Path, seconds: float) -> str:
+    """A stand-in for `throughway reproduce`: finishes one run at once, then trains another for `seconds`,
+    leaving a checkpoint; resumed, it says so."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "out = Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "if '--resume' in sys.argv: print('resumed', sorted(p.name for p in (out / 'runs').iterdir()))\n"
+        "for name in ('a', 'b'): (out / 'runs' / name).mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'runs' / 'a' / 'results.json').write_text(json.dumps({'final': {'x': 1}}))\n"
+        "(out / 'runs' / 'b' / 'checkpoint.json').write_text('{}')\n"
+        "(out / 'runs' / 'b' / '.lock').write_text('')\n"
+        f"time.sleep({seconds})\n"
+        "(out / 'runs' / 'b' / 'results.json').write_text(json.dumps({'final': {'x': 2}}))\n")
+    return str(script)
+
+
+def test_the_studies_part_interrupts_at_its_budget_keeps_finished_runs_and_resumes(tmp_path, monkeypatch):
+    script = _stand_in_study(tmp_path, seconds=60)
+    monkeypatch.setattr(dc, "study_command", lambda name, out, args, resume:
+                        [sys.executable, script, "--out", str(out)] + (["--resume"] if resume else []))
+    out = tmp_path / "out"
+    args = dc.parser().parse_args(["studies", "--out", str(out), "--budget-s", "4", "--margin-s", "2",
+                                   "--studies", "layer-drop"])
+    out.mkdir()
+    args.jobs = {"layer-drop": 1}
+    report = dc.studies(args)
+    state = report["studies"]["layer-drop"]
+    assert state["exit_code"] != 0 and state["after"] == {"runs": 2, "finished": 1, "summary": False}
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(out / "studies.tar.gz") as archive:
+        names = archive.getnames()
+        archive.extractall(unpacked, filter="data")
+    assert "studies.json" in names and "layer-drop/runs/b/checkpoint.json" in names
+    assert not any(n.endswith(".lock") for n in names)  # a lock is never carried into the next window
+    script = _stand_in_study(tmp_path, seconds=0)
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    args = dc.parser().parse_args(["studies", "--out", str(out2), "--budget-s", "30", "--studies", "layer-drop",
+                                   "--resume-from", str(unpacked)])
+    args.jobs = {"layer-drop": 1}
+    report = dc.studies(args)
+    state = report["studies"]["layer-drop"]
+    assert state["resumed"] and state["before"]["finished"] == 1
+    assert state["exit_code"] == 0 and state["after"]["finished"] == 2
