@@ -184,13 +184,24 @@ def with_options(argv: tuple[str, ...], changes: dict[str, list[str] | None]) ->
 
 
 COMMAND_FILES = sorted(RESULTS.glob("*/COMMAND.txt"))
+
+# A folder made by an earlier version of its study, which today's code neither re-runs nor re-renders: its
+# COMMAND.txt says so in a line of this form naming the commit, keeps its commands as comments, and the
+# folder's page says so too (test_an_earlier_versions_folder_is_named_as_such_on_its_page).
+EARLIER_VERSION = re.compile(r"^# The study's FIRST VERSION, as it stood at commit ([0-9a-f]{7,40})\.", re.M)
+EARLIER = {path.parent: match.group(1) for path in COMMAND_FILES
+           if (match := EARLIER_VERSION.search(path.read_text()))}
+
+
+def _of_earlier_version(path: Path) -> bool:
+    return any(folder == path or folder in path.parents for folder in EARLIER)
 BENCHMARK_LOGS = sorted(RESULTS.rglob("benchmark_*.txt"))
 
 
 def _json_commands() -> list[Recorded]:
     found = []
     for path in sorted(RESULTS.rglob("*.json")):
-        if "runs" in path.relative_to(RESULTS).parts:
+        if "runs" in path.relative_to(RESULTS).parts or _of_earlier_version(path):
             continue
         try:
             data = json.loads(path.read_text())
@@ -580,7 +591,18 @@ def test_compiled_quick_batch_trains_as_eager(data_root, tmp_path):
 # 3. `throughway report`: every committed experiment summary re-renders into its committed table.
 
 SUMMARIES = sorted(p.parent for p in RESULTS.rglob("results.json")
-                   if "runs" not in p.relative_to(RESULTS).parts and "experiment" in json.loads(p.read_text()))
+                   if "runs" not in p.relative_to(RESULTS).parts and not _of_earlier_version(p.parent)
+                   and "experiment" in json.loads(p.read_text()))
+
+
+def test_an_earlier_versions_folder_is_named_as_such_on_its_page():
+    for folder, commit in EARLIER.items():
+        text = (folder / "COMMAND.txt").read_text()
+        assert all(line.startswith("#") for line in text.splitlines() if line.strip()), \
+            f"{folder}: an earlier version's commands are comments (today's code does not run them)"
+        pages = [p for p in (REPO / "docs").rglob("*.md") if f"results/{folder.name}/" in p.read_text()]
+        assert pages and all(commit in p.read_text() and "first version" in p.read_text() for p in pages), \
+            f"{folder}: every page quoting it names the commit {commit} and calls it the study's first version"
 
 
 def test_every_recorded_report_command_is_checked():
