@@ -774,12 +774,56 @@ def _study_state(folder: Path) -> dict[str, Any]:
     return {"runs": len(names), "finished": len(finished), "summary": (folder / "results.json").is_file()}
 
 
+ARCHIVE_LIMIT = 15 * 2 ** 20  # a window brings back files of at most 16 MiB
+
+
+def archive_studies(work: Path, archive_path: Path, report: dict[str, Any], limit: int = ARCHIVE_LIMIT) -> dict[str, Any]:
+    """Pack the studies under `work` into `archive_path` within `limit` bytes (what a window brings
+    back): every file but the weights first (results, analyses, metrics, summaries, logs, each run's
+    checkpoint.json), then the weights a later window resumes from (an unfinished run's newest
+    checkpoint), smallest first, while they fit; a finished run's model.safetensors is left on the
+    device (its analysis is already in its folder). studies.json (`report`, with what was left out)
+    goes in last. Returns what was packed and left out."""
+    weights, rest = [], []
+    for path in sorted(p for p in work.rglob("*") if p.is_file()):
+        base = path.name
+        if base.startswith(".lock") or base.endswith(".tmp") or base == "studies.json":
+            continue
+        (weights if base.endswith(".safetensors") else rest).append(path)
+    finished_runs = {p.parent for p in work.rglob("results.json")
+                     if "runs" in p.parts and json.loads(p.read_text()).get("final") is not None}
+    newest: dict[Path, Path] = {}
+    for path in weights:
+        if path.parent not in finished_runs and path.name.startswith("checkpoint-"):
+            if path.parent not in newest or path.name > newest[path.parent].name:
+                newest[path.parent] = path
+    packed = sum(p.stat().st_size for p in rest)
+    chosen, left_out = [], []
+    for path in sorted(newest.values(), key=lambda q: q.stat().st_size):
+        if packed + path.stat().st_size <= limit * 0.8:  # gzip cannot be counted on for weights
+            chosen.append(path)
+            packed += path.stat().st_size
+        else:
+            left_out.append(str(path.relative_to(work)))
+    summary = {"files": len(rest) + len(chosen), "weights": [str(p.relative_to(work)) for p in chosen],
+               "weights_left_out": left_out, "bytes_before_compression": packed}
+    report["archive"] = summary
+    _write_json(work / "studies.json", report)
+    with tarfile.open(archive_path, "w:gz") as archive:
+        for path in [*rest, *chosen, work / "studies.json"]:
+            archive.add(path, arcname=str(path.relative_to(work)))
+    if archive_path.stat().st_size > limit:
+        raise RuntimeError(f"{archive_path}: {archive_path.stat().st_size} bytes, over the {limit} a window brings back")
+    return summary
+
+
 def studies(args: argparse.Namespace) -> dict[str, Any]:
     """Train the studies named in `args.studies` at once (one `throughway reproduce` each, its runs in
     --jobs worker processes sharing the GPU), each resumed from `args.resume_from`/<study> when a former
     window left it there; at `args.budget_s` (less the margin) every study still training is interrupted
-    (SIGINT, then SIGTERM: a study keeps every finished run and each run's last checkpoint). The study
-    folders and studies.json go into OUT/studies.tar.gz."""
+    (SIGINT to all at once, SIGKILL to what has not stopped within a third of the margin: a study keeps every
+    finished run and each run's last checkpoint). The study folders and studies.json go into
+    OUT/studies.tar.gz within what a window brings back (`archive_studies`)."""
     import signal
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="studies-"))
@@ -798,24 +842,25 @@ def studies(args: argparse.Namespace) -> dict[str, Any]:
         report["studies"][name] = {"command": " ".join(command[1:]), "resumed": resume,
                                    "before": _study_state(folder)}
     deadline = started + args.budget_s - args.margin_s
+    codes: dict[str, int | None] = {name: None for name, _, _ in children}
+    while time.time() < deadline and any(child.poll() is None for _, child, _ in children):
+        time.sleep(1.0)
+    # At the deadline every study still training is interrupted at once (the finished runs and each
+    # run's last checkpoint stay), then ended if it does not stop within a third of the margin.
+    for _name, child, _ in children:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGINT)
     for name, child, log in children:
         try:
-            code = child.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:  # interrupted: finished runs and checkpoints stay
-            os.killpg(child.pid, signal.SIGINT)
-            try:
-                code = child.wait(timeout=args.margin_s / 2)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGTERM)
-                code = child.wait()
+            codes[name] = child.wait(timeout=max(1.0, args.margin_s / 3 - (time.time() - deadline)))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            codes[name] = child.wait()
         log.close()
-        report["studies"][name].update({"exit_code": code, "after": _study_state(work / name),
+        report["studies"][name].update({"exit_code": codes[name], "after": _study_state(work / name),
                                         "seconds": time.time() - started})
-        print(f"study {name}: exit {code}, {report['studies'][name]['after']}", flush=True)
-    _write_json(work / "studies.json", report)
-    with tarfile.open(Path(args.out) / "studies.tar.gz", "w:gz") as archive:
-        for entry in sorted(work.iterdir()):
-            archive.add(entry, arcname=entry.name, filter=_run_files)
+        print(f"study {name}: exit {codes[name]}, {report['studies'][name]['after']}", flush=True)
+    report["archive"] = archive_studies(work, Path(args.out) / "studies.tar.gz", report)
     shutil.rmtree(work, ignore_errors=True)
     return report
 

@@ -395,10 +395,33 @@ def test_the_studies_part_interrupts_at_its_budget_keeps_finished_runs_and_resum
     script = _stand_in_study(tmp_path, seconds=0)
     out2 = tmp_path / "out2"
     out2.mkdir()
-    args = dc.parser().parse_args(["studies", "--out", str(out2), "--budget-s", "30", "--studies", "layer-drop",
+    args = dc.parser().parse_args(["studies", "--out", str(out2), "--budget-s", "30", "--margin-s", "6", "--studies", "layer-drop",
                                    "--resume-from", str(unpacked)])
     args.jobs = {"layer-drop": 1}
     report = dc.studies(args)
     state = report["studies"]["layer-drop"]
     assert state["resumed"] and state["before"]["finished"] == 1
     assert state["exit_code"] == 0 and state["after"]["finished"] == 2
+
+
+def test_the_studies_archive_fits_a_window_weights_last_and_only_an_unfinished_runs_newest(tmp_path):
+    work = tmp_path / "work"
+    done, going, other = work / "s" / "runs" / "done", work / "s" / "runs" / "going", work / "s" / "runs" / "other"
+    for run in (done, going, other):
+        run.mkdir(parents=True)
+    (done / "results.json").write_text(json.dumps({"final": {"x": 1}}))
+    (done / "model.safetensors").write_bytes(b"0" * 4000)  # a finished run's weights stay on the device
+    for run, size in ((going, 1000), (other, 3000)):
+        (run / "results.json").write_text(json.dumps({"final": None}))
+        (run / "checkpoint-e0001.safetensors").write_bytes(b"1" * size)
+        (run / "checkpoint-e0002.safetensors").write_bytes(b"2" * size)
+        (run / ".lock").write_text("")
+    archive = tmp_path / "studies.tar.gz"
+    summary = dc.archive_studies(work, archive, {"studies": {}}, limit=4000)
+    with tarfile.open(archive) as packed:
+        names = set(packed.getnames())
+    assert "s/runs/going/checkpoint-e0002.safetensors" in names  # the newest of the run that fits
+    assert "s/runs/going/checkpoint-e0001.safetensors" not in names and "s/runs/done/model.safetensors" not in names
+    assert summary["weights_left_out"] == ["s/runs/other/checkpoint-e0002.safetensors"]
+    assert "studies.json" in names and not any(n.endswith(".lock") for n in names)
+    assert {"s/runs/done/results.json", "s/runs/other/results.json"} <= names

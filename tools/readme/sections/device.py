@@ -81,7 +81,8 @@ def _gpu_windows(root: Path) -> str:
     for window in _windows(root):
         device = _json(root, f"device-check/{window.name}/device.json")
         log = _text(root, f"device-check/{window.name}/device_check.log")
-        shard = _json(root, f"device-check/{window.name}/highway_shard.json")
+        shard = (_json(root, f"device-check/{window.name}/highway_shard.json")
+                 if (window / "highway_shard.json").is_file() else {"outcome": "not run"})
         epochs = sorted({a["epoch"] for a in shard.get("after", {}).values()})
         before = sorted({shard["before"][name]["epoch"] for name in shard.get("shard", [])})
         span = f"epoch {epochs[-1]}" if epochs and before[0] + 1 == epochs[-1] else \
@@ -159,5 +160,41 @@ def _compile_blocks(root: Path) -> str:
     return "\n".join(rows)
 
 
+def _gpu_profile(root: Path) -> str:
+    """Each profiled window's captured protocol epoch per depth (device_check profile): kernels a step,
+    their median length, the device's busy share and the kernel time by kind."""
+    kinds = ["elementwise", "matmul", "reduction", "memory", "optimizer (foreach)", "other"]
+    rows = table_header(["window", "d", "models", "kernels a step", "median kernel (µs)", "busy share of the epoch",
+                         "epoch of 100 steps (s)", *(f"{k} (% of kernel time)" for k in kinds)])
+    for window in _windows(root):
+        if not (window / "profile.json").is_file():
+            continue
+        prof = _json(root, f"device-check/{window.name}/profile.json")
+        for d, m in sorted(prof["depths"].items(), key=lambda item: int(item[0])):
+            shares = [100 * m["by_kind"].get(k, {"time_s": 0.0})["time_s"] / m["kernel_time_s"] for k in kinds]
+            rows.append(f"| `{window.name}` | {d} | {m['models']} | {m['kernels_per_step']:.0f} | "
+                        f"{m['median_kernel_us']:.1f} | {100 * m['busy_share']:.0f}% | {m['epoch_s']:.3f} | "
+                        + " | ".join(f"{x:.0f}" for x in shares) + " |")
+    return "\n".join(rows)
+
+
+def _gpu_conv(root: Path) -> str:
+    """Each window's conv highway step (device_check conv): images per second of one run per width and
+    variant, and the speed-up over the fp32 step measured in the same run."""
+    rows = table_header(["window", "width", "variant", "images/s (one run)", "over fp32"])
+    for window in _windows(root):
+        if not (window / "conv.json").is_file():
+            continue
+        conv = _json(root, f"device-check/{window.name}/conv.json")
+        for width, variants in conv["widths"].items():
+            for name in ("fp32 (as the table runs)", "channels_last", "bf16 autocast + channels_last"):
+                if name in variants:
+                    row = variants[name]
+                    rows.append(f"| `{window.name}` | {width} | {name} | {row['images_per_s']:.0f} | "
+                                f"{row['speedup']:.2f}× |")
+    return "\n".join(rows)
+
+
 RENDERERS: dict[str, Any] = {"gpu-windows": _gpu_windows, "gpu-protocol": _gpu_protocol,
-                             "highway-conv-table": _highway_conv_table, "compile-blocks": _compile_blocks}
+                             "highway-conv-table": _highway_conv_table, "compile-blocks": _compile_blocks,
+                             "gpu-profile": _gpu_profile, "gpu-conv": _gpu_conv}
