@@ -343,3 +343,57 @@ def edited_fields(content: Any) -> list[tuple[str, ...]]:
                 paths += [(key, sub) for sub in value]
     return paths
 
+
+# One small run every run-folder test starts from: the CLI's arguments and the same run as a RunConfig.
+PLAIN_ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
+
+
+def plain_config() -> Any:
+    """PLAIN_ARGS as a RunConfig (built on call: conftest imports nothing of throughway.train at load)."""
+    from throughway.train import RunConfig
+    return RunConfig(model="mlp_plain", depth=2, epochs=2, model_kwargs={"width": 8})
+
+
+def interrupted_run(out: Path, config: Any = None) -> Path:
+    """`config` (default `plain_config()`) trained into `out` and interrupted after its first epoch (Crash)."""
+    from throughway.train import run_training
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config or plain_config(), out, progress=False, callbacks=[Crash(after=1)])
+    return out
+
+
+class TimmBasicBlock(torch.nn.Module):
+    """Replica of timm.models.resnet.BasicBlock (se and drop_path None, as timm builds them by default)."""
+
+    def __init__(self, inplanes: int = 4, planes: int | None = None, stride: int = 1,
+                 downsample: torch.nn.Module | None = None) -> None:
+        planes = inplanes if planes is None else planes
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(planes)
+        self.drop_block = torch.nn.Identity()
+        self.act1 = torch.nn.ReLU(inplace=True)
+        self.aa = torch.nn.Identity()
+        self.conv2 = torch.nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(planes)
+        self.se = None
+        self.act2 = torch.nn.ReLU(inplace=True)
+        self.downsample = downsample
+        self.drop_path = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        x = self.aa(self.act1(self.drop_block(self.bn1(self.conv1(x)))))
+        x = self.bn2(self.conv2(x))
+        if self.se is not None:
+            x = self.se(x)
+        if self.drop_path is not None:
+            x = self.drop_path(x)
+        if self.downsample is not None:
+            shortcut = self.downsample(shortcut)
+        x += shortcut
+        return self.act2(x)
+
+
+TimmBasicBlock.__module__ = "timm.models.resnet"
+TimmBasicBlock.__qualname__ = "BasicBlock"

@@ -17,7 +17,7 @@ from throughway.models import create_model
 from throughway.train import RunConfig, run_training, save_model
 from throughway.train.checkpoint import read_checkpoint_meta
 
-from conftest import Crash, HOSTILE_CONFIG_VALUES, assert_exit_0_or_2, edit_results, file_tree, run_cli
+from conftest import HOSTILE_CONFIG_VALUES, assert_exit_0_or_2, edit_results, file_tree, interrupted_run, run_cli
 
 
 def _train(root, name: str, model: str, depth: int, **model_kwargs) -> str:
@@ -162,13 +162,6 @@ def test_analyze_writes_nothing_through_a_linked_run_folder_or_out(tmp_path, cap
 
 # -- what `analyze` reads of a run directory is untrusted input ------------------------------------
 
-PLAIN_CONFIG = RunConfig(model="mlp_plain", depth=2, epochs=2, model_kwargs={"width": 8})
-
-
-def _interrupted_run(out: Path, config: RunConfig = PLAIN_CONFIG) -> Path:
-    with pytest.raises(KeyboardInterrupt):
-        run_training(config, out, progress=False, callbacks=[Crash(after=1)])
-    return out
 
 
 def _prune_result(family: str, accuracy: list[float]) -> dict:
@@ -177,7 +170,7 @@ def _prune_result(family: str, accuracy: list[float]) -> dict:
 
 
 def test_analyze_checkpoint_checks_the_results_model_config(tmp_path, fake_mnist_root, capsys):
-    out = _interrupted_run(tmp_path / "run")
+    out = interrupted_run(tmp_path / "run")
     results = json.loads((out / "results.json").read_text())
     results["model"]["config"]["depth"] = 50_000
     (out / "results.json").write_text(json.dumps(results))

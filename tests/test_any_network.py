@@ -18,6 +18,8 @@ from throughway.analysis import (find_blocks, find_branches, gate_statistics, k_
 from throughway.layers import ScalarGate, VectorGate, block_spec
 from throughway.train import get_recipe, param_groups, parameter_groups
 
+from conftest import TimmBasicBlock
+
 
 def block_gates(model: nn.Module) -> dict:
     """Each branch's gate, from the one lister."""
@@ -254,39 +256,6 @@ TorchvisionBasicBlock.__module__ = "torchvision.models.resnet"
 TorchvisionBasicBlock.__qualname__ = "BasicBlock"
 
 
-class TimmBasicBlock(nn.Module):
-    """Replica of timm.models.resnet.BasicBlock (se and drop_path None, as timm builds them by default)."""
-
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.drop_block = nn.Identity()
-        self.act1 = nn.ReLU(inplace=True)
-        self.aa = nn.Identity()
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.se = None
-        self.act2 = nn.ReLU(inplace=True)
-        self.downsample = downsample
-        self.drop_path = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x
-        x = self.aa(self.act1(self.drop_block(self.bn1(self.conv1(x)))))
-        x = self.bn2(self.conv2(x))
-        if self.se is not None:
-            x = self.se(x)
-        if self.drop_path is not None:
-            x = self.drop_path(x)
-        if self.downsample is not None:
-            shortcut = self.downsample(shortcut)
-        x += shortcut
-        return self.act2(x)
-
-
-TimmBasicBlock.__module__ = "timm.models.resnet"
-TimmBasicBlock.__qualname__ = "BasicBlock"
 
 
 def _resnet(block: type[nn.Module]) -> nn.Module:

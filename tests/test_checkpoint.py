@@ -23,19 +23,9 @@ from throughway.train import RunConfig, load_model, read_results, run_training, 
 from throughway.train.checkpoint import MAX_MODEL_PARAMETERS, read_checkpoint_meta, save_checkpoint
 from throughway.train.rundir import CHECKPOINT_FILE, RunDir, write_rotating
 
-from conftest import Crash, file_hashes, file_tree, run_cli, sha256_of
+from conftest import Crash, PLAIN_ARGS, file_hashes, file_tree, interrupted_run, run_cli, sha256_of
 
 
-PLAIN_ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
-
-
-PLAIN_CONFIG = RunConfig(model="mlp_plain", depth=2, epochs=2, model_kwargs={"width": 8})
-
-
-def _interrupted_run(out: Path, config: RunConfig = PLAIN_CONFIG) -> Path:
-    with pytest.raises(KeyboardInterrupt):
-        run_training(config, out, progress=False, callbacks=[Crash(after=1)])
-    return out
 
 
 def _model_file(path: Path, **changes) -> Path:
@@ -64,7 +54,7 @@ def _count(model: nn.Module) -> int:
 @pytest.mark.parametrize("resume", [False, True])
 @pytest.mark.parametrize("target", ["relative", "absolute"])
 def test_checkpoint_json_naming_a_file_outside_is_refused(tmp_path, fake_mnist_root, capsys, victim, resume, target):
-    out = _interrupted_run(tmp_path / "run")
+    out = interrupted_run(tmp_path / "run")
     (out / "results.json").unlink()  # the case of the report: nothing but the checkpoint left
     meta = json.loads((out / "checkpoint.json").read_text())
     meta["file"] = "../VICTIM.txt" if target == "relative" else str(victim)
@@ -109,7 +99,7 @@ def test_write_rotating_deletes_only_the_previous_checkpoint_it_wrote(tmp_path, 
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_checkpoint_files_without_checkpoint_json_are_not_overwritten(tmp_path, fake_mnist_root, capsys, resume):
-    out = _interrupted_run(tmp_path / "run")
+    out = interrupted_run(tmp_path / "run")
     (out / "checkpoint.json").unlink()
     (out / "results.json").unlink()
     before = file_hashes(out)
@@ -119,7 +109,7 @@ def test_checkpoint_files_without_checkpoint_json_are_not_overwritten(tmp_path, 
 
 
 def test_resume_without_results_json_checks_the_config(tmp_path, fake_mnist_root, capsys):
-    out = _interrupted_run(tmp_path / "run")
+    out = interrupted_run(tmp_path / "run")
     (out / "results.json").unlink()
     before = file_hashes(out)
     code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(out), "--resume", "--seed", "7"])
@@ -132,7 +122,7 @@ def test_resume_without_results_json_checks_the_config(tmp_path, fake_mnist_root
 
 
 def test_truncated_checkpoint_is_an_error_naming_it(tmp_path, fake_mnist_root, capsys):
-    out = _interrupted_run(tmp_path / "run")
+    out = interrupted_run(tmp_path / "run")
     checkpoint = out / "checkpoint-e0001.safetensors"
     checkpoint.write_bytes(checkpoint.read_bytes()[:100])
     code, err = run_cli(capsys, PLAIN_ARGS + ["--out", str(out), "--resume"])
@@ -168,7 +158,6 @@ def test_truncated_model_file_is_an_error_naming_it(tmp_path, capsys):
 
 
 def test_a_checkpoint_history_record_of_wrong_types_is_refused(tmp_path, fake_mnist_root, capsys):
-    from throughway.train import run_training
 
     out = tmp_path / "run"
     config = RunConfig(model="mlp_gated_residual", depth=2, epochs=2, model_kwargs={"width": 8})

@@ -12,7 +12,7 @@ import torch
 from throughway.cli import main
 from throughway.experiments.mnist_depth import PAPER_MEAN_K, PAPER_TEST_ERROR
 
-from conftest import run_cli, run_cli_out
+from conftest import PLAIN_ARGS, run_cli, run_cli_out
 
 
 def test_list_prints_models_recipes_experiments_name_first(capsys):
@@ -181,7 +181,6 @@ def test_throughway_help_lists_every_command_with_its_help(capsys):
 
 # -- options the command line refuses before any data is read: exit 2 naming the option ----------------
 
-PLAIN_ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
 
 
 def _replace(argv: list[str], option: list[str]) -> list[str]:

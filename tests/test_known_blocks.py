@@ -18,6 +18,8 @@ from torch import nn
 from throughway import add_gates, register_block
 from throughway.analysis import find_blocks, find_branches, lesion, prune, removable_blocks, unremovable_blocks
 from throughway.layers import block_spec
+
+from conftest import TimmBasicBlock
 from throughway.layers import blocks as block_registry
 from throughway.layers.adapters import fold_gates
 from throughway.layers.blocks import check_blocks, has_shortcut
@@ -244,39 +246,7 @@ def test_a_swin_v2_registration_ending_before_its_norms_is_refused():
 
 # ---- post-activation ResNet blocks: act(x + f(x)) --------------------------------------------------
 
-class BasicBlock(nn.Module):
-    """Replica of timm.models.resnet.BasicBlock (se and drop_path None, as timm builds them by default)."""
-
-    def __init__(self, planes: int = 4) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.drop_block = nn.Identity()
-        self.act1 = nn.ReLU(inplace=True)
-        self.aa = nn.Identity()
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.se = None
-        self.act2 = nn.ReLU(inplace=True)
-        self.downsample = None
-        self.drop_path = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x
-        x = self.aa(self.act1(self.drop_block(self.bn1(self.conv1(x)))))
-        x = self.bn2(self.conv2(x))
-        if self.se is not None:
-            x = self.se(x)
-        if self.drop_path is not None:
-            x = self.drop_path(x)
-        if self.downsample is not None:
-            shortcut = self.downsample(shortcut)
-        x += shortcut
-        return self.act2(x)
-
-
-BasicBlock.__module__ = "timm.models.resnet"
-BasicBlock.__qualname__ = "BasicBlock"
+BasicBlock = TimmBasicBlock  # timm.models.resnet.BasicBlock's replica, shared with test_any_network
 
 
 def test_a_post_activation_block_is_left_unverified_and_checks_with_its_activation_replaced():

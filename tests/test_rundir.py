@@ -24,19 +24,9 @@ from throughway.data.sources import save_cache
 from throughway.train import RunConfig, read_results, run_training
 from throughway.train.rundir import LOCK_FILE, RunDir
 
-from conftest import Crash, HOSTILE_VALUES, edited_fields, file_hashes, file_tree, make_arrays, run_cli, run_cli_out
+from conftest import HOSTILE_VALUES, PLAIN_ARGS, edited_fields, file_hashes, file_tree, interrupted_run, make_arrays, run_cli, run_cli_out
 
 
-PLAIN_ARGS = ["train", "--model", "mlp_plain", "--depth", "2", "--width", "8", "--epochs", "2", "--quiet"]
-
-
-PLAIN_CONFIG = RunConfig(model="mlp_plain", depth=2, epochs=2, model_kwargs={"width": 8})
-
-
-def _interrupted_run(out: Path, config: RunConfig = PLAIN_CONFIG) -> Path:
-    with pytest.raises(KeyboardInterrupt):
-        run_training(config, out, progress=False, callbacks=[Crash(after=1)])
-    return out
 
 
 GATED_TRAIN = ["train", "--model", "mlp_gated_residual", "--depth", "2", "--width", "8", "--epochs", "2", "--limit",
@@ -136,7 +126,7 @@ def test_two_processes_on_one_out(tmp_path, fake_mnist_root, capsys):
 
 
 def test_stray_tmp_files_are_cleaned_on_the_next_start(tmp_path, fake_mnist_root, capsys):
-    out = _interrupted_run(tmp_path / "run")
+    out = interrupted_run(tmp_path / "run")
     stray = [out / ".results.json.ab12cd34.tmp", out / ".checkpoint-e0002.safetensors.x_y1z2w3.tmp"]
     for path in stray:
         path.write_bytes(b"half written")
