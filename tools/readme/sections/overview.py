@@ -194,7 +194,8 @@ def _earlier_transformer_gates_row(summary: dict) -> str:
     worse = [r for r in removal if r["p_corrected"] < SIGNIFICANCE and r["kept_difference"] < 0]
     said = "; ".join(f"smallest \\|gate\\| first keeps {abs(r['kept_difference']):.1f} points less than random removal "
                      f"({r['family']}, {r['depth']} layers, {CORRECTION} p = {format_p(r['p_corrected'])})" for r in worse)
-    return (f"| [The 2017 gate in a transformer](docs/reproductions/transformer-gates.md) (ours): relu(k) gates via "
+    return (f"| [The 2017 gate in a transformer](docs/reproductions/transformer-gates.md) (ours; the study's first "
+            f"version, 6 epochs on 10,000 images: rewritten since, its new run pending): relu(k) gates via "
             f"add_gates in a small ViT on MNIST, against pre-norm, ReZero, LayerScale | — | "
             f"{', '.join(map(str, config['depths']))} layers, {config['seeds']} seeds: {significant} of {len(tests)} "
             f"paired tests of gated against each family significant after {CORRECTION} ({below} at uncorrected p < "
