@@ -230,6 +230,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                             device=first.device, limit=first.limit)
     if len(data.train) < 2:
         raise ValueError("the training split needs at least 2 samples")
+    steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))  # the batch size is shared
     models = [build_model(c, data) for c in configs]
     stack = StackedModels(models, device=first.device)
     optimizer = StackedOptimizer(stack, recipes, compile=compile)
@@ -242,14 +243,13 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                     "and elapsed_s are the whole stack's wall time"}
         writers.append(ResultsFiles(d, header))
         state = TrainState(model, optimizer, r, data, order_generator(stack.device).manual_seed(c.seed), History(),
-                           steps_per_epoch=len(epoch_starts(len(data.train), r.batch_size)))
+                           steps_per_epoch=steps_per_epoch)
         notes = [_DivergenceNote(f"[{label}] {d.name}")] if progress else []
         members.append(Member(state, [writers[-1], *notes, *callbacks], ended=i not in todo))
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
         check_stack_members(state_path, meta, len(members))
-        steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))
         if meta["epoch"] > recipes[0].epochs or meta["step_count"] != meta["epoch"] * steps_per_epoch:
             raise ValueError(f"{state_path / STATE_JSON}: fields 'epoch' ({meta['epoch']}) and 'step_count' "
                              f"({meta['step_count']}) do not fit this batch ({recipes[0].epochs} epochs of "
@@ -357,10 +357,11 @@ class _StackEngine:
                  eval_chunk: int, compile: bool, cuda_graph: bool = True) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk
-        self.step = StackedStep(stack, optimizer, compile=compile)
         # On a GPU the epoch is replays of one captured step (no host synchronisation within an epoch); the
-        # CPU keeps the eager step.
-        self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
+        # CPU keeps the eager step. Decided first, then both steps are built.
+        graphed = _use_graphs(stack.device, cuda_graph)
+        self.step = StackedStep(stack, optimizer, compile=compile)
+        self.graphed = GraphedStep(stack, optimizer, compile=compile) if graphed else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
         self.snap: dict[str, torch.Tensor] = {}
 
