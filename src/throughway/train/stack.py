@@ -287,9 +287,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     def after_epoch(running: Sequence[Member]) -> None:
         epoch = running[0].state.epoch
         if checkpoint:
-            save_stack_state(state_path, epoch, stack, optimizer,
-                             [{**m.state.progress_entry(), "done": m.ended} for m in members],
-                             {members.index(m): m.state.generator for m in running})
+            save_stack_state(state_path, epoch, stack, optimizer, members, running)
         if progress:
             losses = [m.state.history.epochs[-1]["train_loss"] for m in running]
             best = min(range(len(running)), key=losses.__getitem__)
@@ -461,10 +459,13 @@ def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relat
 
 
 def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
-                     members: Sequence[dict[str, Any]], generators: dict[int, torch.Generator]) -> None:
-    """Checkpoint the stack after `epoch` finished epochs. `members` holds, per model of the stack, its
-    progress entry (`TrainState.progress_entry`) and "done" (whether it has ended); `generators` maps the
-    index of every model still in the stack, in the stack's order, to its data-order generator."""
+                     members: Sequence[Member], running: Sequence[Member]) -> None:
+    """Checkpoint the stack after `epoch` finished epochs: `members` are every model of the stack, `running`
+    those still in it, in the stack's order. Each member's progress entry (`TrainState.progress_entry`) and
+    "done" (whether it has ended) go to the JSON file, the data-order generator of each running one to the
+    tensors, under its index in `members`."""
+    entries = [{**m.state.progress_entry(), "done": m.ended} for m in members]
+    generators = {members.index(m): m.state.generator for m in running}
     active = list(generators)
     tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
     tensors.update({f"running.{k}": v for k, v in stack.running.items()})
@@ -474,7 +475,7 @@ def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimize
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     write_rotating(state_dir, STATE_JSON, f"batch-e{epoch:04d}.safetensors", save(tensors), {
         "format": _STATE_FORMAT, "epoch": epoch, "active": list(active), "step_count": optimizer.step_count,
-        "members": list(members),
+        "members": entries,
     }, BATCH_FILE)
 
 
