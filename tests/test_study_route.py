@@ -67,10 +67,20 @@ def test_the_gate_family_route_comes_back_into_the_study_side_at_most_three_time
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the training side's part of this route (train/, models/, analysis/, data/: "
-                                        "25 ping-pongs) is reworked beside the study side; the bound holds once "
-                                        "both are in")
+@pytest.mark.xfail(strict=True, reason="16 ping-pongs (30 before the training side was reworked): the training "
+                                        "side's 13 are mostly an orchestrator that calls a helper elsewhere and "
+                                        "goes on with its own (the stack engine, check_config, the data cache)")
 def test_the_gate_family_route_has_at_most_ten_ping_pongs(gate_family_route):
+    # Measured on this route: 30 before the training side was reworked (27 outside the study side), 16 after
+    # (13): removal asks ModelBlocks its questions in one visit (was 7 between analysis/removal and
+    # analysis/blocks), the stack's optimiser reads its own state before train.optim, the loop's
+    # evaluation takes the outputs instead of calling a closure back, an epoch's steps are counted once,
+    # and the stack's checkpoint reads its members itself. Left: the stack engine between train/stack,
+    # train/stacked, train/recipes and train/optim (4), train_stacked around check_config's first
+    # mlp_gated_residual and config_hash's RunConfig.to_dict (2), check_config around the registry,
+    # models/mlp around models/base.check_positive_int, the data cache around _io and data/loader,
+    # layers/blocks around the known rules, run around distributed.launch_info, load_model around
+    # layers/adapters.legacy_gate_keys, and the study side's 3.
     status, files = gate_family_route
     assert status == 0
     assert len(ping_pongs(files)) <= 10, ping_pongs(files)

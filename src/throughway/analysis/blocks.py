@@ -37,12 +37,17 @@ from torch import nn
 
 from ..layers.blocks import (BranchRef, block_branches, block_spec, check_blocks, find_branches, has_shortcut,
                              identity_shortcut, is_block, iter_blocks, registered_blocks)
+from ..layers.gates import ScalarGate
 
-__all__ = ["FAMILIES", "ModelBlocks", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate",
+__all__ = ["FAMILIES", "PRUNABLE_MODELS", "ModelBlocks", "find_blocks", "find_branches", "no_blocks_error", "block_kind", "block_gate",
            "gate_value", "gate_magnitude", "resolve_block", "resolve_blocks", "resolve_branches", "identity_shortcut"]
 
 # What `block_kind` and `gates.model_family` answer.
 FAMILIES = ("gated", "residual", "augmented", "highway", "plain")
+# Registry names whose blocks are interchangeable (every block maps width to width) and whose
+# config rebuilds any number of them through `depth`: `analysis.removal.prune` keeps them registry models.
+PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_highway", "mlp_plain", "mlp_rezero",
+                   "mlp_layerscale")
 
 
 def _layer_stacks(model: nn.Module) -> list[str]:
@@ -218,6 +223,67 @@ class ModelBlocks:
             raise IndexError(f"block={which!r}: accepted values are positions 0 .. {len(branches) - 1} (from 0 in "
                              f"find_branches order; {-len(branches)} .. -1 from the end) or branch or block names")
         return [list(branches.values())[which]]
+
+    # Which blocks can be removed and how big their gates are: the questions `analysis.removal` asks of the
+    # blocks it found, answered here from that one walk, so a removal reads the blocks in one visit.
+
+    def registry_name(self) -> str | None:
+        """The registry name when `prune` rebuilds the model from its config: a model of PRUNABLE_MODELS
+        whose blocks are exactly `model.blocks`."""
+        config = getattr(self.model, "config", None)
+        name = config.get("name") if isinstance(config, dict) else None
+        blocks = getattr(self.model, "blocks", None)
+        if name not in PRUNABLE_MODELS or not isinstance(blocks, nn.ModuleList):
+            return None
+        return cast(str, name) if list(self.blocks) == [f"blocks.{i}" for i in range(len(blocks))] else None
+
+    def unremovable(self, example_input: Any = None) -> dict[str, str]:
+        """`analysis.removal.unremovable_blocks` on these blocks."""
+        blocks = self.blocks
+        if not blocks:
+            raise no_blocks_error(self.model)
+        if example_input is not None:
+            check_blocks(self.model, example_input)
+        if self.registry_name() is not None:
+            return {}
+        reasons = {}
+        for name, block in blocks.items():
+            if block_kind(block) == "plain":
+                reasons[name] = (f"{type(block).__name__} has no shortcut (in this instance); whether its output "
+                                 f"keeps its input's shape is checked by prune(..., example_input=...)")
+            elif not identity_shortcut(block):
+                spec = block_spec(block)
+                where = spec.shortcut if spec is not None and spec.shortcut else "shortcut"
+                reasons[name] = (f"its {where} is a {type(getattr(block, where, None)).__name__}, not the identity: "
+                                 f"the block changes the feature map's shape (a stride-2 or projection block)")
+        return reasons
+
+    def removable(self, example_input: Any = None) -> list[str]:
+        """`analysis.removal.removable_blocks` on these blocks."""
+        excluded = self.unremovable(example_input)
+        return [name for name in self.blocks if name not in excluded]
+
+    def gate_size(self, name: str) -> tuple[float, float]:
+        """The size by which `analysis.removal.removal_order` ranks block `name`: (its largest branch gate |g|
+        (`gate_magnitude`), the largest k of its scalar gates or 0.0 when a branch has another gate).
+        ValueError naming the branch without a gate with a value, or with a gate that is not finite."""
+        # A block's size is its largest branch gate |g| (ours: a transformer layer stays while either of
+        # its branches is open); among equal sizes (closed ReLU gates: g = 0) the smaller k first, as the
+        # paper orders by k.
+        refs = [ref for ref in self.branches.values() if ref.block == name]
+        if not refs or any(ref.gate is None for ref in refs):
+            ungated = next((ref.name for ref in refs if ref.gate is None), name)
+            raise ValueError(f"block {ungated!r} has no gate with a value; the greedy order needs a gated branch in "
+                             f"every removable block (throughway.add_gates puts one in)")
+        sizes = []
+        for ref in refs:
+            value = gate_value(ref.gate)
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"the gate of {ref.name!r} is {value.flatten()[:4].tolist()} (not finite): the "
+                                 f"greedy order cannot rank it; the model diverged")
+            sizes.append(float(value.abs().mean()))  # gate_magnitude, of the value just read (the gate read once)
+        ks = [float(ref.gate.k.detach().cpu()) for ref in refs if isinstance(ref.gate, ScalarGate)]
+        return max(sizes), (max(ks) if len(ks) == len(refs) else 0.0)
 
 
 def resolve_block(model: nn.Module, block: int | str, *, negative: bool = False) -> tuple[str, nn.Module]:

@@ -31,19 +31,16 @@ from typing import Any, Callable, Iterator, Sequence, cast
 import torch
 from torch import nn
 
-from ..layers import ScalarGate
-from ..layers.blocks import BranchRef, ClosedGate, block_spec, check_blocks, close_branches
+from ..layers.blocks import BranchRef, ClosedGate, close_branches
 from ..models import create_model
-from .blocks import ModelBlocks, block_kind, gate_magnitude, gate_value, identity_shortcut, no_blocks_error
+from .blocks import PRUNABLE_MODELS, ModelBlocks, block_kind, identity_shortcut
 
 __all__ = ["ClosedGate", "lesion", "prune", "check_prunable", "layers_per_block", "removal_order", "removal_curve",
            "removable_blocks", "unremovable_blocks", "one_number", "STRATEGIES", "PRUNABLE_MODELS"]
 
 STRATEGIES = ("greedy", "random")
-# Registry names whose blocks are interchangeable (every block maps width to width) and whose
-# config rebuilds any number of them through `depth`: `prune` keeps them registry models.
-PRUNABLE_MODELS = ("mlp_gated_residual", "mlp_residual", "mlp_augmented", "mlp_highway", "mlp_plain", "mlp_rezero",
-                   "mlp_layerscale")
+# PRUNABLE_MODELS (the registry models `prune` rebuilds by config) is declared beside `ModelBlocks.registry_name`,
+# which reads it, in analysis/blocks.py, and importable from here as before.
 
 
 def _check_lesionable(model: nn.Module, ref: BranchRef) -> None:
@@ -128,17 +125,6 @@ def _layers_per_block(found: ModelBlocks) -> int:
     return depth // len(blocks)
 
 
-def _registry_name(found: ModelBlocks) -> str | None:
-    """The registry name when `prune` rebuilds the model from its config: a model of PRUNABLE_MODELS
-    whose blocks are exactly `model.blocks`."""
-    config = getattr(found.model, "config", None)
-    name = config.get("name") if isinstance(config, dict) else None
-    blocks = getattr(found.model, "blocks", None)
-    if name not in PRUNABLE_MODELS or not isinstance(blocks, nn.ModuleList):
-        return None
-    return cast(str, name) if list(found.blocks) == [f"blocks.{i}" for i in range(len(blocks))] else None
-
-
 def check_prunable(model: nn.Module) -> str:
     """The registry name of `model` when `prune` rebuilds it by config (PRUNABLE_MODELS: every block
     keeps the width and `depth` rebuilds any number of them), as `throughway analyze prune` needs to
@@ -149,7 +135,7 @@ def check_prunable(model: nn.Module) -> str:
     if name is None:
         raise ValueError("this model carries no model.config with its registry name (it was not built by "
                          "create_model)")
-    if _registry_name(ModelBlocks(model)) is None:
+    if ModelBlocks(model).registry_name() is None:
         raise ValueError(f"model {name!r} cannot be pruned in every order: removal in any order is supported for "
                          f"{list(PRUNABLE_MODELS)}, whose blocks all keep the width and whose depth rebuilds "
                          f"any number of them (a CIFAR ResNet's stage-opening blocks change the shape)")
@@ -322,7 +308,7 @@ def prune(model: nn.Module, blocks: Sequence[int | str], example_input: torch.Te
                          f"weights); prune needs a model with its weights, e.g. from load_model")
     found = ModelBlocks(model)
     names = found.resolve_all(blocks)
-    registry_name = _registry_name(found)
+    registry_name = found.registry_name()
     if registry_name is None:
         _check_shapes(found, names, example_input)
     return _prune_checked(found, names, registry_name)
@@ -344,28 +330,7 @@ def unremovable_blocks(model: nn.Module, example_input: Any = None) -> dict[str,
     (PRUNABLE_MODELS), whose blocks all keep the width. With `example_input` every block's spec is
     checked on it first (`layers.blocks.check_blocks`: ValueError naming the block and branch that
     fail)."""
-    return _unremovable(ModelBlocks(model), example_input)
-
-
-def _unremovable(found: ModelBlocks, example_input: Any) -> dict[str, str]:
-    blocks = found.blocks
-    if not blocks:
-        raise no_blocks_error(found.model)
-    if example_input is not None:
-        check_blocks(found.model, example_input)
-    if _registry_name(found) is not None:
-        return {}
-    reasons = {}
-    for name, block in blocks.items():
-        if block_kind(block) == "plain":
-            reasons[name] = (f"{type(block).__name__} has no shortcut (in this instance); whether its output keeps "
-                             f"its input's shape is checked by prune(..., example_input=...)")
-        elif not identity_shortcut(block):
-            spec = block_spec(block)
-            where = spec.shortcut if spec is not None and spec.shortcut else "shortcut"
-            reasons[name] = (f"its {where} is a {type(getattr(block, where, None)).__name__}, not the identity: the "
-                             f"block changes the feature map's shape (a stride-2 or projection block)")
-    return reasons
+    return ModelBlocks(model).unremovable(example_input)
 
 
 def removable_blocks(model: nn.Module, example_input: Any = None) -> list[str]:
@@ -374,31 +339,7 @@ def removable_blocks(model: nn.Module, example_input: Any = None) -> list[str]:
     non-projection blocks of a CIFAR or torchvision ResNet, every layer of a transformer).
     `unremovable_blocks` says why each other block is not (and checks the specs on `example_input`
     when given). The orders of `removal_order` are drawn from these."""
-    return _removable(ModelBlocks(model), example_input)
-
-
-def _removable(found: ModelBlocks, example_input: Any = None) -> list[str]:
-    excluded = _unremovable(found, example_input)
-    return [name for name in found.blocks if name not in excluded]
-
-
-def _block_key(model: nn.Module, name: str, refs: list[BranchRef]) -> tuple[float, float]:
-    # A block's size is its largest branch gate |g| (ours: a transformer layer stays while either of
-    # its branches is open); among equal sizes (closed ReLU gates: g = 0) the smaller k first, as the
-    # paper orders by k.
-    if not refs or any(ref.gate is None for ref in refs):
-        ungated = next((ref.name for ref in refs if ref.gate is None), name)
-        raise ValueError(f"block {ungated!r} has no gate with a value; the greedy order needs a gated branch in every "
-                         f"removable block (throughway.add_gates puts one in)")
-    sizes = []
-    for ref in refs:
-        value = gate_value(ref.gate)
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"the gate of {ref.name!r} is {value.flatten()[:4].tolist()} (not finite): the greedy "
-                             f"order cannot rank it; the model diverged")
-        sizes.append(gate_magnitude(ref.gate))
-    ks = [float(ref.gate.k.detach().cpu()) for ref in refs if isinstance(ref.gate, ScalarGate)]
-    return max(sizes), (max(ks) if len(ks) == len(refs) else 0.0)
+    return ModelBlocks(model).removable(example_input)
 
 
 def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | None = None) -> list[int]:
@@ -414,12 +355,11 @@ def removal_order(model: nn.Module, strategy: str, generator: torch.Generator | 
         raise ValueError(f"strategy={strategy!r}; accepted values: {list(STRATEGIES)}")
     found = ModelBlocks(model)
     positions = {name: i for i, name in enumerate(found.blocks)}
-    removable = [positions[name] for name in _removable(found)]
+    names = found.removable()
     if strategy == "greedy":
-        branches = list(found.branches.values())
-        names = list(positions)
-        keys = {i: _block_key(model, names[i], [r for r in branches if r.block == names[i]]) for i in removable}
-        return sorted(removable, key=lambda i: (*keys[i], i))
+        keys = {positions[name]: found.gate_size(name) for name in names}
+        return sorted(keys, key=lambda i: (*keys[i], i))
+    removable = [positions[name] for name in names]
     return [removable[i] for i in torch.randperm(len(removable), generator=generator).tolist()]
 
 
@@ -454,7 +394,7 @@ def removal_curve(model: nn.Module, order: Sequence[int | str], metric: Callable
         raise ValueError(f"max_removed={max_removed!r}: expected None (all of the order) or an integer >= 0")
     found = ModelBlocks(model)
     names = found.resolve_all(order)
-    registry_name = _registry_name(found)
+    registry_name = found.registry_name()
     if registry_name is None:
         _check_shapes(found, names, example_input)
     limit = len(names) if max_removed is None else min(max_removed, len(names))

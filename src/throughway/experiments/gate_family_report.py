@@ -32,8 +32,7 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_json, read_json
-from ..analysis.blocks import find_blocks
-from ..analysis.removal import prune, removable_blocks, removal_curve, removal_order
+from ..analysis.removal import prune, removal_curve, removal_order
 from ..data import load_dataset
 from ..layers import find_branches
 from ..report.stats import (CONFIDENCE, CORRECTION, MIN_PAIRS_FOR_VERDICT, NO_DIFFERENCE, POWER, SIGNIFICANCE,
@@ -214,8 +213,7 @@ def removal_record(model: nn.Module, metric: Callable[[nn.Module], float], order
     def share(curve: list[float]) -> float | None:
         return curve[half] / curve[0] if curve[0] > 0 else None
 
-    positions = {name: i for i, name in enumerate(find_blocks(model))}
-    removable = sorted(positions[name] for name in removable_blocks(model))
+    removable = sorted(greedy_order)  # the greedy order holds every removable block once
     subsets = math.comb(len(removable), half)
     baseline: float | None
     if 0 < half <= len(removable) and subsets <= max_exact and greedy[0] > 0:

@@ -39,7 +39,7 @@ module (`_ModuleEngine`: the batches, the forward, the divergence check, the ste
 `on_step_end`), `stack._StackEngine` and `full_batch._FullBatchEngine` theirs. Everything else is
 written once, here: the learning rates, the hooks, divergence (the member's history is kept and
 marked, its weights go back to the end of its last finished epoch, it leaves the loop and its
-`on_fit_end` runs), evaluation (`evaluate_members`, also a stack's), the epoch record
+`on_fit_end` runs), evaluation (`evaluate_outputs`, also a stack's), the epoch record
 (`epoch_record`), the mini-batch starts (`epoch_starts`) and stopping.
 
 What the loop keeps per model and shows its callbacks (`History`, `TrainState`, `Callback`) is in
@@ -83,7 +83,7 @@ from .recipes import STEP_SCHEDULES, Recipe, learning_rate_at, learning_rate_at_
 from .state import Callback, History, TrainState
 
 __all__ = ["History", "TrainState", "Callback", "call", "count_step", "EpochStats", "Engine",
-           "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members",
+           "Member", "epoch_starts", "epoch_record", "run_loop", "fit", "evaluate", "evaluate_members", "evaluate_outputs",
            "DEFAULT_EVAL_BATCH", "TrainData", "LossFn"]
 
 
@@ -346,7 +346,7 @@ def _evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int,
     model.eval()
     try:
         batches = _eval_batches(model, split, batch_size, labels=loss_fn is None)
-        return evaluate_members(lambda x: [check_outputs(model(x))], batches, 1, loss_fn)[0]
+        return evaluate_outputs((([check_outputs(model(x))], y) for x, y in batches), 1, loss_fn)[0]
     finally:
         model.train(was_training)
 
@@ -355,20 +355,29 @@ def _evaluate(model: nn.Module, split: Split | DataLoader, batch_size: int,
 def evaluate_members(forward: Callable[[torch.Tensor], Sequence[torch.Tensor]],
                      batches: Iterable[tuple[torch.Tensor, torch.Tensor]], members: int,
                      loss_fn: LossFn | None = None) -> list[tuple[float, float | None]]:
-    """The one evaluation of every path (`evaluate`, `fit`'s records, a stack's members): each member's
-    mean loss and error (%) over `batches` of (x, y).
+    """`evaluate_outputs` of `forward(x)` for each of `batches` of (x, y): `forward(x)` returns one output
+    per member (the caller puts the models in evaluation mode)."""
+    return evaluate_outputs(((forward(x), y) for x, y in batches), members, loss_fn)
 
-    `forward(x)` returns one output per member (the caller puts the models in evaluation mode). The
-    loss is cross-entropy unless `loss_fn` (a batch-mean loss) is given; each batch's loss sum is
-    accumulated in float64. A non-finite output row counts as an error; a soft label (a row of class
-    probabilities) counts its argmax as the class; the error is None when a member's outputs are not
-    (N, classes) scores for integer or soft labels. ValueError for empty data."""
+
+@torch.no_grad()
+def evaluate_outputs(batches: Iterable[tuple[Sequence[torch.Tensor], torch.Tensor]], members: int,
+                     loss_fn: LossFn | None = None) -> list[tuple[float, float | None]]:
+    """The one evaluation of every path (`evaluate`, `fit`'s records, a stack's members): each member's
+    mean loss and error (%) over `batches` of (outputs, y), `outputs` holding one output per member.
+
+    The caller computes the outputs (in evaluation mode) and hands them over batch by batch, so the
+    evaluation never calls back into it. The loss is cross-entropy unless `loss_fn` (a batch-mean loss)
+    is given; each batch's loss sum is accumulated in float64. A non-finite output row counts as an
+    error; a soft label (a row of class probabilities) counts its argmax as the class; the error is
+    None when a member's outputs are not (N, classes) scores for integer or soft labels. ValueError for
+    empty data."""
     losses: list[torch.Tensor | float] = [0.0] * members
     wrong: list[torch.Tensor | int] = [0] * members
     classified = [True] * members
     n = 0
-    for x, y in batches:
-        for i, outputs in enumerate(forward(x)):
+    for member_outputs, y in batches:
+        for i, outputs in enumerate(member_outputs):
             if loss_fn is None:
                 losses[i] = losses[i] + F.cross_entropy(outputs, y, reduction="sum").double()
             else:

@@ -230,6 +230,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                             device=first.device, limit=first.limit)
     if len(data.train) < 2:
         raise ValueError("the training split needs at least 2 samples")
+    steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))  # the batch size is shared
     models = [build_model(c, data) for c in configs]
     stack = StackedModels(models, device=first.device)
     optimizer = StackedOptimizer(stack, recipes, compile=compile)
@@ -242,14 +243,13 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
                     "and elapsed_s are the whole stack's wall time"}
         writers.append(ResultsFiles(d, header))
         state = TrainState(model, optimizer, r, data, order_generator(stack.device).manual_seed(c.seed), History(),
-                           steps_per_epoch=len(epoch_starts(len(data.train), r.batch_size)))
+                           steps_per_epoch=steps_per_epoch)
         notes = [_DivergenceNote(f"[{label}] {d.name}")] if progress else []
         members.append(Member(state, [writers[-1], *notes, *callbacks], ended=i not in todo))
     if saved is not None:
         meta, tensors = saved
         active = [int(i) for i in meta["active"]]
         check_stack_members(state_path, meta, len(members))
-        steps_per_epoch = len(epoch_starts(len(data.train), recipes[0].batch_size))
         if meta["epoch"] > recipes[0].epochs or meta["step_count"] != meta["epoch"] * steps_per_epoch:
             raise ValueError(f"{state_path / STATE_JSON}: fields 'epoch' ({meta['epoch']}) and 'step_count' "
                              f"({meta['step_count']}) do not fit this batch ({recipes[0].epochs} epochs of "
@@ -287,9 +287,7 @@ def _train_locked(configs: Sequence[RunConfig], dirs: list[Path], recipes: list[
     def after_epoch(running: Sequence[Member]) -> None:
         epoch = running[0].state.epoch
         if checkpoint:
-            save_stack_state(state_path, epoch, stack, optimizer,
-                             [{**m.state.progress_entry(), "done": m.ended} for m in members],
-                             {members.index(m): m.state.generator for m in running})
+            save_stack_state(state_path, epoch, stack, optimizer, members, running)
         if progress:
             losses = [m.state.history.epochs[-1]["train_loss"] for m in running]
             best = min(range(len(running)), key=losses.__getitem__)
@@ -357,10 +355,11 @@ class _StackEngine:
                  eval_chunk: int, compile: bool, cuda_graph: bool = True) -> None:
         self.stack, self.optimizer, self.recipes, self.data = stack, optimizer, recipes, data
         self.eval_chunk = eval_chunk
-        self.step = StackedStep(stack, optimizer, compile=compile)
         # On a GPU the epoch is replays of one captured step (no host synchronisation within an epoch); the
-        # CPU keeps the eager step.
-        self.graphed = GraphedStep(stack, optimizer, compile=compile) if _use_graphs(stack.device, cuda_graph) else None
+        # CPU keeps the eager step. Decided first, then both steps are built.
+        graphed = _use_graphs(stack.device, cuda_graph)
+        self.step = StackedStep(stack, optimizer, compile=compile)
+        self.graphed = GraphedStep(stack, optimizer, compile=compile) if graphed else None
         self.train_x, self.train_y = data.train.x.flatten(1), data.train.y
         self.snap: dict[str, torch.Tensor] = {}
 
@@ -460,10 +459,13 @@ def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relat
 
 
 def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
-                     members: Sequence[dict[str, Any]], generators: dict[int, torch.Generator]) -> None:
-    """Checkpoint the stack after `epoch` finished epochs. `members` holds, per model of the stack, its
-    progress entry (`TrainState.progress_entry`) and "done" (whether it has ended); `generators` maps the
-    index of every model still in the stack, in the stack's order, to its data-order generator."""
+                     members: Sequence[Member], running: Sequence[Member]) -> None:
+    """Checkpoint the stack after `epoch` finished epochs: `members` are every model of the stack, `running`
+    those still in it, in the stack's order. Each member's progress entry (`TrainState.progress_entry`) and
+    "done" (whether it has ended) go to the JSON file, the data-order generator of each running one to the
+    tensors, under its index in `members`."""
+    entries = [{**m.state.progress_entry(), "done": m.ended} for m in members]
+    generators = {members.index(m): m.state.generator for m in running}
     active = list(generators)
     tensors: dict[str, torch.Tensor] = {"flat": stack.flat, "steps": stack.steps}
     tensors.update({f"running.{k}": v for k, v in stack.running.items()})
@@ -473,7 +475,7 @@ def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimize
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     write_rotating(state_dir, STATE_JSON, f"batch-e{epoch:04d}.safetensors", save(tensors), {
         "format": _STATE_FORMAT, "epoch": epoch, "active": list(active), "step_count": optimizer.step_count,
-        "members": list(members),
+        "members": entries,
     }, BATCH_FILE)
 
 

@@ -1,7 +1,7 @@
 """N small models of one shape held as stacked tensors: `StackedModels`, the stack that
 `train.stack` drives (the stacked *model*; its optimiser, `StackedOptimizer`, is here too),
 and its computation: one step of every model (`StackedStep`), one epoch (`train_epoch`) and the
-evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_members`).
+evaluation (`evaluate_stack`, through the loop's one evaluator `loop.evaluate_outputs`).
 
 Activations are held feature-major, (N models, C channels, B samples), so that every Linear is one
 `torch.baddbmm` and every BatchNorm one `F.batch_norm` over a (1, N·C, B) view without a copy.
@@ -31,7 +31,7 @@ from ..layers.blocks import find_branches
 from ..layers.gates import GATE_FUNCTIONS
 from ..data import Split
 from ..models import create_model
-from .loop import epoch_starts, evaluate_members
+from .loop import epoch_starts, evaluate_outputs
 from .optim import EAGER, closure_loss, compiled_kernels, update_rows
 from .recipes import Recipe, parameter_groups
 
@@ -463,13 +463,11 @@ EVAL_CHUNK = 2500
 
 
 def evaluate_stack(stack: StackedModels, split: Split, chunk: int = EVAL_CHUNK) -> tuple[list[float], list[float]]:
-    """Per-model mean cross-entropy and error (%) on `split` in evaluation mode: `loop.evaluate_members`
+    """Per-model mean cross-entropy and error (%) on `split` in evaluation mode: `loop.evaluate_outputs`
     (the one evaluation of every path) over the stack's outputs, in chunks of `chunk` samples."""
-    def outputs(x: torch.Tensor) -> list[torch.Tensor]:
-        return list(stack.forward_logits(x.flatten(1), training=False).transpose(1, 2))  # N × (B, classes)
-
-    chunks = ((split.x[s:s + chunk], split.y[s:s + chunk]) for s in range(0, len(split), chunk))
-    results = evaluate_members(outputs, chunks, stack.n)
+    outputs = ((list(stack.forward_logits(split.x[s:s + chunk].flatten(1), training=False).transpose(1, 2)),
+                split.y[s:s + chunk]) for s in range(0, len(split), chunk))  # N × (B, classes) and the labels
+    results = evaluate_outputs(outputs, stack.n)
     return [loss for loss, _ in results], [error if error is not None else math.nan for _, error in results]
 
 
@@ -675,9 +673,9 @@ class StackedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every row with the group's per-model rates (`param_groups[0]["lr"]`, (N, 1))."""
+        group, state = self._group, self._state  # this optimiser's own, then train.optim's closure and update
         loss = closure_loss(closure)
-        group = self._group
-        update_rows(self.kind, self.stack.flat, self.stack.grad, self._state, lr=group["lr"],
+        update_rows(self.kind, self.stack.flat, self.stack.grad, state, lr=group["lr"],
                     momentum=group["momentum"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
                     eps=float(group["eps"]), momentum_decay=float(group["momentum_decay"]),
                     nesterov=bool(group["nesterov"]), kernels=self.kernels)
