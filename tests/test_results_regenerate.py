@@ -62,6 +62,7 @@ import torch
 import throughway
 from throughway.cli import build_parser, main
 from throughway.data.sources import save_cache
+from throughway.data.text import save_text_cache
 
 from conftest import GATE_FAMILY_QUICK_ARGV, built_once, make_arrays
 
@@ -256,10 +257,15 @@ def _known(case_id: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Iterator[Path]:
-    """A fake MNIST and Fashion-MNIST cache (tests/conftest.py's arrays); $THROUGHWAY_DATA points at it."""
+    """A fake MNIST and Fashion-MNIST cache (tests/conftest.py's arrays) and a toy shakespeare-char text;
+    $THROUGHWAY_DATA points at it."""
     root = tmp_path_factory.mktemp("regen-data")
     save_cache(root / "mnist", make_arrays(), "test fixture")
     save_cache(root / "fashion-mnist", make_arrays(seed=1, name="fashion-mnist"), "test fixture")
+    line = "to be, or not to be: that is the question.\n"
+    save_text_cache(root / "shakespeare-char", "shakespeare-char", {"train": line * 40, "val": line * 8,
+                                                                    "test": line * 8}, {"train": ("toy",)},
+                    "test fixture")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THROUGHWAY_DATA", str(root))
         yield root
@@ -451,6 +457,10 @@ SMALL: dict[str, dict[str, list[str] | None]] = {
     "gate-family-init": {},  # --quick: d = 2, 6, 2 seeds, width-3 Hessian proxies on 32 images
     "gate-family": {},  # --quick: d = 2, 10, 2 seeds, 2 epochs, 2,000 images
     "transformer-gates": {"--depths": None},  # --quick: 1 and 4 layers, 1 seed, 1 epoch, 64 images, width 8
+    # --quick's sizes made smaller still, on data_root's toy text: 2 layers of width 8, 4 steps, 2 seeds
+    "layer-drop": {"--depth": ["2"], "--width": ["8"], "--heads": ["2"], "--context": ["8"], "--batch-size": ["2"],
+                   "--steps": ["4"], "--eval-every": ["2"], "--eval-blocks": ["2"], "--calibration-blocks": ["2"],
+                   "--heal-steps": ["1"], "--seeds": ["2"], "--limit": None},
 }
 
 

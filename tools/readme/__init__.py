@@ -58,6 +58,7 @@ from .sections.hessian import (_hessian_figure3, _hessian_figure4, _hessian_figu
 from throughway.experiments.hessian_dynamics import figures56_contrary_pairs
 from .sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
 from .sections.overview import _reproductions_table
+from .sections.layer_drop import _layer_drop_findings, _layer_drop_setup, _layer_drop_status, _layer_drop_table
 from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_orders,
                                          _transformer_gates_table)
 from .sections.device import RENDERERS as DEVICE_RENDERERS
@@ -88,6 +89,10 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "mnist-depth-stem-dense-table": _mnist_depth_stem_dense_table,
     "mnist-depth-stem-dense-k-ratio": _mnist_depth_stem_dense_k_ratio,
     "gates-table": _gates_table,
+    "layer-drop-findings": _layer_drop_findings,
+    "layer-drop-table": _layer_drop_table,
+    "layer-drop-setup": _layer_drop_setup,
+    "layer-drop-status": _layer_drop_status,
     "transformer-gates-findings": _transformer_gates_findings,
     "transformer-gates-table": _transformer_gates_table,
     "transformer-gates-orders": _transformer_gates_orders,

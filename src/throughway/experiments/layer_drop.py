@@ -360,7 +360,7 @@ def table_markdown(summary: dict[str, Any]) -> str:
                 continue
             lines.append(table_row([family, criterion, *(f"{v:.3f}" for v in curve[:layers])]))
     lines += ["", f"Paired t-test over seeds of the loss after removing n layers, criterion − gate order (nats; "
-              f"negative: the criterion keeps the model better); 95% CI; p uncorrected / {CORRECTION}-corrected "
+              f"negative: the criterion keeps the loss lower); 95% CI; p uncorrected / {CORRECTION}-corrected "
               f"over this table's tests; a verdict at the corrected p with n ≥ {MIN_PAIRS_FOR_VERDICT} seeds", "",
               *table_header(["family", "n removed", "criterion", "seeds", "criterion − gate", "95% CI",
                              f"p (uncorrected / {CORRECTION})", f"verdict ({CORRECTION})"])]
@@ -450,7 +450,8 @@ def findings_markdown(summary: dict[str, Any]) -> str:
         test = pressure["test"]
         lines.append(f"- The pressure's cost, gated-l1 − gated validation loss: {test['mean_difference']:+.3f} nats "
                      f"(95% CI {format_interval(test['ci_low'], test['ci_high'], '+.3f')}, "
-                     f"{_seeds_text(test['n'])}; {pressure['verdict']}).")
+                     f"{_seeds_text(test['n'])}, p = {format_p(test['p_value'])}: one test, which {CORRECTION}'s "
+                     f"correction leaves as it is; {pressure['verdict']}).")
     return "\n".join(lines) + "\n"
 
 

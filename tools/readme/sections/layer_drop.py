@@ -39,6 +39,19 @@ def _layer_drop_setup(root: Path) -> str:
             f"blocks; healing {c['heal_steps']} steps at lr {c['heal_lr']:g}")
 
 
+def _layer_drop_status(root: Path) -> str:
+    """Whether the committed results hold every seed the study plans (config.seeds), or how many of them."""
+    summary = _json(root, f"{STUDY}/results.json")
+    planned = summary["config"]["seeds"]
+    counts = sorted({cell["val_loss"]["n"] for cell in summary["cells"]})
+    if counts == [planned]:
+        return f"All {planned} seeds of every family are in the committed results."
+    held = counts[0] if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return (f"**Interim:** the committed results hold {held} of the {planned} seeds of each family; the other runs "
+            f"were still training (the study resumes where it stopped), and this page is remade from the files "
+            f"when they land. Every statistic below is over the seeds committed.")
+
+
 def layer_drop_row(root: Path) -> str:
     """The README's row: the loss reached, and the counts of the criterion-against-gate tests by verdict."""
     summary = _json(root, f"{STUDY}/results.json")

@@ -14,6 +14,7 @@ from throughway.report.tables import table_header
 
 from .common import _json
 from .gates import _gates_numbers
+from .layer_drop import layer_drop_row
 
 
 def _mnist_depth_row(root: Path) -> str:
@@ -211,5 +212,5 @@ def _reproductions_table(root: Path) -> str:
         _hessian_row(root), _highway_depth_row(root), _conv_row(root),
         "| [Convolutional networks](docs/reproductions/cifar.md): gated-residual-v2 Tables 3, 4, Wide Gated "
         "ResNet on CIFAR-10 / 100, test error (%) | 3.65 / 18.27 | not run: no CIFAR data or GPU here | pending |",
-        _gate_family_row(root), _transformer_gates_row(root),
+        _gate_family_row(root), layer_drop_row(root), _transformer_gates_row(root),
     ])
