@@ -753,10 +753,23 @@ def conv(args: argparse.Namespace) -> dict[str, Any]:
 # studies: the layer-dropping studies on the GPU, resumable across windows
 # ----------------------------------------------------------------------------------------------
 
+# The language-model study at the scale of nanoGPT's baby GPT (config/train_shakespeare_char.py: 6 layers of
+# width 384, 6 heads, context 256, batch 64), trained 5,000 steps as nanoGPT does: what a GPU window runs
+# with --study-options baby-gpt (its own out folder, layer-drop-baby-gpt, so it never mixes with the
+# defaults' runs).
+STUDY_OPTIONS = {
+    "defaults": {},
+    "baby-gpt": {"layer-drop": ["--depth", "6", "--width", "384", "--heads", "6", "--context", "256",
+                                "--batch-size", "64", "--steps", "5000", "--eval-every", "250"]},
+}
+
+
 def study_command(name: str, out: Path, args: argparse.Namespace, resume: bool) -> list[str]:
-    """The `throughway reproduce NAME` command a window runs (its own settings: the study's defaults)."""
+    """The `throughway reproduce NAME` command a window runs: the study's defaults, or the options of
+    `args.study_options` (STUDY_OPTIONS) for that study."""
     command = [sys.executable, "-m", "throughway", "reproduce", name, "--out", str(out), "--device", args.device,
-               "--jobs", str(args.jobs[name]), "--threads", "1", "--quiet"]
+               "--jobs", str(args.jobs[name]), "--threads", "1", "--quiet",
+               *STUDY_OPTIONS[getattr(args, "study_options", "defaults")].get(name, [])]
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
     if args.dry_run:
@@ -827,11 +840,13 @@ def studies(args: argparse.Namespace) -> dict[str, Any]:
     import signal
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="studies-"))
-    report: dict[str, Any] = {"studies": {}, "budget_s": args.budget_s, "device": args.device}
+    report: dict[str, Any] = {"studies": {}, "budget_s": args.budget_s, "device": args.device,
+                              "study_options": getattr(args, "study_options", "defaults")}
     children = []
+    suffix = "" if getattr(args, "study_options", "defaults") == "defaults" else f"-{args.study_options}"
     for name in args.studies:
-        folder = work / name
-        earlier = Path(args.resume_from) / name if args.resume_from else None
+        folder = work / f"{name}{suffix}"
+        earlier = Path(args.resume_from) / folder.name if args.resume_from else None
         resume = earlier is not None and earlier.is_dir()
         if earlier is not None and resume:
             shutil.copytree(earlier, folder)
@@ -857,7 +872,7 @@ def studies(args: argparse.Namespace) -> dict[str, Any]:
             os.killpg(child.pid, signal.SIGKILL)
             codes[name] = child.wait()
         log.close()
-        report["studies"][name].update({"exit_code": codes[name], "after": _study_state(work / name),
+        report["studies"][name].update({"exit_code": codes[name], "after": _study_state(work / f"{name}{suffix}"),
                                         "seconds": time.time() - started})
         print(f"study {name}: exit {codes[name]}, {report['studies'][name]['after']}", flush=True)
     report["archive"] = archive_studies(work, Path(args.out) / "studies.tar.gz", report)
@@ -1052,6 +1067,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--budget-s", type=float, required=True, help="seconds this part may take in all")
     s.add_argument("--margin-s", type=float, default=30.0, help="kept for interrupting and archiving")
     s.add_argument("--resume-from", default=None, help="a folder holding a former window's study folders")
+    s.add_argument("--study-options", default="defaults", choices=list(STUDY_OPTIONS),
+                   help="the studies' options: their defaults, or baby-gpt (nanoGPT's baby GPT for layer-drop; "
+                        "the study folder gets the name as a suffix)")
     s.add_argument("--data-dir", default=None)
     s = part("summary", "write summary.md from the parts' files")
     s.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="the parts the window ran, comma-separated")

@@ -6,13 +6,15 @@
 #   the highway shard gets what is left of the budget and stops its runs at an epoch's end before it.
 #
 #   OUT=/some/folder scripts/device_check.sh [--budget-s=480] [--data-dir=.throughway-data] [--tests=EXPR] [--compile-protocol]
-#                                            [--parts=LIST] [--studies-s=SECONDS] [--resume-studies=DIR] [--dry-run]
+#                                            [--parts=LIST] [--studies-s=SECONDS] [--resume-studies=DIR]
+#                                            [--study-options=defaults|baby-gpt] [--dry-run]
 #
 # --parts=LIST: the parts to run, comma-separated, in this script's order whatever the list's
 #   (default device,gpu-tests,wrn,protocol,highway,summary); also: profile (one captured protocol epoch
 #   profiled at d = 50 and 100), conv (the conv highway step in fp32, channels_last and bf16), studies
 #   (the layer-dropping studies trained on the GPU, --studies-s seconds, default what is left less 20;
-#   resumed from --resume-studies=DIR, a former window's unpacked studies.tar.gz).
+#   resumed from --resume-studies=DIR, a former window's unpacked studies.tar.gz; --study-options=baby-gpt
+#   trains the language-model study at nanoGPT's baby-GPT scale instead of its defaults).
 #
 # --tests=EXPR: only the GPU tests pytest's `-k EXPR` selects (a later window re-checks what changed).
 # --compile-protocol: the protocol's step compiled by torch.compile inside the captured graph, one block
@@ -34,6 +36,7 @@ COMPILE=""
 PARTS=device,gpu-tests,wrn,protocol,highway,summary
 STUDIES_S=""
 RESUME_STUDIES=""
+STUDY_OPTIONS=defaults
 for arg in "$@"; do
   case $arg in
     --dry-run) DRY=--dry-run ;;
@@ -44,7 +47,8 @@ for arg in "$@"; do
     --parts=*) PARTS=${arg#*=} ;;
     --studies-s=*) STUDIES_S=${arg#*=} ;;
     --resume-studies=*) RESUME_STUDIES=${arg#*=} ;;
-    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --compile-protocol --parts=LIST --studies-s=SECONDS --resume-studies=DIR --dry-run" >&2; exit 2 ;;
+    --study-options=*) STUDY_OPTIONS=${arg#*=} ;;
+    *) echo "device_check.sh: unknown argument '$arg'; accepted: --budget-s=SECONDS --data-dir=PATH --tests=EXPR --compile-protocol --parts=LIST --studies-s=SECONDS --resume-studies=DIR --study-options=NAME --dry-run" >&2; exit 2 ;;
   esac
 done
 case $BUDGET_S in ''|*[!0-9]*) echo "device_check.sh: --budget-s=$BUDGET_S: accepted: a whole number of seconds" >&2; exit 2 ;; esac
@@ -54,6 +58,7 @@ for name in ${PARTS//,/ }; do
     *) echo "device_check.sh: --parts: unknown part '$name'; accepted: device gpu-tests wrn protocol highway profile conv studies summary" >&2; exit 2 ;;
   esac
 done
+case $STUDY_OPTIONS in defaults|baby-gpt) ;; *) echo "device_check.sh: --study-options=$STUDY_OPTIONS: accepted: defaults baby-gpt" >&2; exit 2 ;; esac
 want() { case ",$PARTS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 # A window's outputs (device_check.py's OUTPUT_FILES; tests/test_device_check.py checks the two lists agree).
 OUTPUT_FILES="device.json device_check.log protocol.json wrn.json highway_shard.json highway_runs.tar.gz summary.md profile.json conv.json studies.tar.gz"
@@ -106,7 +111,7 @@ if want studies; then
   STUDY_BUDGET=${STUDIES_S:-$(( $(left) - 20 ))}
   (( STUDY_BUDGET > $(left) - 20 )) && STUDY_BUDGET=$(( $(left) - 20 ))
   part studies "$(( STUDY_BUDGET + 15 ))" "$PY" scripts/device_check.py studies --out "$OUT" --budget-s "$STUDY_BUDGET" \
-    "${DATA_ARG[@]}" ${RESUME_STUDIES:+--resume-from "$RESUME_STUDIES"} $DRY
+    "${DATA_ARG[@]}" ${RESUME_STUDIES:+--resume-from "$RESUME_STUDIES"} --study-options "$STUDY_OPTIONS" $DRY
 fi
 HIGHWAY_S=$(( $(left) - 25 ))
 (( HIGHWAY_S < 30 )) && HIGHWAY_S=-15  # under half a minute left: skipped (no run could finish an epoch)

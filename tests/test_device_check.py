@@ -425,3 +425,18 @@ def test_the_studies_archive_fits_a_window_weights_last_and_only_an_unfinished_r
     assert summary["weights_left_out"] == ["s/runs/other/checkpoint-e0002.safetensors"]
     assert "studies.json" in names and not any(n.endswith(".lock") for n in names)
     assert {"s/runs/done/results.json", "s/runs/other/results.json"} <= names
+
+
+def test_the_baby_gpt_options_are_the_studys_own_and_go_to_a_folder_of_their_own(tmp_path):
+    from throughway.cli.parser import build_parser
+    from throughway.experiments import layer_drop
+    from throughway.study import config_from_args
+    args = dc.parser().parse_args(["studies", "--out", str(tmp_path), "--budget-s", "10", "--study-options", "baby-gpt"])
+    args.jobs = {"layer-drop": 1, "transformer-gates": 1}
+    command = dc.study_command("layer-drop", tmp_path / "layer-drop-baby-gpt", args, resume=False)
+    argv = command[command.index("reproduce"):]
+    config = config_from_args(layer_drop.Config, build_parser().parse_args(argv))
+    assert (config.layers, config.width, config.heads, config.context, config.batch_size) == (6, 384, 6, 256, 64)
+    assert config.steps % config.eval_every == 0
+    # the other study keeps its defaults
+    assert dc.study_command("transformer-gates", tmp_path, args, False)[-1] == "--quiet"
