@@ -541,10 +541,15 @@ def _has_mnist(data_dir: str | None) -> bool:
     return folder.is_dir() and any(folder.iterdir())
 
 
+def _archived(name: str) -> bool:
+    """Whether a run folder's file goes into a window's archive: not the lock (.lock, .lock.json) or an
+    unfinished write (.tmp)."""
+    return not (name.startswith(".lock") or name.endswith(".tmp"))
+
+
 def _run_files(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    """A run folder's files for the archive: not the lock (.lock, .lock.json) or unfinished writes (.tmp)."""
-    base = Path(info.name).name
-    return None if base.startswith(".lock") or base.endswith(".tmp") else info
+    """tarfile's filter form of `_archived`."""
+    return info if _archived(Path(info.name).name) else None
 
 
 def highway(args: argparse.Namespace) -> dict[str, Any]:
@@ -800,7 +805,7 @@ def archive_studies(work: Path, archive_path: Path, report: dict[str, Any], limi
     weights, rest = [], []
     for path in sorted(p for p in work.rglob("*") if p.is_file()):
         base = path.name
-        if base.startswith(".lock") or base.endswith(".tmp") or base == "studies.json":
+        if not _archived(base) or base == "studies.json":
             continue
         (weights if base.endswith(".safetensors") else rest).append(path)
     finished_runs = {p.parent for p in work.rglob("results.json")
