@@ -31,6 +31,7 @@ exactly `OUTPUT_FILES`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -270,13 +272,17 @@ def _protocol_epoch(step: Any, x: torch.Tensor, y: torch.Tensor, generators: lis
 
 
 def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, batch_size: int,
-                        device: torch.device, width: int = 50, compile: str | None = None) -> dict[str, float]:
+                        device: torch.device, width: int = 50, compile: str | None = None,
+                        keep: dict[int, Any] | None = None) -> dict[str, float]:
     """Seconds of the first and later training epochs and of one evaluation of a stack of 3·seeds
     models (plain, residual, gated residual) of `depth`, through GraphedStep on `device` (compiled by
-    torch.compile when `compile` is "whole" or "blocks": the first epoch then includes the compilation)."""
+    torch.compile when `compile` is "whole" or "blocks": the first epoch then includes the compilation).
+    With `keep`, keep[depth] = (step, generators): the captured stack, for `concurrent_rounds`."""
     from throughway.train.stacked import evaluate_stack
 
     stack, step, generators = protocol_stack(depth, seeds, device, width, batch_size, compile)
+    if keep is not None:
+        keep[depth] = (step, generators)
     x, y = data.train.x.flatten(1), data.train.y
     times = []
     for _ in range(epochs):
@@ -294,6 +300,48 @@ def time_protocol_depth(depth: int, seeds: int, data: DataSplits, epochs: int, b
     later = times[1:] or times
     return {"first_epoch_s": times[0], "epoch_s": statistics.median(later), "eval_s": eval_s,
             "models": 3 * seeds, "captures": step.captures, "epochs_timed": len(times)}
+
+
+def _stream(device: torch.device) -> Any:
+    """A context that runs the enclosed work on a fresh CUDA stream of `device` (nothing on a CPU)."""
+    return torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def concurrent_rounds(stacks: dict[int, Any], x: torch.Tensor, y: torch.Tensor, batch_size: int,
+                      device: torch.device, rounds: int) -> list[float]:
+    """Wall seconds of `rounds` rounds in which every depth's captured stack (`stacks`: depth → (step,
+    generators), already captured) trains one epoch at the same time as the others: one thread per
+    depth, each launching its epoch's graph replays on a CUDA stream of its own and ending with its
+    epoch's one read, so that the small kernels of different depths can run side by side on the GPU.
+    The profile (one captured d = 100 epoch: thousands of kernels a step of about 2 us each) says a
+    stack alone leaves most of the GPU's units idle; this measures what running the depths together
+    gains. On a CPU the threads share the cores (the dry run checks the bookkeeping, not the speed)."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: must be at least 1")
+    errors: list[BaseException] = []
+
+    def one_epoch(depth: int) -> None:
+        step, generators = stacks[depth]
+        try:
+            with _stream(device):
+                _protocol_epoch(step, x, y, generators, batch_size)
+        except BaseException as error:  # re-raised in the launching thread, which names the depth
+            errors.append(RuntimeError(f"concurrent round, d = {depth}: {error!r}"))
+
+    times = []
+    for _ in range(rounds):
+        _sync(device)
+        start = time.perf_counter()
+        threads = [threading.Thread(target=one_epoch, args=(d,), name=f"depth-{d}") for d in stacks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        if errors:
+            raise errors[0]
+    return times
 
 
 def random_mnist(train: int, test: int, device: torch.device) -> DataSplits:
@@ -321,9 +369,10 @@ def protocol(args: argparse.Namespace, out: Path | None = None) -> dict[str, Any
     device = torch.device(args.device)
     data = random_mnist(args.samples, args.test, device)
     per_depth, scaled = {}, {}
+    stacks: dict[int, Any] | None = {} if args.concurrent else None
     for depth in args.depths:
         measured = time_protocol_depth(depth, args.seeds, data, args.epochs, args.batch_size, device, args.width,
-                                       compile=args.compile)
+                                       compile=args.compile, keep=stacks)
         per_depth[depth] = measured
         # at the protocol's sizes: the epoch scales with the training images, evaluation with the test images
         train_scale, test_scale = PROTOCOL_TRAIN / args.samples, PROTOCOL_TEST / args.test
@@ -339,7 +388,34 @@ def protocol(args: argparse.Namespace, out: Path | None = None) -> dict[str, Any
     projection = result["projection"]
     print(f"projected protocol ({result['models']} models x {PROTOCOL_EPOCHS} epochs): "
           f"{projection['total_min']:.2f} min", flush=True)
+    if stacks is not None:
+        if out is not None:  # the sequential projection is kept if the rounds do not finish
+            _write_json(out / "protocol.json", result)
+        x, y = data.train.x.flatten(1), data.train.y
+        times = concurrent_rounds(stacks, x, y, args.batch_size, device, args.rounds)
+        result["concurrent"] = project_concurrent(scaled, statistics.median(times) * PROTOCOL_TRAIN / args.samples,
+                                                  PROTOCOL_EPOCHS)
+        result["concurrent"]["rounds_s"] = times
+        c = result["concurrent"]
+        print(f"every depth at once: an epoch of all depths {c['round_s']:.3f} s against {c['sequential_round_s']:.3f} s "
+              f"one after another (x{c['speedup']:.2f}); projected protocol {c['total_min']:.2f} min", flush=True)
     return result
+
+
+def project_concurrent(per_depth: dict[int, Any], round_s: float, epochs: int) -> dict[str, Any]:
+    """The whole protocol's seconds when every depth's stack trains at once (`concurrent_rounds`): each
+    depth's first epoch (its capture) alone, one after another, then `epochs` − 1 rounds of `round_s`
+    (one epoch of every depth together, at the protocol's size), then `epochs` evaluations of every
+    depth one after another. `sequential_round_s` is the sum of the depths' later epochs alone, and
+    `speedup` their ratio to `round_s`."""
+    if epochs < 1:
+        raise ValueError(f"epochs={epochs}: must be at least 1")
+    first = sum(m["first_epoch_s"] for m in per_depth.values())
+    sequential = sum(m["epoch_s"] for m in per_depth.values())
+    evaluations = sum(m["eval_s"] for m in per_depth.values())
+    total = first + (epochs - 1) * round_s + epochs * evaluations
+    return {"epochs": epochs, "round_s": round_s, "sequential_round_s": sequential,
+            "speedup": sequential / round_s if round_s > 0 else None, "total_s": total, "total_min": total / 60}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -959,6 +1035,11 @@ def summary(out: Path, parts: Sequence[str] = DEFAULT_PARTS) -> str:
         for d, m in protocol_result["at_protocol_size"].items():
             lines.append(f"| {d} | {m['first_epoch_s']:.2f} | {m['epoch_s']:.3f} | {m['eval_s']:.3f} | "
                          f"{p['per_depth_s'][d] / 60:.2f} |")
+        c = protocol_result.get("concurrent")
+        if c:
+            lines += ["", f"Every depth's stack at once (one thread and CUDA stream each): an epoch of all depths "
+                          f"{c['round_s']:.3f} s against {c['sequential_round_s']:.3f} s one after another "
+                          f"(x{c['speedup']:.2f}); the protocol so, projected: **{c['total_min']:.2f} min**."]
     else:
         lines.append("Table 1 protocol: protocol.json missing (the part failed or ran out of time; see device_check.log).")
     lines.append("")
@@ -1001,7 +1082,8 @@ def summary(out: Path, parts: Sequence[str] = DEFAULT_PARTS) -> str:
 STUDY_JOBS = {"layer-drop": 7, "transformer-gates": 7}
 
 DRY_RUN: dict[str, dict[str, Any]] = {  # tiny sizes on the CPU: every part in seconds
-    "protocol": {"depths": [2, 4], "seeds": 1, "samples": 300, "test": 100, "epochs": 2, "width": 8},
+    "protocol": {"depths": [2, 4], "seeds": 1, "samples": 300, "test": 100, "epochs": 2, "width": 8,
+                 "concurrent": True, "rounds": 1},
     "wrn": {"depth": 10, "widen": 1, "batch": 8, "steps": 2, "warmup": 1},
     "highway": {"epochs": 2, "limit": 64, "parallel": 2},
     "profile": {"depths": [2, 4], "seeds": 1, "samples": 256, "width": 8},
@@ -1033,6 +1115,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--compile", choices=("whole", "blocks"), default=None,
                    help="the step compiled by torch.compile inside the captured graph: the whole unrolled forward "
                         "and loss, or one block reused by every block (compilation about constant in depth)")
+    s.add_argument("--concurrent", action="store_true",
+                   help="then time every depth's captured stack training at once (one thread and CUDA stream each)")
+    s.add_argument("--rounds", type=int, default=2, help="with --concurrent: the rounds timed (an epoch of every depth)")
     s = part("wrn", "time a WRN-28-10 gated step: toolkit against a hand-written loop")
     s.add_argument("--depth", type=int, default=28)
     s.add_argument("--widen", type=int, default=10)

@@ -98,13 +98,14 @@ elif want gpu-tests; then
   part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
     tests/test_cuda_path.py
 fi
-# The WRN step first: it takes seconds. The protocol's step is captured with eager kernels unless
+# The WRN step first: it takes seconds. The protocol times every depth alone, then all of them at once
+# (--concurrent: one CUDA stream each). Its step is captured with eager kernels unless
 # --compile-protocol: window h200-2026-11-26-b compiled the whole unrolled step, 17-65 s per depth, about
 # what it saves over 100 epochs, and it ate that window (results/device-check/COMMAND.txt).
 want wrn && part wrn "$(smaller 100 $(( $(left) - 60 )))" "$PY" scripts/device_check.py wrn --out "$OUT" $DRY
 want profile && part profile "$(smaller 60 $(( $(left) - 60 )))" "$PY" scripts/device_check.py profile --out "$OUT" $DRY
 want conv && part conv "$(smaller 60 $(( $(left) - 60 )))" "$PY" scripts/device_check.py conv --out "$OUT" $DRY
-want protocol && part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" $COMPILE $DRY
+want protocol && part protocol "$(smaller 150 $(( $(left) - 60 )))" "$PY" scripts/device_check.py protocol --out "$OUT" --concurrent $COMPILE $DRY
 DATA_ARG=()
 [ -z "$DRY" ] && DATA_ARG=(--data-dir "$DATA_DIR")
 if want studies; then

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "scripts" / "device_check.sh"
@@ -153,6 +154,33 @@ def test_the_protocol_dry_run_writes_its_file_and_the_summary(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "projected" in text and "wrn.json missing" in text and "highway_shard.json missing" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json", "summary.md"]
+    # every depth at once (the dry run's one round): its projection from the per-depth numbers and the round
+    c = result["concurrent"]
+    assert len(c["rounds_s"]) == 1 and c["round_s"] == pytest.approx(c["rounds_s"][0] * scale)
+    assert c["sequential_round_s"] == pytest.approx(sum(m["epoch_s"] for m in result["at_protocol_size"].values()))
+    assert "Every depth's stack at once" in text
+
+
+def test_the_concurrent_projection_adds_captures_rounds_and_evaluations():
+    per_depth = {2: {"first_epoch_s": 3.0, "epoch_s": 1.0, "eval_s": 0.5},
+                 100: {"first_epoch_s": 9.0, "epoch_s": 4.0, "eval_s": 1.5}}
+    p = dc.project_concurrent(per_depth, round_s=2.5, epochs=10)
+    assert p["total_s"] == pytest.approx(12.0 + 9 * 2.5 + 10 * 2.0)
+    assert p["sequential_round_s"] == 5.0 and p["speedup"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="epochs"):
+        dc.project_concurrent(per_depth, round_s=2.5, epochs=0)
+
+
+def test_a_concurrent_round_names_the_depth_that_failed():
+    class Broken:
+        def epoch(self, *args):
+            raise RuntimeError("out of memory")
+    x, y = torch.zeros(8, 4), torch.zeros(8, dtype=torch.long)
+    stacks = {2: (Broken(), [torch.Generator().manual_seed(0)])}
+    with pytest.raises(RuntimeError, match="d = 2.*out of memory"):
+        dc.concurrent_rounds(stacks, x, y, 4, torch.device("cpu"), rounds=1)
+    with pytest.raises(ValueError, match="rounds"):
+        dc.concurrent_rounds(stacks, x, y, 4, torch.device("cpu"), rounds=0)
 
 
 def test_a_protocol_stopped_between_depths_leaves_the_depths_it_measured(tmp_path, monkeypatch):
@@ -175,9 +203,10 @@ def test_a_protocol_stopped_between_depths_leaves_the_depths_it_measured(tmp_pat
     assert "stopped before every depth was measured" in text and "d = 2: epoch" in text
 
 
-def test_the_shell_script_takes_the_protocol_compiled_on_request():
+def test_the_shell_script_takes_the_protocol_compiled_on_request_and_times_the_depths_at_once():
     sh = SCRIPT.read_text()
-    assert '--compile-protocol) COMPILE="--compile blocks"' in sh and 'protocol --out "$OUT" $COMPILE' in sh
+    assert '--compile-protocol) COMPILE="--compile blocks"' in sh
+    assert 'protocol --out "$OUT" --concurrent $COMPILE' in sh
     args = dc.parser().parse_args(["protocol", "--out", "x", "--compile", "blocks"])
     assert args.compile == "blocks" and dc.parser().parse_args(["protocol", "--out", "x"]).compile is None
 
