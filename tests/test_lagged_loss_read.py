@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import pytest
@@ -164,3 +165,50 @@ def test_a_bad_loss_read_is_refused_before_training(value):
 def test_the_engine_keeps_the_setting_and_step_is_the_default():
     assert _ModuleEngine.__init__.__kwdefaults__["loss_read"] == "step"
     assert fit.__kwdefaults__["loss_read"] == "step"
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU (skipped without one; scripts/device_check.sh runs them)
+# ----------------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_lagged_trains_what_step_trains():
+    """The loss comes through a non-blocking copy on CUDA: the same numbers reach the records and callbacks."""
+    runs = []
+    for loss_read in ("step", "lagged"):
+        model, steps = _model().cuda(), Steps(stop_at=9)
+        x, y = _data()
+        history = fit(model, (x.cuda(), y.cuda()), get_recipe("gresnet-mnist", epochs=2, batch_size=8), [steps],
+                      progress=False, loss_read=loss_read)
+        runs.append({"model": model, "history": history, "steps": steps.seen})
+    _assert_same(*runs)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_lagged_does_not_synchronise_per_step():
+    """With a torch optimiser (no host wait of its own), "step" waits for the device once per step and
+    "lagged" a fixed number of times per fit, whatever the number of steps."""
+    def synchronisations(loss_read: str, steps: int) -> int:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(8 * steps, IN, generator=g).cuda()
+        y = torch.randint(0, CLASSES, (8 * steps,), generator=g).cuda()
+        model = _model().cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        recipe = get_recipe("gresnet-mnist", epochs=1, batch_size=8)
+        fit(model, (x, y), recipe, optimizer=optimizer, progress=False, loss_read=loss_read)  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fit(model, (x, y), recipe, optimizer=optimizer, progress=False, loss_read=loss_read)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert synchronisations("step", 40) >= synchronisations("step", 4) + 36  # the counter sees the per-step read
+    assert synchronisations("lagged", 40) == synchronisations("lagged", 4)

@@ -414,6 +414,31 @@ def _integer_labels(y: torch.Tensor) -> torch.Tensor:
     return y if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool else y.long()
 
 
+class _LossCopy:
+    """A step's loss on its way to the host, for `loss_read="lagged"`. On CUDA it is copied without
+    blocking into pinned host memory and an event is recorded after the copy, so that reading it waits
+    for that copy only: `float()` of the device tensor would wait for everything queued on the stream
+    before the read, the next step's forward pass included, which is the wait "lagged" removes. Elsewhere
+    the detached tensor is kept and read with `float()` (on the CPU every operation has finished when it
+    returns)."""
+
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss = loss.detach()
+        self.done: torch.cuda.Event | None = None
+        if self.loss.device.type == "cuda":
+            host = torch.empty(self.loss.shape, dtype=self.loss.dtype, pin_memory=True)
+            host.copy_(self.loss, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record(torch.cuda.current_stream(self.loss.device))
+            self.loss = host
+
+    def value(self) -> float:
+        """The loss as a Python float (waiting, on CUDA, for its copy only)."""
+        if self.done is not None:
+            self.done.synchronize()
+        return float(self.loss)
+
+
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -489,8 +514,10 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     "lagged" reads step t's loss only once step t + 1's batch, forward pass and loss have been launched
     (then the divergence check, the totals and `on_step_end(state, t, loss)` of step t, then step t + 1's
     backward pass and optimiser step; the epoch's last step is read after the loop), so that an
-    asynchronous device (CUDA) is not left idle while the host waits for the number; on the CPU,
-    where every operation has finished when it returns, it gains nothing. A fit's first step reads its
+    asynchronous device (CUDA) is not left idle while the host waits for the number. On CUDA the loss
+    is copied to pinned host memory without blocking, right after it is computed, and the read waits for
+    that copy alone (reading the device tensor itself would wait for step t + 1's forward pass too); on
+    the CPU, where every operation has finished when it returns, "lagged" gains nothing. A fit's first step reads its
     loss at once (its checks need it), and under data parallelism (world > 1) every step does, as with
     "step" (the all-reduce of the loss needs its value anyway). The results are "step"'s, bit for bit:
     the same records (losses, errors, steps), the same `on_step_end` calls with the same losses, the
@@ -737,8 +764,9 @@ class _ModuleEngine:
 
     def _train_epoch_lagged(self, stats: EpochStats, callbacks: Sequence[Any]) -> EpochStats:
         """fit's steps with `loss_read="lagged"`: step t's loss is read (checked, counted, `on_step_end`) only
-        once step t + 1's forward pass and loss are launched, so that the host never waits for the device
-        between steps; the totals, the divergence step and the weights are eager mode's (see `fit`).
+        once step t + 1's forward pass and loss are launched, so that the device is not left idle while the host
+        waits for it (on CUDA the loss comes through a non-blocking copy, `_LossCopy`); the totals, the
+        divergence step and the weights are eager mode's (see `fit`).
 
         Step t + 1's forward pass has already updated the model's buffers (BatchNorm's running statistics and
         counters) when step t's loss is read: they are copied on the device before each such forward pass and
@@ -750,19 +778,21 @@ class _ModuleEngine:
         kept = [torch.empty_like(b) for b in buffers]
         wrong: int | torch.Tensor = 0
         classified = True
-        # Step t's index in the epoch, its detached loss, its errors (None: not class scores) and its samples.
-        pending: tuple[int, torch.Tensor, torch.Tensor | None, int] | None = None
+        # Step t's index in the epoch, its loss on its way to the host, its errors (None: not class scores)
+        # and its samples.
+        pending: tuple[int, _LossCopy, torch.Tensor | None, int] | None = None
 
-        def settle(step: int, loss: torch.Tensor, batch_wrong: torch.Tensor | None, seen: int) -> bool:
+        def settle(step: int, loss: _LossCopy, batch_wrong: torch.Tensor | None, seen: int) -> bool:
             """Read step `step`'s loss: divergence, or the step counted (totals, `on_step_end`); whether the epoch ends."""
             nonlocal wrong, classified
-            loss_value = float(loss)
+            loss_value = loss.value()
             if not math.isfinite(loss_value):
                 stats.diverged[0] = {"step": step, "loss": str(loss_value)}
                 return True
             if batch_wrong is None:
-                classified, batch_wrong = False, torch.zeros((), device=loss.device)
-            wrong = wrong + batch_wrong
+                classified = False  # the epoch's errors are not recorded then
+            else:
+                wrong = wrong + batch_wrong
             return count_step(stats, state, callbacks, loss_value, seen)
 
         for step, (x, y) in enumerate(self._batches()):
@@ -782,12 +812,13 @@ class _ModuleEngine:
                 if not math.isfinite(loss_value):  # before the backward pass, as "step" checks every step
                     stats.diverged[0] = {"step": step, "loss": str(loss_value)}
                     break
+            copy = _LossCopy(loss)  # queued before the backward pass: ready as soon as the loss is
             self._update(loss)
             if eager:
-                if settle(step, loss.detach(), batch_wrong, len(y)):
+                if settle(step, copy, batch_wrong, len(y)):
                     break
             else:
-                pending = (step, loss.detach(), batch_wrong, len(y))
+                pending = (step, copy, batch_wrong, len(y))
         if pending is not None:  # the epoch's last step (a break leaves nothing pending)
             settle(*pending)
         stats.wrong = [int(wrong) if classified else None]
