@@ -444,9 +444,11 @@ def step_flops(model: torch.nn.Module, batch: int, device: torch.device, amp: bo
     return float(counter.get_total_flops())
 
 
-def time_toolkit(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, device: torch.device) -> float:
+def time_toolkit(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, device: torch.device,
+                 loss_read: str = "step") -> float:
     """Images per second of the toolkit's `fit` (resident data, on-device RandomCropFlip, bf16 autocast,
-    channels_last) over `args.steps` steps, after a warm-up fit of `args.warmup` steps."""
+    channels_last, each step's loss read as `loss_read` says) over `args.steps` steps, after a warm-up fit
+    of `args.warmup` steps."""
     from throughway.data.augment import RandomCropFlip
     from throughway.train import fit, get_recipe
     amp = device.type == "cuda"
@@ -454,9 +456,11 @@ def time_toolkit(x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, dev
     tiny = Split(x[:2], y[:2])  # evaluation is not what is timed
     net = _wrn(args.depth, args.widen, device)
     warm = DataSplits("bench", 10, Split(x[:args.batch * args.warmup], y[:args.batch * args.warmup]), None, tiny)
-    fit(net, warm, recipe, progress=False, train_transform=RandomCropFlip(), amp=amp, channels_last=amp)
+    fit(net, warm, recipe, progress=False, train_transform=RandomCropFlip(), amp=amp, channels_last=amp,
+        loss_read=loss_read)
     data = DataSplits("bench", 10, Split(x[:args.batch * args.steps], y[:args.batch * args.steps]), None, tiny)
-    history = fit(net, data, recipe, progress=False, train_transform=RandomCropFlip(), amp=amp, channels_last=amp)
+    history = fit(net, data, recipe, progress=False, train_transform=RandomCropFlip(), amp=amp, channels_last=amp,
+                  loss_read=loss_read)
     return args.batch * args.steps / history.epochs[0]["epoch_time_s"]
 
 
@@ -509,6 +513,7 @@ def wrn(args: argparse.Namespace) -> dict[str, Any]:
     y = torch.randint(0, 10, (n,), generator=g).to(device)
     flops = step_flops(_wrn(args.depth, args.widen, device), args.batch, device, amp=device.type == "cuda")
     toolkit = time_toolkit(x, y, args, device)
+    lagged = time_toolkit(x, y, args, device, loss_read="lagged")  # each loss read after the next forward pass
     hand = time_hand_loop(x, y, args, device)
     hand_reading = time_hand_loop(x, y, args, device, read_loss=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
@@ -520,12 +525,14 @@ def wrn(args: argparse.Namespace) -> dict[str, Any]:
         "channels_last": device.type == "cuda", "flops_per_step": flops,
         "toolkit_images_per_s": toolkit, "hand_loop_images_per_s": hand, "ratio": toolkit / hand,
         "hand_loop_reading_loss_images_per_s": hand_reading, "ratio_to_hand_loop_reading_loss": toolkit / hand_reading,
+        "toolkit_lagged_images_per_s": lagged, "ratio_lagged": lagged / hand,
         "peak_bf16_flops": peak, "goal_ratio": 1.0,
         "toolkit_share_of_peak": None if peak is None else toolkit * per_image / peak,
         "hand_loop_share_of_peak": None if peak is None else hand * per_image / peak,
     }
     share = "" if peak is None else f", {100 * result['toolkit_share_of_peak']:.1f}% of the bf16 peak"
-    print(f"WRN step: toolkit {toolkit:.1f} images/s, hand loop {hand:.1f}: ratio {toolkit / hand:.3f}{share}", flush=True)
+    print(f"WRN step: toolkit {toolkit:.1f} images/s, hand loop {hand:.1f}: ratio {toolkit / hand:.3f}{share}; "
+          f"toolkit with loss_read='lagged' {lagged:.1f} images/s: ratio {lagged / hand:.3f}", flush=True)
     return result
 
 
@@ -1056,6 +1063,10 @@ def summary(out: Path, parts: Sequence[str] = DEFAULT_PARTS) -> str:
             lines.append(f"The hand loop reading its loss each step before the backward pass (fit's divergence "
                          f"check): {w['hand_loop_reading_loss_images_per_s']:.0f} images/s; the toolkit's ratio to it "
                          f"{w['ratio_to_hand_loop_reading_loss']:.3f}.")
+        if w.get("toolkit_lagged_images_per_s"):
+            lines.append(f"The toolkit with `loss_read=\"lagged\"` (each step's loss read after the next step's forward "
+                         f"pass is launched): {w['toolkit_lagged_images_per_s']:.0f} images/s: **ratio "
+                         f"{w['ratio_lagged']:.3f}** to the hand loop.")
     else:
         lines.append("WRN step: wrn.json missing (see device_check.log).")
     lines.append("")

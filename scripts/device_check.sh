@@ -96,7 +96,7 @@ if [ -n "$DRY" ]; then
   echo "== gpu-tests: not run in a dry run" >>"$LOG"
 elif want gpu-tests; then
   part gpu-tests "$(smaller 110 "$(left)")" "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
-    tests/test_cuda_path.py
+    tests/test_cuda_path.py tests/test_lagged_loss_read.py
 fi
 # The WRN step first: it takes seconds. The protocol times every depth alone, then all of them at once
 # (--concurrent: one CUDA stream each). Its step is captured with eager kernels unless

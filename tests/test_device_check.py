@@ -183,6 +183,19 @@ def test_a_concurrent_round_names_the_depth_that_failed():
         dc.concurrent_rounds(stacks, x, y, 4, torch.device("cpu"), rounds=0)
 
 
+def test_the_wrn_dry_run_times_the_lagged_loss_read_and_the_summary_prints_it(tmp_path):
+    assert dc.main(["wrn", "--out", str(tmp_path), "--dry-run"]) == 0
+    assert dc.main(["summary", "--out", str(tmp_path), "--parts", "wrn,summary"]) == 0
+    result = json.loads((tmp_path / "wrn.json").read_text())
+    for key in ("toolkit_images_per_s", "hand_loop_images_per_s", "hand_loop_reading_loss_images_per_s",
+                "toolkit_lagged_images_per_s"):
+        assert result[key] > 0, key
+    assert result["ratio_lagged"] == pytest.approx(result["toolkit_lagged_images_per_s"] / result["hand_loop_images_per_s"])
+    text = (tmp_path / "summary.md").read_text()
+    assert f"**ratio {result['ratio']:.3f}**" in text
+    assert 'loss_read="lagged"' in text and f"**ratio {result['ratio_lagged']:.3f}** to the hand loop" in text
+
+
 def test_a_protocol_stopped_between_depths_leaves_the_depths_it_measured(tmp_path, monkeypatch):
     """protocol.json is written after each depth; a part killed at its time limit (window
     h200-2026-11-26-b) still brings back what it measured, marked incomplete, with no projection."""

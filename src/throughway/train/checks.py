@@ -8,6 +8,7 @@ values (docs/reliability.md lists them):
 
 * the arguments: `recipe` (a Recipe or a registered name), `optimizer` (a torch optimiser),
   `scheduler`, `loss_fn` and `train_transform` (callables), `eval_batch_size` (`check_eval_batch_size`),
+  `loss_read` (`check_loss_read`: "step" or "lagged"),
   `callbacks` (`check_callbacks`: a single callback is wrapped in a list; a string, a class, or an
   object with none of the hooks is refused, a misspelt hook is named with the nearest hook),
   `eval_data` beside `test_data`;
@@ -49,11 +50,14 @@ from ..data import DataSplits, Split
 from .inputs import ItemSplit, loader_length, resolve_data
 from .recipes import STEP_SCHEDULES, Recipe, get_recipe
 
-__all__ = ["HOOKS", "FitInputs", "check_fit", "check_eval_batch_size", "check_callbacks", "check_optimizer_parameters",
+__all__ = ["HOOKS", "LOSS_READS", "FitInputs", "check_fit", "check_eval_batch_size", "check_loss_read", "check_callbacks",
+           "check_optimizer_parameters",
            "model_dtype", "cast_inputs", "check_labels", "check_outputs", "check_first_batch", "check_loss",
            "check_gradients", "probe", "modes_kept", "rng_kept", "OUTPUT_ACCEPTED"]
 
 HOOKS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_epoch_end", "on_fit_end")
+# When fit reads a step's loss from the device for the divergence check (see fit's `loss_read`).
+LOSS_READS = ("step", "lagged")
 OUTPUT_ACCEPTED = ("a tensor of class scores (N, classes) for the default cross-entropy, or any tensor that "
                    "loss_fn(outputs, y) scores; return only that tensor from forward (wrap a model that "
                    "returns a tuple or dict)")
@@ -85,7 +89,7 @@ class FitInputs:
 
 def check_fit(model: nn.Module, data: Any, recipe: Recipe | str, callbacks: Any, *, val_data: Any, test_data: Any,
               eval_data: Any, loss_fn: Any, optimizer: Any, scheduler: Any, train_transform: Any,
-              eval_batch_size: Any, channels_last: bool) -> FitInputs:
+              eval_batch_size: Any, channels_last: bool, loss_read: Any = "step") -> FitInputs:
     """Every check `fit` makes before its first step, in order (the module docstring lists them); the
     arguments are `fit`'s. Returns what `fit` trains with (`FitInputs`)."""
     if isinstance(recipe, str):
@@ -99,6 +103,7 @@ def check_fit(model: nn.Module, data: Any, recipe: Recipe | str, callbacks: Any,
         if function is not None and not callable(function):
             raise TypeError(f"{name}: got {type(function).__name__}; accepted: {_CALLABLES[name]}, or None")
     check_eval_batch_size(eval_batch_size)
+    check_loss_read(loss_read)
     callbacks = check_callbacks(callbacks, stacklevel=4)  # the warning points at the line that called fit
     if eval_data is not None:
         if test_data is not None:
@@ -195,6 +200,14 @@ def check_eval_batch_size(eval_batch_size: Any) -> None:
                         f"integer ≥ 1 (samples per evaluation chunk)")
     if eval_batch_size < 1:
         raise ValueError(f"eval_batch_size={eval_batch_size}: accepted: an integer ≥ 1 (samples per evaluation chunk)")
+
+
+def check_loss_read(loss_read: Any) -> None:
+    """ValueError naming `loss_read` and the accepted values (`LOSS_READS`) unless it is one of them."""
+    if not (isinstance(loss_read, str) and loss_read in LOSS_READS):
+        raise ValueError(f"loss_read: got {type(loss_read).__name__} {loss_read!r}; accepted: 'step' (each step's "
+                         f"loss read before its backward pass) or 'lagged' (read after the next step's forward pass "
+                         f"is launched, so that an asynchronous device never waits); nothing was trained")
 
 
 def check_channels_last(model: nn.Module, device: torch.device, channels_last: bool) -> None:

@@ -18,7 +18,8 @@ run needs is a callback:
    run cleanly: the history is kept, the run is marked diverged (`History.diverged_at`), and the
    model is put back to its state at the end of the last finished epoch. Deep plain nets are
    expected to fail; a study must go on. Otherwise backward, optimiser step, then
-   `on_step_end(state, step, loss)`.
+   `on_step_end(state, step, loss)`. (`fit(..., loss_read="lagged")` reads each step's loss one step
+   later, after the next forward pass is launched, with the same results; see `fit`.)
 3. **Evaluation**: the model is evaluated in eval mode on the validation and test splits (recorded,
    never used to choose anything), and the epoch's record is appended to `state.history`.
 4. `on_epoch_end(state, record)`.
@@ -54,7 +55,9 @@ numbers belong in the record (a record's value may be a list, as `k` already is)
 Options for GPUs and scale, all off by default (the default path is unchanged, bit for bit):
 `train_transform` (a per-batch augmentation applied on the device, e.g. data.augment.RandomCropFlip),
 `amp` (bf16 autocast for the forward pass and loss; also runs on the CPU), `channels_last` (NHWC
-memory format for conv nets), `compile_model` (torch.compile of the training forward). Under an
+memory format for conv nets), `compile_model` (torch.compile of the training forward), `loss_read="lagged"`
+(each step's loss read after the next step's forward pass is launched, so that the GPU does not wait
+for the host between steps; same results). Under an
 initialised torch.distributed process group (torchrun), training is data-parallel (see
 train.distributed).
 """
@@ -411,6 +414,31 @@ def _integer_labels(y: torch.Tensor) -> torch.Tensor:
     return y if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool else y.long()
 
 
+class _LossCopy:
+    """A step's loss on its way to the host, for `loss_read="lagged"`. On CUDA it is copied without
+    blocking into pinned host memory and an event is recorded after the copy, so that reading it waits
+    for that copy only: `float()` of the device tensor would wait for everything queued on the stream
+    before the read, the next step's forward pass included, which is the wait "lagged" removes. Elsewhere
+    the detached tensor is kept and read with `float()` (on the CPU every operation has finished when it
+    returns)."""
+
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss = loss.detach()
+        self.done: torch.cuda.Event | None = None
+        if self.loss.device.type == "cuda":
+            host = torch.empty(self.loss.shape, dtype=self.loss.dtype, pin_memory=True)
+            host.copy_(self.loss, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record(torch.cuda.current_stream(self.loss.device))
+            self.loss = host
+
+    def value(self) -> float:
+        """The loss as a Python float (waiting, on CUDA, for its copy only)."""
+        if self.done is not None:
+            self.done.synchronize()
+        return float(self.loss)
+
+
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -430,7 +458,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
         scheduler: Callable[[torch.optim.Optimizer], Any] | None = None, seed: int = 0, progress: bool = True,
         label: str | None = None, eval_batch_size: int = DEFAULT_EVAL_BATCH,
         train_transform: Callable[[torch.Tensor], torch.Tensor] | None = None, amp: bool = False,
-        channels_last: bool = False, compile_model: bool = False) -> History:
+        channels_last: bool = False, compile_model: bool = False, loss_read: str = "step") -> History:
     """Train `model` on `data` for `recipe.epochs` epochs; return the History (see the module docstring).
 
     `model` is any `nn.Module` mapping a batch x to outputs that `loss_fn(outputs, y)` scores.
@@ -481,6 +509,34 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     device type; the parameters, gradients, optimiser and evaluation stay float32. `channels_last`
     converts the model and 4-d batches to NHWC. `compile_model` trains through torch.compile(model).
 
+    `loss_read` says when each step's loss is read from the device (for the divergence check and the
+    records): "step" (the default) reads it after the step's forward pass, before its backward pass.
+    "lagged" reads step t's loss only once step t + 1's batch, forward pass and loss have been launched
+    (then the divergence check, the totals and `on_step_end(state, t, loss)` of step t, then step t + 1's
+    backward pass and optimiser step; the epoch's last step is read after the loop), so that an
+    asynchronous device (CUDA) is not left idle while the host waits for the number. On CUDA the loss
+    is copied to pinned host memory without blocking, right after it is computed, and the read waits for
+    that copy alone (reading the device tensor itself would wait for step t + 1's forward pass too); on
+    the CPU, where every operation has finished when it returns, "lagged" gains nothing. A fit's first step reads its
+    loss at once (its checks need it), and under data parallelism (world > 1) every step does, as with
+    "step" (the all-reduce of the loss needs its value anyway). The results are "step"'s, bit for bit:
+    the same records (losses, errors, steps), the same `on_step_end` calls with the same losses, the
+    same final weights and buffers, the same `History.diverged_at`. What differs: a step t whose loss
+    is not finite is found after its backward pass and optimiser step were applied; it is reported at
+    step t all the same and the model goes back to the last finished epoch's weights and buffers, but
+    the optimiser's state (momentum, Adam's moments and step counts) and the parameters' `.grad` then
+    hold step t's non-finite update where "step" leaves step t − 1's (nothing `fit` or `run_training`
+    saves holds them: a run's checkpoint is written only at the end of a finished epoch and its model
+    file after the rollback; a callback of your own that saves the optimiser in `on_fit_end` would save
+    them). When step t ends training (`state.stop` in its `on_step_end`, or its divergence), step t + 1's
+    forward pass has already run: its updates of the model's buffers (BatchNorm's running statistics
+    and counters: every buffer, updated in place) are undone, but the random numbers it drew (dropout,
+    and a `train_transform`'s augmentation of batch t + 1) are consumed, so the global random streams
+    differ from "step"'s afterwards, and a DataLoader has yielded one batch more. `on_step_end(t)` runs
+    after step t + 1's forward pass: the buffers it sees already include that pass, and a callback must
+    not change the weights there (step t + 1's forward pass has used them). Any other value is a
+    ValueError naming `loss_read`, before training.
+
     Before the first optimiser step `fit` checks what flows through it (train.checks; the list is in
     docs/reliability.md): a TypeError / ValueError names the argument (`data`, the model's output,
     `optimizer`, `scheduler`, `loss_fn`, `callbacks`, `eval_batch_size`, ...) and the accepted
@@ -494,7 +550,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
     """
     checked = check_fit(model, data, recipe, callbacks, val_data=val_data, test_data=test_data, eval_data=eval_data,
                         loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler, train_transform=train_transform,
-                        eval_batch_size=eval_batch_size, channels_last=channels_last)
+                        eval_batch_size=eval_batch_size, channels_last=channels_last, loss_read=loss_read)
     recipe, callbacks, train = checked.recipe, checked.callbacks, checked.train
     schedule = optimizer is None and scheduler is None
     if optimizer is None:
@@ -511,7 +567,7 @@ def fit(model: nn.Module, data: TrainData, recipe: Recipe | str, callbacks: Sequ
                            schedule=schedule, scheduler=scheduler, device=checked.device,
                            loss_fn=loss_fn, eval_batch_size=eval_batch_size, train_transform=train_transform,
                            amp=amp, channels_last=channels_last, compile_model=compile_model, checked=checked.checked,
-                           dtype=checked.dtype)
+                           dtype=checked.dtype, loss_read=loss_read)
     with modes_kept(model):  # the caller's training flags come back, module by module (a frozen submodule stays in eval)
         run_loop(engine, [Member(state, callbacks)], recipe.epochs)
     return state.history
@@ -526,12 +582,12 @@ class _ModuleEngine:
                  device: torch.device, loss_fn: LossFn | None,
                  eval_batch_size: int, train_transform: Callable[[torch.Tensor], torch.Tensor] | None, amp: bool,
                  channels_last: bool, compile_model: bool, checked: bool = True,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, loss_read: str = "step") -> None:
         self.state, self.optimizer, self.train, self.evals, self.starts = state, optimizer, train, evals, starts
         self.schedule, self.device, self.loss_fn, self.eval_batch_size = schedule, device, loss_fn, eval_batch_size
         self.make_scheduler, self.scheduler, self.first_epoch = scheduler, None, 0
         self.train_transform, self.amp, self.channels_last = train_transform, amp, channels_last
-        self.compile_model = compile_model
+        self.compile_model, self.loss_read = compile_model, loss_read
         self.compute_loss: LossFn = F.cross_entropy if loss_fn is None else loss_fn
         self.train_model: Callable[..., Any] = state.model
         self.snapshot: dict[str, torch.Tensor] = {}
@@ -633,32 +689,53 @@ class _ModuleEngine:
                 # same random numbers, so a data-parallel step sees the images one process would.
                 yield distributed.shard(self.train_transform(train.x[batch]), rank, world), train.y[index]
 
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batch's forward pass and loss: (outputs, labels, loss); the first step's loss is checked here,
+        before any backward pass (and a DataLoader's first batch before its forward)."""
+        if not self.checked:
+            self._first_batch(x, y)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.amp:
+            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                logits = check_outputs(self.train_model(x))
+                y = self._step_labels(logits, y)
+                loss = self.compute_loss(logits.float(), y)
+        else:
+            logits = check_outputs(self.train_model(x))
+            y = self._step_labels(logits, y)
+            loss = self.compute_loss(logits, y)
+        if self.first_step:  # the loss a step follows, checked before the first backward pass
+            check_loss(loss, training=True)
+            self.first_step = False
+        return logits, y, loss
+
+    def _update(self, loss: torch.Tensor) -> None:
+        """A step's update from its loss: the per-step rate, backward (the first one's gradients checked), step."""
+        state, optimizer = self.state, self.optimizer
+        if self._per_step():  # the rate of this step (state.step steps done before it, across resumes)
+            set_learning_rate(optimizer, self._step_rate(state.step))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.check_gradients:  # before the first step: a loss that reaches no parameter trains nothing
+            check_gradients(state.model, self.loss_fn is not None)
+            self.check_gradients = False
+        optimizer.step()
+
     def train_epoch(self, epoch: int, states: Sequence[TrainState], callbacks: Sequence[Sequence[Any]]) -> EpochStats:
-        """fit's steps: forward, loss, the divergence check before backward, step, on_step_end."""
-        state, optimizer, world = self.state, self.optimizer, distributed.rank_and_world()[1]
+        """fit's steps: forward, loss, the divergence check before backward, step, on_step_end (with
+        `loss_read="lagged"` on one process: `_train_epoch_lagged`)."""
+        state, world = self.state, distributed.rank_and_world()[1]
         state.model.train()
         stats = EpochStats([0.0], [0], 0, 0)
+        if self.loss_read == "lagged" and world == 1:
+            return self._train_epoch_lagged(stats, callbacks[0])
         # The epoch's errors are summed on the device and read once, at its end: the step's one read of the
         # device is the loss, which the divergence check needs before the backward pass.
         wrong: int | torch.Tensor = 0
         classified = True
         for step, (x, y) in enumerate(self._batches()):
-            if not self.checked:
-                self._first_batch(x, y)
-            if self.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            if self.amp:
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
-                    logits = check_outputs(self.train_model(x))
-                    y = self._step_labels(logits, y)
-                    loss = self.compute_loss(logits.float(), y)
-            else:
-                logits = check_outputs(self.train_model(x))
-                y = self._step_labels(logits, y)
-                loss = self.compute_loss(logits, y)
-            if self.first_step:  # the loss a step follows, checked before the first backward pass
-                check_loss(loss, training=True)
-                self.first_step = False
+            logits, y, loss = self._forward(x, y)
             batch_wrong = _wrong(logits.detach(), y)
             if batch_wrong is None:
                 classified, batch_wrong = False, torch.zeros((), device=loss.device)
@@ -678,17 +755,72 @@ class _ModuleEngine:
             if not math.isfinite(loss_value):
                 stats.diverged[0] = {"step": step, "loss": str(loss_value)}
                 break
-            if self._per_step():  # the rate of this step (state.step steps done before it, across resumes)
-                set_learning_rate(optimizer, self._step_rate(state.step))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.check_gradients:  # before the first step: a loss that reaches no parameter trains nothing
-                check_gradients(state.model, self.loss_fn is not None)
-                self.check_gradients = False
-            optimizer.step()
+            self._update(loss)
             wrong = wrong + wrong_count
             if count_step(stats, state, callbacks[0], loss_value, batch_seen):
                 break
+        stats.wrong = [int(wrong) if classified else None]
+        return stats
+
+    def _train_epoch_lagged(self, stats: EpochStats, callbacks: Sequence[Any]) -> EpochStats:
+        """fit's steps with `loss_read="lagged"`: step t's loss is read (checked, counted, `on_step_end`) only
+        once step t + 1's forward pass and loss are launched, so that the device is not left idle while the host
+        waits for it (on CUDA the loss comes through a non-blocking copy, `_LossCopy`); the totals, the
+        divergence step and the weights are eager mode's (see `fit`).
+
+        Step t + 1's forward pass has already updated the model's buffers (BatchNorm's running statistics and
+        counters) when step t's loss is read: they are copied on the device before each such forward pass and
+        copied back when step t ends the epoch (divergence, or a callback's `state.stop`), so that the
+        discarded forward pass leaves no trace in them."""
+        state = self.state
+        # Every buffer, updated in place by the forward pass as BatchNorm does; kept on its own device.
+        buffers = list(state.model.buffers())
+        kept = [torch.empty_like(b) for b in buffers]
+        wrong: int | torch.Tensor = 0
+        classified = True
+        # Step t's index in the epoch, its loss on its way to the host, its errors (None: not class scores)
+        # and its samples.
+        pending: tuple[int, _LossCopy, torch.Tensor | None, int] | None = None
+
+        def settle(step: int, loss: _LossCopy, batch_wrong: torch.Tensor | None, seen: int) -> bool:
+            """Read step `step`'s loss: divergence, or the step counted (totals, `on_step_end`); whether the epoch ends."""
+            nonlocal wrong, classified
+            loss_value = loss.value()
+            if not math.isfinite(loss_value):
+                stats.diverged[0] = {"step": step, "loss": str(loss_value)}
+                return True
+            if batch_wrong is None:
+                classified = False  # the epoch's errors are not recorded then
+            else:
+                wrong = wrong + batch_wrong
+            return count_step(stats, state, callbacks, loss_value, seen)
+
+        for step, (x, y) in enumerate(self._batches()):
+            if pending is not None and buffers:
+                torch._foreach_copy_(kept, buffers)
+            eager = self.first_step  # a fit's first step reads its loss at once, as "step" does
+            logits, y, loss = self._forward(x, y)
+            batch_wrong = _wrong(logits.detach(), y)
+            if pending is not None:
+                ended, pending = settle(*pending), None
+                if ended:  # this step is discarded: its forward pass's buffer updates are undone
+                    if buffers:
+                        torch._foreach_copy_(buffers, kept)
+                    break
+            if eager:
+                loss_value = float(loss.detach())
+                if not math.isfinite(loss_value):  # before the backward pass, as "step" checks every step
+                    stats.diverged[0] = {"step": step, "loss": str(loss_value)}
+                    break
+            copy = _LossCopy(loss)  # queued before the backward pass: ready as soon as the loss is
+            self._update(loss)
+            if eager:
+                if settle(step, copy, batch_wrong, len(y)):
+                    break
+            else:
+                pending = (step, copy, batch_wrong, len(y))
+        if pending is not None:  # the epoch's last step (a break leaves nothing pending)
+            settle(*pending)
         stats.wrong = [int(wrong) if classified else None]
         return stats
 
