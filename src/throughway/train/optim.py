@@ -159,7 +159,7 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
     beta1, beta2 = betas
     if kind == "adam":
         neg_step = lr * (-1.0 / (1 - beta1 ** step))
-        bc2_sqrt = torch.tensor(math.sqrt(1 - beta2 ** step), dtype=p.dtype, device=p.device)
+        bc2_sqrt = torch.full((), math.sqrt(1 - beta2 ** step), dtype=p.dtype, device=p.device)
         kernels.adam(p, g, m, v, neg_step, bc2_sqrt, beta1, beta2, eps)
         return
     mu, mu_next = nadam_momentum(beta1, step, momentum_decay), nadam_momentum(beta1, step + 1, momentum_decay)
@@ -172,7 +172,7 @@ def update_rows(kind: str, p: torch.Tensor, g: torch.Tensor, state: dict[str, An
     bc2_root = math.sqrt(1 - beta2 ** step)
     c_grad = lr * (-(1.0 - mu) / (1.0 - mu_product) * bc2_root)
     c_avg = lr * (-mu_next / (1.0 - mu_product_next) * bc2_root)
-    eps_t = torch.tensor(eps * bc2_root, dtype=p.dtype, device=p.device)
+    eps_t = torch.full((), eps * bc2_root, dtype=p.dtype, device=p.device)
     kernels.nadam(p, g, m, v, c_grad, c_avg, eps_t, beta1, beta2)
 
 
@@ -311,9 +311,11 @@ class FlatOptimizer(torch.optim.Optimizer):
             flat.copy_(_flatten_dense_tensors(params))
             grad = _flatten_dense_tensors([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
             momentum = float(group.get("momentum", 0.0))
+            # The step's scalars are filled on the device (torch.full): torch.tensor(x, device=cuda) copies
+            # from pageable host memory and waits for the GPU to go idle, once per step.
             update_rows(self.kind, flat, grad, self.state[flat],
-                        lr=torch.tensor(float(group["lr"]), dtype=flat.dtype, device=flat.device),
-                        momentum=torch.tensor(momentum, dtype=flat.dtype, device=flat.device) if momentum else None,
+                        lr=torch.full((), float(group["lr"]), dtype=flat.dtype, device=flat.device),
+                        momentum=torch.full((), momentum, dtype=flat.dtype, device=flat.device) if momentum else None,
                         weight_decay=float(group.get("weight_decay", 0.0)), betas=tuple(group["betas"]),
                         eps=float(group["eps"]), momentum_decay=float(group["momentum_decay"]),
                         nesterov=bool(group.get("nesterov", False)))
