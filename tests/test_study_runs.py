@@ -165,3 +165,16 @@ def test_command_line_is_the_parsed_arguments_inside_main_and_sys_argv_outside()
     with invoked_with(["reproduce", "sdi", "--out", "a b"]):
         assert command_line() == "throughway reproduce sdi --out 'a b'"
     assert "reproduce sdi" not in command_line()
+
+
+def test_check_specs_checks_each_kind_of_a_shared_stack_before_any_trains():
+    """Residual and gated nets share a stack (their stack key omits initial values such as k_init); a bad
+    k_init on the gated run, listed after the residual one, is refused by the up-front check."""
+    import dataclasses
+
+    from throughway.study.spec import RunSpec, check_specs
+
+    residual = dataclasses.replace(GATED_CONFIG, model="mlp_residual", model_kwargs={})
+    gated = dataclasses.replace(GATED_CONFIG, model_kwargs={"k_init": float("inf")})
+    with pytest.raises(ValueError, match="run gated-d2-s0: .*k_init"):
+        check_specs([RunSpec("residual-d2-s0", residual), RunSpec("gated-d2-s0", gated)])

@@ -24,7 +24,9 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
     depth, limit, recipe and its overrides, model arguments), before any data is read or any run
     starts, so that a bad study option is one error (ValueError naming the run and the field), not
     a study whose runs all fail. The model is built (on the meta device) once per stack shape
-    (`train.stack.stack_key`); the recipe of every run is resolved."""
+    (`train.stack.stack_key`) and model with its arguments: a stack holds models of more than one
+    kind (residual and gated residual), and each kind's own arguments (a gate's k_init) are checked
+    before the first stack trains; the recipe of every run is resolved."""
     from ..train.stack import stack_key
     from ..train.config import check_config, resolve_recipe
 
@@ -36,7 +38,7 @@ def check_specs(specs: Sequence[RunSpec]) -> None:
     checked: set[Any] = set()
     for spec in specs:
         try:
-            key = stack_key(spec.config)
+            key = (stack_key(spec.config), spec.config.model, repr(sorted(spec.config.model_kwargs.items())))
             if key not in checked:
                 check_config(spec.config)
                 checked.add(key)
