@@ -67,7 +67,7 @@ def test_the_gate_family_route_comes_back_into_the_study_side_at_most_three_time
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="16 ping-pongs (30 before the training side was reworked): the training "
+@pytest.mark.xfail(strict=True, reason="17 ping-pongs (30 before the training side was reworked): the training "
                                         "side's 13 are mostly an orchestrator that calls a helper elsewhere and "
                                         "goes on with its own (the stack engine, check_config, the data cache)")
 def test_the_gate_family_route_has_at_most_ten_ping_pongs(gate_family_route):
@@ -80,7 +80,12 @@ def test_the_gate_family_route_has_at_most_ten_ping_pongs(gate_family_route):
     # mlp_gated_residual and config_hash's RunConfig.to_dict (2), check_config around the registry,
     # models/mlp around models/base.check_positive_int, the data cache around _io and data/loader,
     # layers/blocks around the known rules, run around distributed.launch_info, load_model around
-    # layers/adapters.legacy_gate_keys, and the study side's 3.
+    # layers/adapters.legacy_gate_keys, and the study side's 3. 17 since the up-front check builds every
+    # kind of model of a stack (study.spec.check_specs: a gated run's own arguments were not checked before
+    # its stack began): stack ⇄ mlp went, mlp ⇄ gates and mlp ⇄ registry came, as the first gated MLP is now
+    # built between the other kinds. The walk counts whichever file a helper's first call lands in, so
+    # moving a call moves its ping-pong; what is left is mostly an orchestrator calling one helper elsewhere
+    # and going on with its own work.
     status, files = gate_family_route
     assert status == 0
     assert len(ping_pongs(files)) <= 10, ping_pongs(files)
