@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -804,8 +804,10 @@ CONV_VARIANTS = {  # name -> (amp, channels_last)
 def conv(args: argparse.Namespace) -> dict[str, Any]:
     """Images per second of `fit` on the highway paper's conv net (`highway_conv` d = 10, recipe
     highway-conv-mnist) at each width, for each of CONV_VARIANTS, on random MNIST-shaped data resident
-    on the device (a step's speed does not depend on the values); each after a warm-up fit. The
-    speed-ups are over the fp32 step, measured in the same run."""
+    on the device (a step's speed does not depend on the values); each after a warm-up fit. Then the
+    step captured as one CUDA graph, for one run and for `args.runs` runs at once (`captured_conv_speed`;
+    a failed capture is recorded with its error). The speed-ups are over the fp32 fit, measured in the
+    same run."""
     from throughway.models import create_model
     from throughway.train import fit, get_recipe
     device = torch.device(args.device)
@@ -830,11 +832,99 @@ def conv(args: argparse.Namespace) -> dict[str, Any]:
             speed = n / history.epochs[0]["epoch_time_s"]
             rows[name] = {"images_per_s": speed, "epoch_s_at_60000": 60_000 / speed}
             print(f"conv highway w = {width}, {name}: {speed:.0f} images/s", flush=True)
+        for runs in (1, args.runs):
+            name = "captured step" if runs == 1 else f"{runs} runs at once, captured, one stream each"
+            try:
+                speed = captured_conv_speed(width, x, y, args.batch, args.steps, device, runs)
+            except Exception as error:  # a step that cannot be captured is a finding, not the end of the part
+                rows[name] = {"images_per_s": None, "error": repr(error)[:300]}
+                print(f"conv highway w = {width}, {name}: failed: {error!r}", flush=True)
+                continue
+            rows[name] = {"images_per_s": speed, "runs": runs, "epoch_s_at_60000": 60_000 * runs / speed}
+            print(f"conv highway w = {width}, {name}: {speed:.0f} images/s in all", flush=True)
         base = rows["fp32 (as the table runs)"]["images_per_s"]
         for row in rows.values():
-            row["speedup"] = row["images_per_s"] / base
+            row["speedup"] = row["images_per_s"] / base if row["images_per_s"] else None
         result["widths"][str(width)] = rows
     return result
+
+
+def captured_conv_speed(width: int, x: torch.Tensor, y: torch.Tensor, batch: int, steps: int,
+                        device: torch.device, runs: int = 1) -> float:
+    """Images per second, over all `runs`, of `runs` conv highway nets (`highway_conv` d = 10 at `width`,
+    the highway-conv-mnist recipe's optimiser from `build_optimizer`, cross-entropy) each training
+    `steps` steps of `batch` images of its own random order of the resident `x`, `y`, where each net's
+    whole step (forward, backward, update) is one captured CUDA graph (the PyTorch documentation's
+    whole-network capture: warm-up steps on a side stream, then capture) replayed after its batch is
+    copied into the graph's input, and the runs replay at the same time, one thread and CUDA stream
+    each. The 5-process window shard spends its time launching each process's many small kernels; this
+    measures whether capture and one process's streams remove that. On a CPU the same steps run
+    eagerly (the dry run checks the bookkeeping, not the speed)."""
+    from throughway.models import create_model
+    from throughway.train import build_optimizer, get_recipe
+
+    cuda = device.type == "cuda"
+    recipe = get_recipe("highway-conv-mnist", batch_size=batch)
+    nets, steppers, streams = [], [], []
+    for run in range(runs):
+        torch.manual_seed(run)
+        net = create_model("highway_conv", depth=10, width=width).to(device).train()
+        optimizer = build_optimizer(net, recipe)
+        static_x, static_y = x[:batch].clone(), y[:batch].clone()
+
+        def step(net: torch.nn.Module = net, optimizer: Any = optimizer, static_x: torch.Tensor = static_x,
+                 static_y: torch.Tensor = static_y) -> None:
+            loss = torch.nn.functional.cross_entropy(net(static_x), static_y)
+            loss.backward()
+            optimizer.step()
+
+        stream = torch.cuda.Stream(device) if cuda else None
+        if cuda:
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(3):  # warm-up: cuDNN's choices and the optimiser's state, before the capture
+                    optimizer.zero_grad(set_to_none=True)
+                    step()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                step()
+            replay = graph.replay
+        else:
+            def replay(optimizer: Any = optimizer, step: Callable[[], None] = step) -> None:
+                optimizer.zero_grad(set_to_none=True)
+                step()
+        nets.append((static_x, static_y))
+        steppers.append(replay)
+        streams.append(stream)
+    orders = [torch.randperm(len(x), generator=torch.Generator().manual_seed(run)).to(device) for run in range(runs)]
+    errors: list[BaseException] = []
+
+    def train(run: int) -> None:
+        static_x, static_y = nets[run]
+        try:
+            with (torch.cuda.stream(streams[run]) if cuda else contextlib.nullcontext()):
+                for i in range(steps):
+                    index = orders[run][(i * batch) % (len(x) - batch + 1):][:batch]
+                    static_x.copy_(x[index])
+                    static_y.copy_(y[index])
+                    steppers[run]()
+        except BaseException as error:  # re-raised by the launching thread
+            errors.append(error)
+
+    _sync(device)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=train, args=(run,)) for run in range(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return runs * steps * batch / seconds
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1003,10 +1093,12 @@ def _summary_second_round(out: Path, parts: Sequence[str]) -> list[str]:
         lines += ["", "Profile: profile.json missing (see device_check.log)."]
     c = _read(out, "conv.json")
     if "conv" in parts and c:
-        lines += ["", f"Conv highway step (batch {c['batch']}, {c['steps']} steps, one run):", ""]
+        lines += ["", f"Conv highway step (batch {c['batch']}, {c['steps']} steps; images per second over all the "
+                      f"runs a variant trains, against one run's fp32 fit):", ""]
         for width, rows in c["widths"].items():
-            lines.append(f"- w = {width}: " + "; ".join(f"{name} {row['images_per_s']:.0f} images/s "
-                                                       f"(×{row['speedup']:.2f})" for name, row in rows.items()))
+            lines.append(f"- w = {width}: " + "; ".join(
+                f"{name} {row['images_per_s']:.0f} images/s (×{row['speedup']:.2f})" if row["images_per_s"]
+                else f"{name} failed ({row.get('error')})" for name, row in rows.items()))
     elif "conv" in parts:
         lines += ["", "Conv step: conv.json missing (see device_check.log)."]
     if "studies" in parts:
@@ -1098,7 +1190,7 @@ DRY_RUN: dict[str, dict[str, Any]] = {  # tiny sizes on the CPU: every part in s
     "wrn": {"depth": 10, "widen": 1, "batch": 8, "steps": 2, "warmup": 1},
     "highway": {"epochs": 2, "limit": 64, "parallel": 2},
     "profile": {"depths": [2, 4], "seeds": 1, "samples": 256, "width": 8},
-    "conv": {"widths": [4], "batch": 8, "steps": 2},
+    "conv": {"widths": [4], "batch": 8, "steps": 2, "runs": 2},
 }
 
 
@@ -1163,6 +1255,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--widths", type=int, nargs="+", default=[16, 32])
     s.add_argument("--batch", type=int, default=100, help="the recipe's batch (highway-conv-mnist)")
     s.add_argument("--steps", type=int, default=300)
+    s.add_argument("--runs", type=int, default=5, help="runs trained at once by the last variant (a width's 5 seeds)")
     s = part("studies", "train the layer-dropping studies at once, resumable across windows")
     s.add_argument("--studies", nargs="+", default=list(STUDY_JOBS), choices=list(STUDY_JOBS))
     s.add_argument("--budget-s", type=float, required=True, help="seconds this part may take in all")

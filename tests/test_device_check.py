@@ -394,6 +394,8 @@ def test_the_profile_and_conv_dry_runs_write_their_files_and_the_summary_reads_t
     conv = json.loads((tmp_path / "conv.json").read_text())
     rows = conv["widths"]["4"]
     assert rows["fp32 (as the table runs)"]["speedup"] == 1.0 and "channels_last" in rows
+    assert rows["captured step"]["runs"] == 1 and rows["2 runs at once, captured, one stream each"]["runs"] == 2
+    assert rows["2 runs at once, captured, one stream each"]["images_per_s"] > 0
     text = dc.summary(tmp_path, ["profile", "conv"])
     assert "kernels a step" in text and "w = 4" in text and "protocol.json missing" not in text
 
