@@ -464,3 +464,40 @@ def test_a_layerscale_run_that_left_its_eps_to_the_default_matches_the_spelled_o
     assert config_differences(recorded, spec, "x") == {}
     recorded["model"]["config"]["k_init"] = 0.1  # built with another ε: another run
     assert set(config_differences(recorded, spec, "x")) == {"model_kwargs"}
+
+
+def test_the_verdicts_are_set_dataset_by_dataset_each_corrected_over_its_own_study():
+    from throughway.experiments.gate_family_report import datasets_markdown
+
+    def cell(family, depth, errors, removal=None):
+        return {"family": family, "depth": depth, "removal": removal or [],
+                "per_seed": [{"seed": s, "test_error_pct": e} for s, e in enumerate(errors)]}
+
+    def record(seed, greedy, random):
+        return {"seed": seed, "half_share_greedy": greedy, "half_share_random": random}
+
+    kept = [record(0, 0.99, 0.95), record(1, 0.98, 0.95), record(2, 0.99, 0.94)]
+    reference = {"config": {"depths": [10, 50], "families": ["gated", "residual", "rezero"]}, "cells": [
+        cell("gated", 10, [1.0, 1.1, 1.2]), cell("residual", 10, [1.0, 1.1, 1.2]), cell("rezero", 10, [1.0, 1.1, 1.2]),
+        cell("gated", 50, [1.0, 1.1, 1.2], kept), cell("residual", 50, [2.0, 2.2, 2.1]),
+        cell("rezero", 50, [1.0, 1.2, 1.1], kept)]}
+    # the second dataset ran d = 50 only, and not rezero: its gated nets lose to residual, and its gate order keeps
+    # no more than random removal
+    second = {"config": {"depths": [50], "families": ["gated", "residual"]}, "cells": [
+        cell("gated", 50, [3.0, 3.3, 3.1], [record(0, 0.95, 0.95), record(1, 0.96, 0.95), record(2, 0.95, 0.96)]),
+        cell("residual", 50, [2.0, 2.2, 2.1])]}
+    text = datasets_markdown({"MNIST": reference, "Fashion-MNIST": second})
+    rows = {line.split(" | ")[0].lstrip("| ") + " " + line.split(" | ")[1]: line for line in text.splitlines()
+            if line.startswith("| error") or line.startswith("| removal")}
+    assert set(rows) == {"error, gated − residual 50", "removal, gated: gate order − random (points kept) 50"}
+    assert rows["error, gated − residual 50"].startswith("| error, gated − residual | 50 | gated better (")
+    assert "| residual better (" in rows["error, gated − residual 50"] and rows["error, gated − residual 50"].endswith(
+        "| differs |")
+    removal = rows["removal, gated: gate order − random (points kept) 50"].split(" | ")
+    assert removal[2].startswith("gate order better (95% CI [+")  # points kept: the lost share's interval flipped
+    assert removal[3].startswith("no difference detected (95% CI [") and removal[4] == "differs |"
+    # each dataset corrected over its own tests: the reference's 2 judged error tests (its d = 10 pairs are equal,
+    # no spread, no p), the second's 1
+    assert "MNIST 2 error and 2 removal tests, Fashion-MNIST 1 error and 1 removal tests" in text
+    with pytest.raises(ValueError, match="two summaries"):
+        datasets_markdown({"MNIST": reference})

@@ -48,8 +48,8 @@ from .sections.depth_study import (_bn_stats, _mnist_depth_batchnorm_ablation, _
                                    _mnist_depth_stem_ablation, _mnist_depth_stem_dense_k_ratio,
                                    _mnist_depth_stem_dense_table, _mnist_depth_table,
                                    _mnist_depth_selection, _mnist_depth_val_selection, _mnist_depth_val_ties)
-from .sections.gate_family import (_gate_family_errors_prose, _gate_family_findings, _gate_family_first_epoch,
-                                   _gate_family_init_table,
+from .sections.gate_family import (_gate_family_datasets, _gate_family_errors_prose, _gate_family_findings,
+                                   _gate_family_first_epoch, _gate_family_init_table,
                                    _gate_family_removal_prose, _gate_family_replay, _gate_family_rezero_condition,
                                    _gate_family_trained)
 from .sections.gates import _gates_table, _gates_text, _highway_analysis_table
@@ -100,6 +100,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "gate-family-trained": _gate_family_trained,
     "highway-paper-scale-estimate": _paper_scale_estimate,
     "gate-family-findings": _gate_family_findings,
+    "gate-family-datasets": _gate_family_datasets,
     "gate-family-removal-prose": _gate_family_removal_prose,
     "gate-family-errors-prose": _gate_family_errors_prose,
     "gate-family-first-epoch": _gate_family_first_epoch,

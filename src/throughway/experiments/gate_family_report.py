@@ -610,3 +610,82 @@ def first_epoch_prose(summary: dict[str, Any]) -> str:
                if worst else f"ranked {', '.join(map(str, ranks))} of {len(errors)} by mean test error (1 = highest)")
             + f" ({', '.join(f'{f} {errors[f]:.2f}' for f in blown)}; next {ranked[len(blown)]} "
             f"{errors[ranked[len(blown)]]:.2f}): whether the blow-up costs accuracy is not tested here.")
+
+
+def _verdict_cell(row: dict[str, Any] | None, scale: float = 1.0) -> str:
+    """A judged row's verdict with the 95% interval of its difference times `scale` (a negative scale
+    flips the interval: the removal tests' lost share, -100, gives points kept) and its Holm p ("—"
+    without the test)."""
+    if row is None or not row.get("seeds"):
+        return "—"
+    test = row["test"]
+    if row["p_corrected"] is None:
+        return row["verdict"]
+    low, high = sorted((test["ci_low"] * scale, test["ci_high"] * scale))
+    return f"{row['verdict']} ({CONFIDENCE:.0%} CI [{low:+.2f}, {high:+.2f}], {CORRECTION} p = {format_p(row['p_corrected'])})"
+
+
+def _holds(first: dict[str, Any] | None, second: dict[str, Any] | None) -> str:
+    """Whether two datasets' judged rows give one verdict: "same verdict", "differs", or "—" when either
+    has no verdict (too few seeds, or not run)."""
+    if first is None or second is None or first["p_corrected"] is None or second["p_corrected"] is None:
+        return "—"
+    return "same verdict" if first["verdict"] == second["verdict"] else "differs"
+
+
+def _judged_count(rows: Sequence[dict[str, Any]]) -> int:
+    return sum(1 for r in rows if r["p_corrected"] is not None)
+
+
+def dataset_verdicts(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gate-family tests dataset by dataset (`summaries`: dataset name → that study's summary, the first
+    the reference): at every depth the later datasets ran, gated − each family's test error
+    (`comparisons`) and each gated family's removal test (`removal_comparisons`), one record per test
+    that a later dataset holds: {"test", "depth", "kind" ("error" or "removal"), "rows": {dataset: its judged
+    row or None}, "holds": {later dataset: "same verdict", "differs" or "—" (either without a verdict)}}.
+    Each dataset's rows are corrected over its own study's tests."""
+    names = list(summaries)
+    if len(names) < 2:
+        raise ValueError(f"dataset_verdicts needs two summaries or more; got {names}")
+    errors = {name: {(r["depth"], r["b"]): r for r in comparisons(s)} for name, s in summaries.items()}
+    removal = {name: {(r["depth"], r["family"]): r for r in removal_comparisons(s)} for name, s in summaries.items()}
+    depths = sorted({d for name in names[1:] for d in summaries[name]["config"]["depths"]})
+    families = summaries[names[0]]["config"]["families"]
+    records = []
+    for kind, table, members in (("error", errors, [f for f in families if f != "gated"]),
+                                 ("removal", removal, [f for f in families if f in GATE_SYMBOL])):
+        for depth in depths:
+            for family in members:
+                rows = {n: table[n].get((depth, family)) for n in names}
+                if not any((row := rows[n]) is not None and row.get("seeds") for n in names[1:]):
+                    continue
+                test = (f"error, gated − {family}" if kind == "error"
+                        else f"removal, {family}: gate order − random (points kept)")
+                records.append({"test": test, "depth": depth, "kind": kind, "rows": rows,
+                                "holds": {n: _holds(rows[names[0]], rows[n]) for n in names[1:]}})
+    return records
+
+
+def datasets_markdown(summaries: dict[str, dict[str, Any]]) -> str:
+    """`dataset_verdicts` as a table: one row per test with each dataset's verdict, its 95% interval (points
+    of test error; for removal, points of the accuracy share kept with half the blocks removed) and Holm
+    p, and whether each later dataset gives the reference's verdict. Each dataset's verdicts are corrected
+    over its own study's tests (its depths and families), as its own page says: a study with fewer
+    depths corrects over fewer tests, so "same verdict" compares two decisions, not two effect sizes, and
+    "no difference detected" twice is two tests that detect nothing, not a shown equality."""
+    names = list(summaries)
+    records = dataset_verdicts(summaries)
+    counts = ", ".join(
+        f"{n} {_judged_count(comparisons(summaries[n]))} error and {_judged_count(removal_comparisons(summaries[n]))} "
+        f"removal tests" for n in names)
+    lines = [f"Verdicts dataset by dataset (paired t-tests over seeds; the error tests in points of test error, the "
+             f"removal tests in points of the accuracy share kept with half the blocks removed; each dataset's p "
+             f"{CORRECTION}-corrected over its own study's tests: {counts}; \"same verdict\" on \"{NO_DIFFERENCE}\" is "
+             f"two tests that detect nothing, not a shown equality)", "",
+             *table_header(["test", "d", *names, *(f"{name}: {names[0]}'s verdict?" for name in names[1:])])]
+    for record in records:
+        scale = 1.0 if record["kind"] == "error" else -100.0
+        lines.append(table_row([record["test"], record["depth"],
+                                *(_verdict_cell(record["rows"][n], scale) for n in names),
+                                *(record["holds"][n] for n in names[1:])]))
+    return "\n".join(lines) + "\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from throughway.experiments import gate_family, gate_family_init
-from throughway.experiments.gate_family_report import (errors_prose, finished_depths, findings_markdown,
-                                                      first_epoch_prose, removal_prose)
+from throughway.experiments.gate_family_report import (datasets_markdown, errors_prose, finished_depths,
+                                                      findings_markdown, first_epoch_prose, removal_prose)
 
 from .common import _json, _report_file
 
@@ -25,6 +25,21 @@ def _gate_family_findings(root: Path) -> str:
     if not (Path(root) / "gate-family" / "results.json").is_file():
         return "Pending: no trained cell is committed yet."
     return _report_file(root, "gate-family", "findings.md", findings_markdown)
+
+
+def _gate_family_datasets(root: Path) -> str:
+    """The verdicts on MNIST and on Fashion-MNIST side by side (`gate_family_report.datasets_markdown`, at
+    the depths where every family finished on Fashion-MNIST); a pending line until
+    results/gate-family-fashion holds one."""
+    if not (Path(root) / "gate-family-fashion" / "results.json").is_file():
+        return ("Pending: the Fashion-MNIST runs are not committed yet (the study resumes where it stopped); "
+                "no verdict of this section is drawn before they are.")
+    second = _json(root, "gate-family-fashion/results.json")
+    done = finished_depths(second)
+    if not done:
+        return "Pending: no depth has every family finished on Fashion-MNIST yet."
+    second = {**second, "config": {**second["config"], "depths": done}}
+    return datasets_markdown({"MNIST": _json(root, "gate-family/results.json"), "Fashion-MNIST": second})
 
 
 def _gate_family_removal_prose(root: Path) -> str:

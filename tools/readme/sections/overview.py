@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from throughway.experiments.gate_family_report import comparisons, finished_depths
+from throughway.experiments.gate_family_report import comparisons, dataset_verdicts, finished_depths
 from throughway.report.stats import CORRECTION, NO_DIFFERENCE, SIGNIFICANCE, format_mean_std, format_p, judge
 from throughway.report.tables import table_header
 
 from .common import _json
 from .gates import _gates_numbers
 from .layer_drop import layer_drop_row
+
+SECOND_DATASET = "gate-family-fashion"  # the gate family on Fashion-MNIST (results/)
 
 
 def _mnist_depth_row(root: Path) -> str:
@@ -128,6 +130,23 @@ def _selection_row(root: Path) -> str:
             f"({best['n']} seeds; {val}) | {verdict} |")
 
 
+def gate_family_second_dataset(root: Path, mnist: dict) -> str:
+    """The README's words for the gate family on Fashion-MNIST: pending until results/gate-family-fashion
+    holds a depth every family finished; then, at those depths, how many of its judged tests (gated against
+    each family, and the removal tests) give MNIST's verdict (each dataset corrected over its own tests)."""
+    if not (Path(root) / SECOND_DATASET / "results.json").is_file():
+        return "Fashion-MNIST (d = 50, 100): pending"
+    second = _json(root, f"{SECOND_DATASET}/results.json")
+    done = finished_depths(second)
+    if not done:
+        return "Fashion-MNIST: no depth finished yet"
+    records = [r for r in dataset_verdicts({"MNIST": mnist, "Fashion-MNIST": second}) if r["depth"] in done]
+    same = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "same verdict")
+    differs = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "differs")
+    return (f"Fashion-MNIST, d = {', '.join(map(str, done))}: {same} of {same + differs} judged tests give MNIST's "
+            f"verdict, {differs} differ")
+
+
 def _gate_family_row(root: Path) -> str:
     # Beyond the papers: the gate families at initialisation (distance to identity at the deepest depth)
     # and, once results/gate-family holds trained cells, the paired tests of gated against each family
@@ -156,6 +175,7 @@ def _gate_family_row(root: Path) -> str:
         trained = (f"trained, d = {', '.join(map(str, done))} ({seeds} seeds): {len(tests)} paired tests of gated "
                    f"against each family, {outcome}") if done else "trained: no depth finished yet"
         verdict = "measured" + (f"; d = {', '.join(map(str, pending))} pending" if pending else "")
+        trained += "; " + gate_family_second_dataset(root, study)
     return (f"| [Beyond the papers: ReZero, SkipInit, LayerScale](docs/reproductions/gate-family.md): the 2017 "
             f"gate against its successors on the MNIST protocol | — | {init}; {trained} | {verdict} |")
 
