@@ -13,6 +13,11 @@ branch gets a forward hook on the module that ends it, and the gate itself lives
 each gate into the Linear or convolution that produces its branch and removes the gate, as PEFT's
 merge does. With kind="relu" and k = 1 the gated model computes the same function as before.
 
+What add_gates did travels with a saved model as its `gates_added` record (train.checkpoint's model file):
+`check_gates_record` checks one read from a file, `with_recorded_gates` adds its gates again to the model
+the file's config rebuilds, and `legacy_gate_renames` names the tensors of files saved before the gates
+kept the original names.
+
 The library block types the toolkit knows are registered in `layers.known_blocks`.
 """
 
@@ -21,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Container, Mapping, Sequence, cast
 
 import torch
 from torch import nn
@@ -33,7 +38,7 @@ from .blocks import (ADDED_GATES, BlockSpec, BranchRef, gate_key, qualified_name
 from .gates import ScalarGate, VectorGate, cait_layerscale_init
 
 __all__ = ["GATE_KINDS", "GateHook", "add_gates", "fold_gates", "restore_gates", "gated_branch_targets",
-           "CONFIG_RECORD", "legacy_gate_keys", "check_gates_record"]
+           "CONFIG_RECORD", "legacy_gate_keys", "legacy_gate_renames", "check_gates_record", "with_recorded_gates"]
 
 GATE_KINDS = ("relu", "rezero", "layerscale")
 # The attribute of a Hugging Face config under which add_gates records what it did, so that it travels
@@ -494,6 +499,15 @@ def check_gates_record(record: Any, source: str) -> dict[str, Any]:
     return {"kind": kind, "k_init": k_init, "depth": depth, "branches": branches}
 
 
+def with_recorded_gates(model: nn.Module, record: dict[str, Any] | None) -> nn.Module:
+    """`model` (just built by create_model) with the gates a file's `gates_added` record (`check_gates_record`)
+    says add_gates added after create_model, in place; unchanged when there is no record or when the factory
+    itself gated it (vit_patch(gate=...) records `gates_added` on the model it returns)."""
+    if record is not None and getattr(model, "gates_added", None) is None:
+        add_gates(model, record["kind"], k_init=record["k_init"], depth=record["depth"], targets=record["branches"])
+    return model
+
+
 def legacy_gate_keys(model: nn.Module) -> dict[str, str]:
     """Old name → new name of the tensors of a model gated by add_gates, for files saved before the
     gates kept the original names: the branch's last module was wrapped (its tensors under
@@ -507,3 +521,11 @@ def legacy_gate_keys(model: nn.Module) -> dict[str, str]:
         for name in model.get_submodule(ref.end).state_dict():
             renames[f"{ref.end}.module.{name}"] = f"{ref.end}.{name}"
     return renames
+
+
+def legacy_gate_renames(model: nn.Module, keys: Container[str]) -> dict[str, str]:
+    """Old name → new name of the tensor names `keys` of a file saved from `model` before the gates kept the
+    original names (`legacy_gate_keys`): the renames whose old name is among `keys`, when none of their new
+    names is; {} when none apply (a file saved since)."""
+    renames = {old: new for old, new in legacy_gate_keys(model).items() if old in keys}
+    return renames if renames and all(new not in keys for new in renames.values()) else {}

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .._io import atomic_write_bytes, read_json_object, sha256_file
-from ..layers.adapters import add_gates, check_gates_record, legacy_gate_keys
+from ..layers.adapters import check_gates_record, legacy_gate_renames, with_recorded_gates
 from ..models import create_model, with_legacy_config
 from .rundir import CHECKPOINT_FILE, CHECKPOINT_JSON, MODEL_FILE, RunDir, write_rotating
 
@@ -252,20 +252,6 @@ def save_model(path: str | os.PathLike[str], model: torch.nn.Module) -> Path:
     return atomic_write_bytes(path, save(_contiguous(model.state_dict()), metadata=metadata))
 
 
-def _with_gates(model: torch.nn.Module, gates: dict[str, Any] | None) -> torch.nn.Module:
-    """The model with the gates a file's `gates_added` record says were added after create_model (none
-    when the factory itself gated it: vit_patch(gate=...))."""
-    if gates is not None and getattr(model, "gates_added", None) is None:
-        add_gates(model, gates["kind"], k_init=gates["k_init"], depth=gates["depth"], targets=gates["branches"])
-    return model
-
-
-def _legacy_renamed(shapes: dict[str, tuple[int, ...]], skeleton: torch.nn.Module) -> dict[str, str]:
-    """Renames of a file's keys saved before add_gates kept the original names; {} when none apply."""
-    renames = {old: new for old, new in legacy_gate_keys(skeleton).items() if old in shapes}
-    return renames if renames and all(new not in shapes for new in renames.values()) else {}
-
-
 def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: str | os.PathLike[str],
                        gates: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check a model config ({"name": ..., **arguments}, read from file `source`) against the tensor
@@ -291,7 +277,7 @@ def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: 
             raise ValueError(f"{source}: config field {key!r} = {value} is beyond any model this toolkit builds")
     try:
         with torch.device("meta"):
-            skeleton = _with_gates(create_model(name, **config), gates)
+            skeleton = with_recorded_gates(create_model(name, **config), gates)
     except (KeyError, TypeError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise ValueError(f"{source}: metadata field 'config' does not describe a model ({message})") from exc
@@ -300,7 +286,7 @@ def check_model_config(config: Any, shapes: dict[str, tuple[int, ...]], source: 
         raise ValueError(f"{source}: config describes {count:,} parameters; refused above "
                          f"{MAX_MODEL_PARAMETERS:,} (MAX_MODEL_PARAMETERS)")
     expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    for old, new in _legacy_renamed(shapes, skeleton).items():
+    for old, new in legacy_gate_renames(skeleton, shapes).items():
         shapes[new] = shapes.pop(old)
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected))
@@ -317,7 +303,7 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
                device: str | torch.device) -> torch.nn.Module:
     """Load the file's tensors into the caller's `model` after checking names and shapes against it."""
     target = getattr(model, "_orig_mod", model)
-    renames = _legacy_renamed(shapes, target)
+    renames = legacy_gate_renames(target, shapes)
     for old, new in renames.items():
         shapes[new] = shapes.pop(old)
     expected = {k: tuple(v.shape) for k, v in target.state_dict().items()}
@@ -333,7 +319,7 @@ def _load_into(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, 
     state = _load_tensors(path)
     if compiled:
         state = {key[len(_COMPILED_PREFIX):]: value for key, value in state.items()}
-    state_renames = _legacy_renamed({key: () for key in state}, target)
+    state_renames = legacy_gate_renames(target, state)
     state = {state_renames.get(key, key): value for key, value in state.items()}
     # load_state_dict casts silently: an integer tensor where a float belongs is the file's fault, said so.
     tensors = target.state_dict()
@@ -410,4 +396,4 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
             raise ValueError(f"{path}: metadata field 'gates_added' is not valid JSON ({exc})") from exc
     config = check_model_config(config, shapes, path, gates)
     name = config.pop("name")
-    return _load_into(path, _with_gates(create_model(name, **config), gates), shapes, compiled, device)
+    return _load_into(path, with_recorded_gates(create_model(name, **config), gates), shapes, compiled, device)
