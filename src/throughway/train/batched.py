@@ -16,8 +16,9 @@ New name (module)                     former name
 """
 
 from .full_batch import StackedGD as BatchedGD
-from .stack import (INIT_ONLY_KWARGS, PER_MODEL_RECIPE_FIELDS, SHARED_RECIPE_FIELDS, STATE_JSON, config_hash,
-                    order_generator, stack_key, train_stacked)
+from .stack import (INIT_ONLY_KWARGS, PER_MODEL_RECIPE_FIELDS, SHARED_RECIPE_FIELDS, order_generator, stack_key,
+                    train_stacked)
+from .stack_checkpoint import STATE_JSON, config_hash
 from .stacked import StackedOptimizer as BatchedOptimizer
 from .stacked import StackedStep as BatchedStep
 from .stacked import stack_family as batch_family

@@ -12,7 +12,7 @@ previous safetensors file is deleted; an interrupt at any point leaves a consist
 ever unpickled: loading uses safetensors and JSON only.
 
 A stack's checkpoint (`stack.train_stacked`) is the same pair in the stack's state folder, written
-and read by train.stack with this module's checks (`check_history`, `is_int`, `is_number`).
+and read by train.stack_checkpoint with this module's checks (`check_history`, `is_int`, `is_number`).
 
 `save_model` / `load_model` write and read a finished model (`model.safetensors`): the state of any
 nn.Module, with `model.config` in the metadata when the model has one (a registry model), so that
