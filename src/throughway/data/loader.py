@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import hashlib
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -56,6 +56,12 @@ class DataSplits:
     def input_shape(self) -> tuple[int, ...]:
         """The shape of one input (C, H, W), without the batch dimension."""
         return tuple(self.train.x.shape[1:])
+
+    def summary(self) -> dict[str, Any]:
+        """What a run records of its data (results.json's `data`): the data set's name and the number of
+        images of each split (val: 0 when training on the full training set)."""
+        return {"dataset": self.name, "train": len(self.train), "val": len(self.val) if self.val else 0,
+                "test": len(self.test)}
 
 
 def _split(x: np.ndarray, y: np.ndarray, scale: float, device: torch.device, limit: int | None) -> Split:

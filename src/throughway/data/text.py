@@ -27,7 +27,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -73,6 +73,14 @@ class TextSplits:
     def num_classes(self) -> int:
         """The number of classes of next-character prediction: the vocabulary size."""
         return len(self.vocabulary)
+
+    def summary(self) -> dict[str, Any]:
+        """What a run records of its data (results.json's `data`): the data set's name, the number of
+        characters of each split, the vocabulary size, the works of each split and each split's characters
+        outside the training vocabulary."""
+        return {"dataset": self.name, "train": len(self.train), "val": len(self.val), "test": len(self.test),
+                "vocab_size": self.vocab_size, "works": {k: list(v) for k, v in self.works.items()},
+                "unknown": dict(self.unknown)}
 
     def encode(self, text: str) -> torch.Tensor:
         """`text` as int64 token ids on the splits' device (characters outside the vocabulary: UNKNOWN)."""

@@ -235,8 +235,8 @@ def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module,
                    data: DataSplits | TextSplits) -> dict[str, Any]:
     """The results.json fields known before training (format, config, environment, launch, recipe, model, data).
     The environment holds the data set's checksums (`DataSplits.checksums`, `TextSplits.checksums`) where the
-    data has them. For a text data set the split sizes count characters, and `data` adds the vocabulary
-    size, the works of each split and the characters outside the training vocabulary."""
+    data has them; `data` is the data's own summary (`DataSplits.summary`, `TextSplits.summary`: for a text
+    data set the split sizes count characters, and the vocabulary and works are added)."""
     environment = environment_info(config.device)
     if data.checksums:
         environment["data_sha256"] = dict(data.checksums)
@@ -248,17 +248,8 @@ def results_header(config: RunConfig, recipe: Recipe, model: torch.nn.Module,
         "recipe": recipe.to_dict(),
         "model": {"name": config.model, "parameters": sum(p.numel() for p in model.parameters()),
                   "config": getattr(model, "config", {})},
-        "data": _data_summary(data),
+        "data": data.summary(),
     }
-
-
-def _data_summary(data: DataSplits | TextSplits) -> dict[str, Any]:
-    if isinstance(data, TextSplits):
-        return {"dataset": data.name, "train": len(data.train), "val": len(data.val), "test": len(data.test),
-                "vocab_size": data.vocab_size, "works": {k: list(v) for k, v in data.works.items()},
-                "unknown": dict(data.unknown)}
-    return {"dataset": data.name, "train": len(data.train), "val": len(data.val) if data.val else 0,
-            "test": len(data.test)}
 
 
 class ResultsFiles:
