@@ -387,7 +387,7 @@ def test_a_mixed_batch_refuses_models_of_another_shape():
     assert stack_key(RunConfig(model="mlp_plain", depth=4)) != stack_key(RunConfig(model="mlp_highway", depth=4))
 
 
-@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("legacy", [False, True, "every field"])
 def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, monkeypatch, legacy):
     configs = [dataclasses.replace(c, epochs=2) for c in CASES["nadam-plain-bn"]]
     data = load_dataset("mnist")
@@ -396,8 +396,11 @@ def test_a_moved_study_folder_keeps_its_batch_state(tmp_path, fake_mnist_root, m
     states = tmp_path / "study" / "runs" / ".batched"
     (name,) = [p.name for p in states.iterdir()]
     assert name == stack_module.config_hash(configs, dirs)
-    if legacy:  # a state folder named as before (absolute paths), resumed where it was written
-        name = stack_module.config_hash(configs, dirs, relative=False)
+    if legacy:  # a state folder named as before (every field; absolute paths), resumed where it was written
+        name = stack_module.config_hash(configs, dirs, relative=False, every_field=legacy == "every field")
+        if legacy == "every field":
+            name = stack_module.config_hash(configs, dirs, every_field=True)
+        assert name != stack_module.config_hash(configs, dirs)
         (states / stack_module.config_hash(configs, dirs)).rename(states / name)
         moved = dirs
     else:  # the study folder moved: relative names find the state again
@@ -463,3 +466,22 @@ def test_the_former_names_kept_where_they_lived_are_the_same_objects_and_unused_
         if found:
             users[str(path.relative_to(package))] = found
     assert users == {}, users
+
+
+def test_a_state_name_does_not_change_when_runconfig_gains_a_field_at_its_default(tmp_path):
+    """The stack's state folder is named by the configs' fields that differ from RunConfig's defaults: a field
+    added later with a default (here: a field of a stand-in subclass) leaves the name as it was, where a name
+    over every field changed and orphaned a stack in progress."""
+    from throughway.train.stack_checkpoint import config_hash
+
+    @dataclasses.dataclass(frozen=True)
+    class Later(RunConfig):
+        added_later: int = 7
+
+    dirs = [tmp_path / "runs" / "m0"]
+    now = RunConfig(model="mlp_plain", depth=2, seed=3)
+    later = Later(model="mlp_plain", depth=2, seed=3)
+    assert config_hash([later], dirs) == config_hash([now], dirs)
+    assert config_hash([later], dirs, every_field=True) != config_hash([now], dirs, every_field=True)
+    assert config_hash([dataclasses.replace(now, seed=4)], dirs) != config_hash([now], dirs)
+    assert config_hash([Later(model="mlp_plain", depth=2, seed=3, added_later=8)], dirs) != config_hash([now], dirs)

@@ -70,8 +70,9 @@ from .stacked import SUPPORTED_MODELS, StackedStep, StackedModels, StackedOptimi
 from .stacked import evaluate_stack as _evaluate  # a module global: tests interrupt training through it
 from .graphed import GraphedStep
 from .run import RESULTS_FILE, ResultsFiles, check_finished_model, read_results, results_header
-from .stack_checkpoint import (STATE_JSON, check_stack_members, check_stack_tensors, config_hash, load_stack_state,
-                               remove_stack_state, save_stack_state)
+from .stack_checkpoint import (STATE_JSON, check_stack_members, check_stack_tensors, load_stack_state,
+                               remove_stack_state, save_stack_state, state_candidates)
+from .stack_checkpoint import config_hash as config_hash  # its name here before the checkpoint had a module
 from .state import History, TrainState
 
 __all__ = ["train_stacked", "stack_key", "SHARED_RECIPE_FIELDS", "PER_MODEL_RECIPE_FIELDS", "INIT_ONLY_KWARGS"]
@@ -175,10 +176,11 @@ def train_stacked(configs: Sequence[RunConfig], out_dirs: Sequence[str | os.Path
     if state_dir is not None:
         state_path = Path(state_dir)
     else:
-        state_path = dirs[0].parent / ".batched" / config_hash(configs, dirs)
-        legacy = state_path.parent / config_hash(configs, dirs, relative=False)
-        if not state_path.exists() and legacy.is_dir() and not legacy.is_symlink():
-            state_path = legacy  # a state written before its name stopped depending on where the study lies
+        candidates = state_candidates(configs, dirs)
+        state_path = candidates[0]
+        if not state_path.exists():  # a state written under an earlier name is resumed where it is
+            earlier = [c for c in candidates[1:] if c.is_dir() and not c.is_symlink()]
+            state_path = earlier[0] if earlier else state_path
     for d in dirs:
         RunDir(d).check_usable()
     # The state folder (and the default one's .batched parent) is read, written and emptied: never

@@ -14,6 +14,7 @@ word "batch" they were written with (the stack was a "batch" then).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,17 +38,51 @@ _STATE_FORMAT = "throughway-batched-1"
 STATE_JSON = "batch.json"
 
 
-def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relative: bool = True) -> str:
+def config_hash(configs: Sequence[RunConfig], out_dirs: Sequence[Path], *, relative: bool = True,
+                every_field: bool = False) -> str:
     """A short hash of the stack's configs and run folders: the default name of its state folder.
 
     The run folders enter as paths relative to the first one's parent, so a study folder that is
-    moved or copied keeps its stack states; `relative=False` gives the name used before, from the
-    resolved absolute paths (still looked for on resume, see `train_stacked`).
+    moved or copied keeps its stack states. The configs enter by the fields whose values differ from
+    RunConfig's defaults, so that a field added to RunConfig later, with a default, leaves the name of
+    a stack in progress as it was: a name over every field orphaned such a stack, which then restarted
+    from its first epoch. The names used before, still looked for on resume (`state_candidates`):
+    `every_field=True` (every field, relative paths) and `relative=False` (every field, resolved
+    absolute paths).
     """
     root = Path(out_dirs[0]).resolve().parent
     paths = [os.path.relpath(Path(d).resolve(), root) if relative else str(Path(d).resolve()) for d in out_dirs]
-    text = json.dumps([[path, c.to_dict()] for c, path in zip(configs, paths)], sort_keys=True, default=str)
+    every = every_field or not relative
+    text = json.dumps([[path, c.to_dict() if every else _non_default_fields(c)] for c, path in zip(configs, paths)],
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _non_default_fields(config: RunConfig) -> dict[str, Any]:
+    """The fields of `config` (as `to_dict` gives them) whose values differ from their defaults; a field without
+    a default is always kept."""
+    values = config.to_dict()
+    kept = {}
+    for field in dataclasses.fields(config):
+        if field.default is not dataclasses.MISSING:
+            default: Any = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            kept[field.name] = values[field.name]
+            continue
+        if values[field.name] != default:
+            kept[field.name] = values[field.name]
+    return kept
+
+
+def state_candidates(configs: Sequence[RunConfig], out_dirs: Sequence[Path]) -> list[Path]:
+    """The default state folder of a stack (`<parent of out_dirs[0]>/.batched/<config_hash>`), then the
+    names it had before (`config_hash`'s `every_field` and `relative=False`): a resumed stack takes the
+    first that exists, a new one the first."""
+    states = Path(out_dirs[0]).parent / ".batched"
+    return [states / config_hash(configs, out_dirs), states / config_hash(configs, out_dirs, every_field=True),
+            states / config_hash(configs, out_dirs, relative=False)]
 
 
 def save_stack_state(state_dir: Path, epoch: int, stack: StackedModels, optimizer: StackedOptimizer,
