@@ -59,8 +59,8 @@ from throughway.experiments.hessian_dynamics import figures56_contrary_pairs
 from .sections.identity import _identity_distance, _sdi_monte_carlo, _sdi_table
 from .sections.overview import _reproductions_table
 from .sections.layer_drop import _layer_drop_findings, _layer_drop_setup, _layer_drop_status, _layer_drop_table
-from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_orders,
-                                         _transformer_gates_table)
+from .sections.transformer_gates import (_transformer_gates_findings, _transformer_gates_first_layers,
+                                         _transformer_gates_orders, _transformer_gates_setup, _transformer_gates_table)
 from .sections.device import RENDERERS as DEVICE_RENDERERS
 from .sections.timings import _benchmarks, _main_job_time, _test_suite_time
 
@@ -96,6 +96,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "transformer-gates-findings": _transformer_gates_findings,
     "transformer-gates-table": _transformer_gates_table,
     "transformer-gates-orders": _transformer_gates_orders,
+    "transformer-gates-setup": _transformer_gates_setup,
+    "transformer-gates-first-layers": _transformer_gates_first_layers,
     "gate-family-init-table": _gate_family_init_table,
     "gate-family-trained": _gate_family_trained,
     "highway-paper-scale-estimate": _paper_scale_estimate,

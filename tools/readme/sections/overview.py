@@ -183,8 +183,6 @@ def _gate_family_row(root: Path) -> str:
 def _transformer_gates_row(root: Path) -> str:
     # Ours: the 2017 gate and today's layer-dropping criteria in a small ViT; the counts of its paired tests.
     summary = _json(root, "transformer-gates/results.json")
-    if "criteria_tests" not in summary:  # the earlier study (remove with its results folder)
-        return _earlier_transformer_gates_row(summary)
     config = summary["config"]
     depth = max(config["depths"])
     cell = next((c for c in summary["cells"] if c["family"] == "prenorm" and c["depth"] == depth), None)
@@ -203,24 +201,6 @@ def _transformer_gates_row(root: Path) -> str:
             f"{len(tests)} paired tests of gated against each family significant after {CORRECTION}; with {removed} "
             f"layers removed, the gate order keeps more test accuracy in {gate_ahead} and less in {criterion_ahead} of "
             f"{len(criteria)} paired tests against the other criteria ({CORRECTION}) | measured |")
-
-
-def _earlier_transformer_gates_row(summary: dict) -> str:
-    # The earlier study (6 epochs on 10,000 images, constant rate): its row as it was written.
-    config = summary["config"]
-    tests = [r for r in summary["comparisons"] if r.get("p_corrected") is not None]
-    significant = sum(1 for r in tests if r["p_corrected"] < SIGNIFICANCE)
-    below = sum(1 for r in tests if r["test"]["p_value"] < SIGNIFICANCE)
-    removal = [r for r in summary["removal_tests"] if r.get("p_corrected") is not None]
-    worse = [r for r in removal if r["p_corrected"] < SIGNIFICANCE and r["kept_difference"] < 0]
-    said = "; ".join(f"smallest \\|gate\\| first keeps {abs(r['kept_difference']):.1f} points less than random removal "
-                     f"({r['family']}, {r['depth']} layers, {CORRECTION} p = {format_p(r['p_corrected'])})" for r in worse)
-    return (f"| [The 2017 gate in a transformer](docs/reproductions/transformer-gates.md) (ours; the study's first "
-            f"version, 6 epochs on 10,000 images: rewritten since, its new run pending): relu(k) gates via "
-            f"add_gates in a small ViT on MNIST, against pre-norm, ReZero, LayerScale | — | "
-            f"{', '.join(map(str, config['depths']))} layers, {config['seeds']} seeds: {significant} of {len(tests)} "
-            f"paired tests of gated against each family significant after {CORRECTION} ({below} at uncorrected p < "
-            f"{SIGNIFICANCE})" + (f"; {said}" if said else "") + " | measured |")
 
 
 def _reproductions_table(root: Path) -> str:
