@@ -318,30 +318,39 @@ def concurrent_rounds(stacks: dict[int, Any], x: torch.Tensor, y: torch.Tensor, 
     gains. On a CPU the threads share the cores (the dry run checks the bookkeeping, not the speed)."""
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: must be at least 1")
-    errors: list[BaseException] = []
 
     def one_epoch(depth: int) -> None:
         step, generators = stacks[depth]
-        try:
-            with _stream(device):
-                _protocol_epoch(step, x, y, generators, batch_size)
-        except BaseException as error:  # re-raised in the launching thread, which names the depth
-            errors.append(RuntimeError(f"concurrent round, d = {depth}: {error!r}"))
+        with _stream(device):
+            _protocol_epoch(step, x, y, generators, batch_size)
 
-    times = []
-    for _ in range(rounds):
-        _sync(device)
-        start = time.perf_counter()
-        threads = [threading.Thread(target=one_epoch, args=(d,), name=f"depth-{d}") for d in stacks]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-        if errors:
-            raise errors[0]
-    return times
+    return [_at_once(one_epoch, list(stacks), device, "concurrent round, d =") for _ in range(rounds)]
+
+
+def _at_once(work: Callable[[Any], None], items: Sequence[Any], device: torch.device, name: str) -> float:
+    """Wall seconds of `work(item)` for every item at once, one thread each, from a synchronised device to
+    every thread joined and the device synchronised again; the first failure is raised afterwards as a
+    RuntimeError naming its item (`name` and the item: "concurrent round, d = 4: ...")."""
+    errors: list[BaseException] = []
+
+    def run(item: Any) -> None:
+        try:
+            work(item)
+        except BaseException as error:  # re-raised in the launching thread, which names the item
+            errors.append(RuntimeError(f"{name} {item}: {error!r}"))
+
+    _sync(device)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return seconds
 
 
 def random_mnist(train: int, test: int, device: torch.device) -> DataSplits:
@@ -865,7 +874,7 @@ def captured_conv_speed(width: int, x: torch.Tensor, y: torch.Tensor, batch: int
 
     cuda = device.type == "cuda"
     recipe = get_recipe("highway-conv-mnist", batch_size=batch)
-    nets, steppers, streams = [], [], []
+    buffers, steppers, streams = [], [], []
     for run in range(runs):
         torch.manual_seed(run)
         net = create_model("highway_conv", depth=10, width=width).to(device).train()
@@ -895,35 +904,21 @@ def captured_conv_speed(width: int, x: torch.Tensor, y: torch.Tensor, batch: int
             def replay(optimizer: Any = optimizer, step: Callable[[], None] = step) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 step()
-        nets.append((static_x, static_y))
+        buffers.append((static_x, static_y))
         steppers.append(replay)
         streams.append(stream)
     orders = [torch.randperm(len(x), generator=torch.Generator().manual_seed(run)).to(device) for run in range(runs)]
-    errors: list[BaseException] = []
 
     def train(run: int) -> None:
-        static_x, static_y = nets[run]
-        try:
-            with (torch.cuda.stream(streams[run]) if cuda else contextlib.nullcontext()):
-                for i in range(steps):
-                    index = orders[run][(i * batch) % (len(x) - batch + 1):][:batch]
-                    static_x.copy_(x[index])
-                    static_y.copy_(y[index])
-                    steppers[run]()
-        except BaseException as error:  # re-raised by the launching thread
-            errors.append(error)
+        static_x, static_y = buffers[run]
+        with (torch.cuda.stream(streams[run]) if cuda else contextlib.nullcontext()):
+            for i in range(steps):
+                index = orders[run][(i * batch) % (len(x) - batch + 1):][:batch]
+                static_x.copy_(x[index])
+                static_y.copy_(y[index])
+                steppers[run]()
 
-    _sync(device)
-    start = time.perf_counter()
-    threads = [threading.Thread(target=train, args=(run,)) for run in range(runs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    _sync(device)
-    seconds = time.perf_counter() - start
-    if errors:
-        raise errors[0]
+    seconds = _at_once(train, range(runs), device, "captured conv step, run")
     return runs * steps * batch / seconds
 
 

@@ -27,18 +27,28 @@ def _gate_family_findings(root: Path) -> str:
     return _report_file(root, "gate-family", "findings.md", findings_markdown)
 
 
+SECOND_DATASET = "gate-family-fashion"  # the gate family on Fashion-MNIST (results/)
+
+
+def second_dataset_summary(root: Path) -> dict[str, Any] | None:
+    """results/gate-family-fashion's summary with its depths cut to those every family finished (so that its
+    tests are corrected over the finished depths' alone, on the page and in the README alike); None while it
+    is not committed or no depth is finished."""
+    if not (Path(root) / SECOND_DATASET / "results.json").is_file():
+        return None
+    second = _json(root, f"{SECOND_DATASET}/results.json")
+    done = finished_depths(second)
+    return {**second, "config": {**second["config"], "depths": done}} if done else None
+
+
 def _gate_family_datasets(root: Path) -> str:
     """The verdicts on MNIST and on Fashion-MNIST side by side (`gate_family_report.datasets_markdown`, at
     the depths where every family finished on Fashion-MNIST); a pending line until
     results/gate-family-fashion holds one."""
-    if not (Path(root) / "gate-family-fashion" / "results.json").is_file():
-        return ("Pending: the Fashion-MNIST runs are not committed yet (the study resumes where it stopped); "
-                "no verdict of this section is drawn before they are.")
-    second = _json(root, "gate-family-fashion/results.json")
-    done = finished_depths(second)
-    if not done:
-        return "Pending: no depth has every family finished on Fashion-MNIST yet."
-    second = {**second, "config": {**second["config"], "depths": done}}
+    second = second_dataset_summary(root)
+    if second is None:
+        return ("Pending: the Fashion-MNIST runs are not committed yet, or no depth has every family finished (the "
+                "study resumes where it stopped); no verdict of this section is drawn before then.")
     return datasets_markdown({"MNIST": _json(root, "gate-family/results.json"), "Fashion-MNIST": second})
 
 

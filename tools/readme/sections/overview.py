@@ -13,10 +13,9 @@ from throughway.report.stats import CORRECTION, NO_DIFFERENCE, SIGNIFICANCE, for
 from throughway.report.tables import table_header
 
 from .common import _json
+from .gate_family import second_dataset_summary
 from .gates import _gates_numbers
 from .layer_drop import layer_drop_row
-
-SECOND_DATASET = "gate-family-fashion"  # the gate family on Fashion-MNIST (results/)
 
 
 def _mnist_depth_row(root: Path) -> str:
@@ -133,18 +132,16 @@ def _selection_row(root: Path) -> str:
 def gate_family_second_dataset(root: Path, mnist: dict) -> str:
     """The README's words for the gate family on Fashion-MNIST: pending until results/gate-family-fashion
     holds a depth every family finished; then, at those depths, how many of its judged tests (gated against
-    each family, and the removal tests) give MNIST's verdict (each dataset corrected over its own tests)."""
-    if not (Path(root) / SECOND_DATASET / "results.json").is_file():
+    each family, and the removal tests) give MNIST's verdict (each dataset corrected over its own tests, as
+    the page's table: `gate_family.second_dataset_summary`)."""
+    second = second_dataset_summary(root)
+    if second is None:
         return "Fashion-MNIST (d = 50, 100): pending"
-    second = _json(root, f"{SECOND_DATASET}/results.json")
-    done = finished_depths(second)
-    if not done:
-        return "Fashion-MNIST: no depth finished yet"
-    records = [r for r in dataset_verdicts({"MNIST": mnist, "Fashion-MNIST": second}) if r["depth"] in done]
+    records = dataset_verdicts({"MNIST": mnist, "Fashion-MNIST": second})
     same = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "same verdict")
     differs = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "differs")
-    return (f"Fashion-MNIST, d = {', '.join(map(str, done))}: {same} of {same + differs} judged tests give MNIST's "
-            f"verdict, {differs} differ")
+    return (f"Fashion-MNIST, d = {', '.join(map(str, second['config']['depths']))}: {same} of {same + differs} "
+            f"judged tests give MNIST's verdict, {differs} differ")
 
 
 def _gate_family_row(root: Path) -> str:
