@@ -466,9 +466,9 @@ def test_a_layerscale_run_that_left_its_eps_to_the_default_matches_the_spelled_o
     assert set(config_differences(recorded, spec, "x")) == {"model_kwargs"}
 
 
-def test_the_verdicts_are_set_dataset_by_dataset_each_corrected_over_its_own_study():
-    from throughway.experiments.gate_family_report import datasets_markdown
-
+def _two_datasets() -> tuple[dict, dict]:
+    """(reference, second): gate-family summaries of two datasets; the second ran d = 50 only, and not rezero:
+    its gated nets lose to residual, and its gate order keeps no more than random removal."""
     def cell(family, depth, errors, removal=None):
         return {"family": family, "depth": depth, "removal": removal or [],
                 "per_seed": [{"seed": s, "test_error_pct": e} for s, e in enumerate(errors)]}
@@ -481,11 +481,16 @@ def test_the_verdicts_are_set_dataset_by_dataset_each_corrected_over_its_own_stu
         cell("gated", 10, [1.0, 1.1, 1.2]), cell("residual", 10, [1.0, 1.1, 1.2]), cell("rezero", 10, [1.0, 1.1, 1.2]),
         cell("gated", 50, [1.0, 1.1, 1.2], kept), cell("residual", 50, [2.0, 2.2, 2.1]),
         cell("rezero", 50, [1.0, 1.2, 1.1], kept)]}
-    # the second dataset ran d = 50 only, and not rezero: its gated nets lose to residual, and its gate order keeps
-    # no more than random removal
     second = {"config": {"depths": [50], "families": ["gated", "residual"]}, "cells": [
         cell("gated", 50, [3.0, 3.3, 3.1], [record(0, 0.95, 0.95), record(1, 0.96, 0.95), record(2, 0.95, 0.96)]),
         cell("residual", 50, [2.0, 2.2, 2.1])]}
+    return reference, second
+
+
+def test_the_verdicts_are_set_dataset_by_dataset_each_corrected_over_its_own_study():
+    from throughway.experiments.gate_family_report import datasets_markdown
+
+    reference, second = _two_datasets()
     text = datasets_markdown({"MNIST": reference, "Fashion-MNIST": second})
     rows = {line.split(" | ")[0].lstrip("| ") + " " + line.split(" | ")[1]: line for line in text.splitlines()
             if line.startswith("| error") or line.startswith("| removal")}
@@ -501,3 +506,17 @@ def test_the_verdicts_are_set_dataset_by_dataset_each_corrected_over_its_own_stu
     assert "MNIST 2 error and 2 removal tests, Fashion-MNIST 1 error and 1 removal tests" in text
     with pytest.raises(ValueError, match="two summaries"):
         datasets_markdown({"MNIST": reference})
+
+
+def test_the_readme_names_each_test_whose_verdict_the_second_dataset_changes(monkeypatch, tmp_path):
+    from tools.readme.sections import overview
+
+    reference, second = _two_datasets()
+    monkeypatch.setattr(overview, "second_dataset_summary", lambda root: second)
+    words = overview.gate_family_second_dataset(tmp_path, reference)
+    assert words.startswith("Fashion-MNIST, d = 50: 0 of 2 judged tests give MNIST's verdict, 2 differ (")
+    assert "error, gated − residual at d = 50: gated better on MNIST, residual better on Fashion-MNIST (Holm p = " in words
+    assert ("removal, gated: gate order − random (points kept) at d = 50: gate order better on MNIST, no difference "
+            "detected on Fashion-MNIST (Holm p = ") in words
+    monkeypatch.setattr(overview, "second_dataset_summary", lambda root: None)
+    assert overview.gate_family_second_dataset(tmp_path, reference) == "Fashion-MNIST (d = 50, 100): pending"

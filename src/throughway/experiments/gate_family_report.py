@@ -680,8 +680,10 @@ def datasets_markdown(summaries: dict[str, dict[str, Any]]) -> str:
         f"removal tests" for n in names)
     lines = [f"Verdicts dataset by dataset (paired t-tests over seeds; the error tests in points of test error, the "
              f"removal tests in points of the accuracy share kept with half the blocks removed; each dataset's p "
-             f"{CORRECTION}-corrected over its own study's tests: {counts}; \"same verdict\" on \"{NO_DIFFERENCE}\" is "
-             f"two tests that detect nothing, not a shown equality)", "",
+             f"{CORRECTION}-corrected over its own study's tests: {counts}; the 95% intervals are each test's own, "
+             f"uncorrected, so one that excludes zero beside a {CORRECTION} p of 0.05 or more is a difference "
+             f"significant only before the correction; \"same verdict\" on \"{NO_DIFFERENCE}\" is two tests that "
+             f"detect nothing, not a shown equality)", "",
              *table_header(["test", "d", *names, *(f"{name}: {names[0]}'s verdict?" for name in names[1:])])]
     for record in records:
         scale = 1.0 if record["kind"] == "error" else -100.0

@@ -132,16 +132,21 @@ def _selection_row(root: Path) -> str:
 def gate_family_second_dataset(root: Path, mnist: dict) -> str:
     """The README's words for the gate family on Fashion-MNIST: pending until results/gate-family-fashion
     holds a depth every family finished; then, at those depths, how many of its judged tests (gated against
-    each family, and the removal tests) give MNIST's verdict (each dataset corrected over its own tests, as
-    the page's table: `gate_family.second_dataset_summary`)."""
+    each family, and the removal tests) give MNIST's verdict, and each test whose verdict differs with both
+    verdicts and Fashion-MNIST's corrected p (each dataset corrected over its own tests, as the page's table:
+    `gate_family.second_dataset_summary`)."""
     second = second_dataset_summary(root)
     if second is None:
         return "Fashion-MNIST (d = 50, 100): pending"
     records = dataset_verdicts({"MNIST": mnist, "Fashion-MNIST": second})
     same = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "same verdict")
     differs = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "differs")
+    changed = [f"{r['test']} at d = {r['depth']}: {r['rows']['MNIST']['verdict']} on MNIST, "
+               f"{r['rows']['Fashion-MNIST']['verdict']} on Fashion-MNIST ({CORRECTION} p = "
+               f"{format_p(r['rows']['Fashion-MNIST']['p_corrected'])})"
+               for r in records if r["holds"]["Fashion-MNIST"] == "differs"]
     return (f"Fashion-MNIST, d = {', '.join(map(str, second['config']['depths']))}: {same} of {same + differs} "
-            f"judged tests give MNIST's verdict, {differs} differ")
+            f"judged tests give MNIST's verdict, {differs} differ" + (f" ({'; '.join(changed)})" if changed else ""))
 
 
 def _gate_family_row(root: Path) -> str:
