@@ -504,6 +504,8 @@ def test_the_verdicts_are_set_dataset_by_dataset_each_corrected_over_its_own_stu
     # each dataset corrected over its own tests: the reference's 2 judged error tests (its d = 10 pairs are equal,
     # no spread, no p), the second's 1
     assert "MNIST 2 error and 2 removal tests, Fashion-MNIST 1 error and 1 removal tests" in text
+    assert ("On Fashion-MNIST, 0 of 2 tests judged on both datasets give MNIST's verdict; 2 differ: error, gated − "
+            "residual at d = 50: gated better on MNIST, residual better on Fashion-MNIST (Holm p = ") in text
     with pytest.raises(ValueError, match="two summaries"):
         datasets_markdown({"MNIST": reference})
 

@@ -46,7 +46,8 @@ __all__ = ["SIGNIFICANCE", "MIN_SEEDS", "GATE_SYMBOL", "REMOVAL_FILE", "REMOVAL_
            "judge", "comparisons", "pairwise_comparisons", "comparisons_markdown",
            "paired_columns", "paired_cells", "block_gates", "gate_record", "gate_values_markdown", "removal_seed",
            "removal_record", "update_removal", "removal_comparisons", "removal_baseline", "removal_markdown",
-           "findings_markdown", "removal_rows", "removal_prose", "errors_prose", "finished_depths", "first_epoch_prose"]
+           "findings_markdown", "removal_rows", "removal_prose", "errors_prose", "finished_depths", "first_epoch_prose",
+           "dataset_verdicts", "verdict_changes", "datasets_markdown"]
 
 MIN_SEEDS = MIN_PAIRS_FOR_VERDICT  # fewer paired seeds than this: "too few seeds", no verdict
 # What the report calls each family's gate at the end: the raw parameter of its blocks.
@@ -666,6 +667,17 @@ def dataset_verdicts(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any
     return records
 
 
+def verdict_changes(records: Sequence[dict[str, Any]], reference: str, other: str) -> tuple[int, int, list[str]]:
+    """(same, differs, changes) of `dataset_verdicts` records for dataset `other` against `reference`: how many
+    judged tests give the reference's verdict, how many do not, and for each that does not, the test, its
+    depth, both verdicts and `other`'s corrected p (tests without a verdict on either dataset are neither)."""
+    same = sum(1 for r in records if r["holds"][other] == "same verdict")
+    changes = [f"{r['test']} at d = {r['depth']}: {r['rows'][reference]['verdict']} on {reference}, "
+               f"{r['rows'][other]['verdict']} on {other} ({CORRECTION} p = {format_p(r['rows'][other]['p_corrected'])})"
+               for r in records if r["holds"][other] == "differs"]
+    return same, len(changes), changes
+
+
 def datasets_markdown(summaries: dict[str, dict[str, Any]]) -> str:
     """`dataset_verdicts` as a table: one row per test with each dataset's verdict, its 95% interval (points
     of test error; for removal, points of the accuracy share kept with half the blocks removed) and Holm
@@ -690,4 +702,8 @@ def datasets_markdown(summaries: dict[str, dict[str, Any]]) -> str:
         lines.append(table_row([record["test"], record["depth"],
                                 *(_verdict_cell(record["rows"][n], scale) for n in names),
                                 *(record["holds"][n] for n in names[1:])]))
+    for name in names[1:]:
+        same, differs, changes = verdict_changes(records, names[0], name)
+        lines += ["", f"On {name}, {same} of {same + differs} tests judged on both datasets give {names[0]}'s verdict"
+                  + (f"; {differs} differ: " + "; ".join(changes) + "." if changes else ".")]
     return "\n".join(lines) + "\n"

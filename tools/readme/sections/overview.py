@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from throughway.experiments.gate_family_report import comparisons, dataset_verdicts, finished_depths
+from throughway.experiments.gate_family_report import comparisons, dataset_verdicts, finished_depths, verdict_changes
 from throughway.report.stats import CORRECTION, NO_DIFFERENCE, SIGNIFICANCE, format_mean_std, format_p, judge
 from throughway.report.tables import table_header
 
@@ -139,14 +139,9 @@ def gate_family_second_dataset(root: Path, mnist: dict) -> str:
     if second is None:
         return "Fashion-MNIST (d = 50, 100): pending"
     records = dataset_verdicts({"MNIST": mnist, "Fashion-MNIST": second})
-    same = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "same verdict")
-    differs = sum(1 for r in records if r["holds"]["Fashion-MNIST"] == "differs")
-    changed = [f"{r['test']} at d = {r['depth']}: {r['rows']['MNIST']['verdict']} on MNIST, "
-               f"{r['rows']['Fashion-MNIST']['verdict']} on Fashion-MNIST ({CORRECTION} p = "
-               f"{format_p(r['rows']['Fashion-MNIST']['p_corrected'])})"
-               for r in records if r["holds"]["Fashion-MNIST"] == "differs"]
+    same, differs, changes = verdict_changes(records, "MNIST", "Fashion-MNIST")
     return (f"Fashion-MNIST, d = {', '.join(map(str, second['config']['depths']))}: {same} of {same + differs} "
-            f"judged tests give MNIST's verdict, {differs} differ" + (f" ({'; '.join(changed)})" if changed else ""))
+            f"judged tests give MNIST's verdict, {differs} differ" + (f" ({'; '.join(changes)})" if changes else ""))
 
 
 def _gate_family_row(root: Path) -> str:
