@@ -27,9 +27,12 @@ from matplotlib.figure import Figure
 from .._io import atomic_write_bytes
 
 __all__ = ["FIGURE_FORMATS", "figure_format", "current_figure_format", "subplots", "save_figure", "mean_band",
-           "figure_legend"]
+           "figure_legend", "dataset_title"]
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
+
+# How a figure names each data set (the toolkit's names are lower-case slugs: data.cache.DATASET_SHAPES).
+_DATASET_TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
 
 _FORMAT: contextvars.ContextVar[str] = contextvars.ContextVar("throughway_figure_format", default="png")
 
@@ -112,3 +115,9 @@ def figure_legend(fig: Figure, axes: Any, ncol: int = 7) -> None:
         fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), ncol), bbox_to_anchor=(0.5, 1.04),
                    frameon=False, fontsize="small")
 
+
+
+def dataset_title(name: str) -> str:
+    """The data set `name` (a toolkit slug such as "fashion-mnist") as a figure's title writes it
+    ("Fashion-MNIST"); a name it does not know is returned as given."""
+    return _DATASET_TITLES.get(name, name)

@@ -14,7 +14,7 @@ from typing import Any
 
 from matplotlib.ticker import NullLocator
 
-from .figures import figure_legend, mean_band, save_figure, subplots
+from .figures import dataset_title, figure_legend, mean_band, save_figure, subplots
 
 __all__ = ["FAMILY_STYLE", "plot_training_curves", "plot_removal_curves", "plot_init_by_depth"]
 
@@ -36,8 +36,8 @@ def _depth_curves(summary: dict[str, Any], family: str, depth: int) -> list[list
 
 def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Training loss against epoch, one panel per depth, one line per family (mean over seeds, band:
-    lowest to highest seed); BatchNorm-free variants dashed in their mechanism's colour. Depths with
-    no epoch yet are drawn as empty panels marked "pending"."""
+    lowest to highest seed); BatchNorm-free variants dashed in their mechanism's colour; the title names
+    the study's data set. Depths with no epoch yet are drawn as empty panels marked "pending"."""
     config = summary["config"]
     depths, families = config["depths"], config["families"]
     curves = {(family, depth): _depth_curves(summary, family, depth) for depth in depths for family in families}
@@ -65,8 +65,9 @@ def plot_training_curves(summary: dict[str, Any], path: str | os.PathLike[str]) 
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("train cross-entropy")
     figure_legend(fig, axes[0])
-    fig.suptitle("MNIST training loss by depth and gate family: mean over seeds, band lowest to highest seed",
-                 y=1.12)
+    # studies written before the study took --dataset record none: they ran on MNIST
+    fig.suptitle(f"{dataset_title(config.get('dataset', 'mnist'))} training loss by depth and gate family: mean over "
+                 f"seeds, band lowest to highest seed", y=1.12)
     return save_figure(fig, path)
 
 
