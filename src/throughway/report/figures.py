@@ -116,7 +116,6 @@ def figure_legend(fig: Figure, axes: Any, ncol: int = 7) -> None:
                    frameon=False, fontsize="small")
 
 
-
 def dataset_title(name: str) -> str:
     """The data set `name` (a toolkit slug such as "fashion-mnist") as a figure's title writes it
     ("Fashion-MNIST"); a name it does not know is returned as given."""

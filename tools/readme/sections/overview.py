@@ -129,9 +129,10 @@ def _selection_row(root: Path) -> str:
             f"({best['n']} seeds; {val}) | {verdict} |")
 
 
-def _versus(row: dict, verdict: str) -> str:
+def _versus(row: dict) -> str:
     """A judged row's verdict said with both sides: "<family> better than gated" (or the reverse) in test
     error for a gated − family row, "<family>'s gate order better than random removal" for a removal row."""
+    verdict = row["verdict"]
     if "family" in row:
         return f"{row['family']}'s {verdict} than random removal"
     return f"{verdict} than {row['a'] if verdict.startswith(row['b']) else row['b']} in test error"
@@ -151,7 +152,7 @@ def gate_family_second_dataset(root: Path, mnist: dict) -> str:
     changed = [r for r in records if r["holds"]["Fashion-MNIST"] == "differs"]
     added = [r for r in changed if r["rows"]["Fashion-MNIST"]["verdict"] != NO_DIFFERENCE]
     lost = len(changed) - len(added)
-    words = [f"{_versus(r['rows']['Fashion-MNIST'], r['rows']['Fashion-MNIST']['verdict'])} at d = {r['depth']} ({CORRECTION} p = "
+    words = [f"{_versus(r['rows']['Fashion-MNIST'])} at d = {r['depth']} ({CORRECTION} p = "
              f"{format_p(r['rows']['Fashion-MNIST']['p_corrected'])})" for r in added]
     return (f"Fashion-MNIST, d = {', '.join(map(str, second['config']['depths']))}: {same} of {same + differs} "
             f"judged tests give MNIST's verdict" + (f"; there only: {', '.join(words)}" if words else "")
