@@ -667,15 +667,19 @@ def dataset_verdicts(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any
     return records
 
 
-def verdict_changes(records: Sequence[dict[str, Any]], reference: str, other: str) -> tuple[int, int, list[str]]:
-    """(same, differs, changes) of `dataset_verdicts` records for dataset `other` against `reference`: how many
-    judged tests give the reference's verdict, how many do not, and for each that does not, the test, its
-    depth, both verdicts and `other`'s corrected p (tests without a verdict on either dataset are neither)."""
+def verdict_changes(records: Sequence[dict[str, Any]], other: str) -> tuple[int, list[dict[str, Any]]]:
+    """(same, changed) of `dataset_verdicts` records for the later dataset `other`: how many judged tests give
+    the reference's verdict, and the records of those that do not (tests without a verdict on either dataset
+    are neither)."""
     same = sum(1 for r in records if r["holds"][other] == "same verdict")
-    changes = [f"{r['test']} at d = {r['depth']}: {r['rows'][reference]['verdict']} on {reference}, "
-               f"{r['rows'][other]['verdict']} on {other} ({CORRECTION} p = {format_p(r['rows'][other]['p_corrected'])})"
-               for r in records if r["holds"][other] == "differs"]
-    return same, len(changes), changes
+    return same, [r for r in records if r["holds"][other] == "differs"]
+
+
+def _change_text(record: dict[str, Any], reference: str, other: str) -> str:
+    """A changed verdict in words: the test, its depth, both verdicts and `other`'s corrected p."""
+    return (f"{record['test']} at d = {record['depth']}: {record['rows'][reference]['verdict']} on {reference}, "
+            f"{record['rows'][other]['verdict']} on {other} ({CORRECTION} p = "
+            f"{format_p(record['rows'][other]['p_corrected'])})")
 
 
 def datasets_markdown(summaries: dict[str, dict[str, Any]]) -> str:
@@ -703,7 +707,8 @@ def datasets_markdown(summaries: dict[str, dict[str, Any]]) -> str:
                                 *(_verdict_cell(record["rows"][n], scale) for n in names),
                                 *(record["holds"][n] for n in names[1:])]))
     for name in names[1:]:
-        same, differs, changes = verdict_changes(records, names[0], name)
-        lines += ["", f"On {name}, {same} of {same + differs} tests judged on both datasets give {names[0]}'s verdict"
-                  + (f"; {differs} differ: " + "; ".join(changes) + "." if changes else ".")]
+        same, changed = verdict_changes(records, name)
+        lines += ["", f"On {name}, {same} of {same + len(changed)} tests judged on both datasets give {names[0]}'s "
+                  f"verdict" + (f"; {len(changed)} differ: " + "; ".join(_change_text(r, names[0], name) for r in changed)
+                                + "." if changed else ".")]
     return "\n".join(lines) + "\n"
