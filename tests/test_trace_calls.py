@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import throughway
-from tools.trace_calls import crossings, pairs, ping_pongs, summarise, trace
+from tools.trace_calls import crossings, pairs, ping_pongs, ping_pongs_by_call, summarise, trace
 
 PACKAGE = Path(throughway.__file__).resolve().parent
 
@@ -27,6 +27,15 @@ def test_a_ping_pong_is_a_return_straight_back():
     assert ping_pongs(entered) == [("a.py", "b.py"), ("b.py", "a.py"), ("c.py", "a.py")]
     assert pairs(ping_pongs(entered)) == {("a.py", "b.py"): 2, ("a.py", "c.py"): 1}
     assert summarise(["a.py", "a.py", "b.py", "a.py"])["ping_pongs"] == [("a.py", "b.py")]
+
+
+def test_a_ping_pong_says_whether_a_call_joins_its_two_files():
+    calls = [("r.py", 1, "build", False, ""), ("m.py", 1, "first", False, "r.py"),
+             ("d.py", 1, "block", False, "m.py"), ("m.py", 9, "second", False, "r.py"),  # m → d → m: m calls d
+             ("g.py", 1, "gate", False, "d.py"), ("m.py", 20, "third", False, "r.py"),  # m → g → m: neither calls
+             ("r.py", 7, "check", False, "r.py"), ("m.py", 30, "fourth", False, "r.py")]  # m → r → m: r calls m
+    assert ping_pongs_by_call(calls) == [("m.py", "d.py", True), ("m.py", "g.py", False), ("m.py", "r.py", True)]
+    assert [(a, b) for a, b, _ in ping_pongs_by_call(calls)] == ping_pongs(summarise([c[0] for c in calls])["entered"])
 
 
 def test_the_train_route_reads_one_way(tmp_path, fake_mnist_root, capsys):

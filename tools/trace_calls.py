@@ -19,6 +19,8 @@ From that sequence of first calls it prints:
   to A for something new: the measure of a route that does not read one way (a file that calls
   several helpers of another file one after another, with steps of its own between them, counts once
   per return);
+  A ping-pong with no call between its two files (`ping_pongs_by_call`) is marked: the walk moved between
+  them because the file that made the call had had all its functions called before;
 * calls across files: first calls whose caller (the nearest calling frame in the package, skipping
   generated code, importlib and torch) is in another file, and of them those into a file that had a
   first call before, listed (caller -> callee). Unlike the sequence, a function's first call of
@@ -175,6 +177,20 @@ def ping_pongs(entered: list[str]) -> list[tuple[str, str]]:
             if entered[i] == entered[i - 2] != entered[i - 1]]
 
 
+def ping_pongs_by_call(calls: list[Call]) -> list[tuple[str, str, bool]]:
+    """`ping_pongs` of the files of `calls`, each as (A, B, whether a call joins the two files: B's first call
+    there made from A, or A's first call on its return made from B). Without one, the walk moved between
+    files that do not call each other at that point: a file entered before whose functions were all called
+    already (a loop's later turn, an orchestrator a few frames up) made the call, and the walk does not show
+    it. The count the tests hold is `ping_pongs`'; this tells a reader which pairs to look at in the code."""
+    runs: list[tuple[str, str]] = []  # (file entered, the caller's file of its first call)
+    for call in calls:
+        if not runs or runs[-1][0] != call[0]:
+            runs.append((call[0], call[4]))
+    return [(runs[i - 2][0], runs[i - 1][0], runs[i - 1][1] == runs[i - 2][0] or runs[i][1] == runs[i - 1][0])
+            for i in range(2, len(runs)) if runs[i][0] == runs[i - 2][0] != runs[i - 1][0]]
+
+
 def pairs(bounces: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
     """How often each unordered pair of files occurs among `bounces` (A ⇄ B counts with B ⇄ A), most often first."""
     counts: dict[tuple[str, str], int] = {}
@@ -219,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     print("files entered: " + " → ".join(summary["entered"]))
     print(f"distinct files: {summary['distinct']}; moves: {summary['moves']}; returns: {summary['returns']}")
     counted = pairs(summary["ping_pongs"])
+    unjoined = pairs([(a, b) for a, b, joined in ping_pongs_by_call(kept) if not joined])
     print(f"ping-pongs: {len(summary['ping_pongs'])} over {len(counted)} pairs"
-          + "".join(f"\n  {n} × {a} ⇄ {b}" for (a, b), n in counted.items()))
+          + "".join(f"\n  {n} × {a} ⇄ {b}" + (f"  ({unjoined[a, b]} with no call between the two files)"
+                                              if (a, b) in unjoined else "")
+                    for (a, b), n in counted.items()))
     entering, back = crossings(kept)
     print(f"calls across files: {len(entering)}; into a file already entered: {len(back)}"
           + "".join(f"\n  {c[4] or '(outside)'} -> {c[0]}:{c[1]} {c[2]}" for c in back))
