@@ -23,9 +23,7 @@ STUDY_SIDE = ("study/", "experiments/", "report/", "cli/")
 
 def ping_pongs(files: list[str]) -> list[tuple[str, str]]:
     """(A, B) for every A → B → A in the files entered (consecutive repeats merged) of a walk of first calls."""
-    entered = summarise(files)["entered"]
-    return [(entered[i - 2], entered[i - 1]) for i in range(2, len(entered))
-            if entered[i] == entered[i - 2] != entered[i - 1]]
+    return summarise(files)["ping_pongs"]
 
 
 def test_ping_pongs_are_counted_on_the_files_entered():
