@@ -173,8 +173,12 @@ def summarise(files: list[str]) -> dict[str, Any]:
 def ping_pongs(entered: list[str]) -> list[tuple[str, str]]:
     """The returns A → B → A of a sequence of files entered (consecutive repeats already merged), each as
     (A, B) in the order they occur."""
-    return [(entered[i - 2], entered[i - 1]) for i in range(2, len(entered))
-            if entered[i] == entered[i - 2] != entered[i - 1]]
+    return [(entered[i - 2], entered[i - 1]) for i in _returns_straight_back(entered)]
+
+
+def _returns_straight_back(entered: list[str]) -> list[int]:
+    """The positions i of `entered` (consecutive repeats merged) that end an A → B → A."""
+    return [i for i in range(2, len(entered)) if entered[i] == entered[i - 2] != entered[i - 1]]
 
 
 def ping_pongs_by_call(calls: list[Call]) -> list[tuple[str, str, bool]]:
@@ -188,7 +192,7 @@ def ping_pongs_by_call(calls: list[Call]) -> list[tuple[str, str, bool]]:
         if not runs or runs[-1][0] != call[0]:
             runs.append((call[0], call[4]))
     return [(runs[i - 2][0], runs[i - 1][0], runs[i - 1][1] == runs[i - 2][0] or runs[i][1] == runs[i - 1][0])
-            for i in range(2, len(runs)) if runs[i][0] == runs[i - 2][0] != runs[i - 1][0]]
+            for i in _returns_straight_back([file for file, _ in runs])]
 
 
 def pairs(bounces: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
